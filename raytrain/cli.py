@@ -1,0 +1,88 @@
+"""The ``raytrain`` command line: argument parsing only; the work is in the public API.
+
+    raytrain run SPEC [a.b=value ...] [--fresh] [--resume-anyway] [--verbose]
+    raytrain validate SPEC [a.b=value ...]
+
+Exit codes: 0 done, 1 training failed, 2 bad input (every problem printed, one per line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from raytrain.errors import EXIT_OK, RaytrainError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raytrain", description="Train Lightning modules on Ray: DDP workers, Ray Data."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train a job spec (resumes a run of the same name)")
+    run.add_argument("spec", help="path to a job spec (YAML)")
+    run.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
+    run.add_argument("--fresh", action="store_true", help="delete the run's checkpoints first")
+    run.add_argument(
+        "--resume-anyway", action="store_true", help="resume even though the spec changed"
+    )
+    run.add_argument("--verbose", action="store_true", help="show Ray's and workers' output")
+    run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+    validate = sub.add_parser("validate", help="print the resolved spec, or every problem")
+    validate.add_argument("spec", help="path to a job spec (YAML)")
+    validate.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
+    return parser
+
+
+def _print_summary(result) -> None:
+    metrics = {k: v for k, v in result.metrics.items() if k not in ("kind",)}
+    shown = ", ".join(
+        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items())
+    )
+    print(f"raytrain: run {result.name} finished in {result.wall_time_s:.1f}s")
+    print(f"  metrics: {shown}")
+    if "val_acc" in result.metrics:
+        print(f"  val_acc: {result.metrics['val_acc']:.4f}")
+    print(f"  best checkpoint: {result.best_checkpoint_uri}")
+    print(f"  mlflow run id: {result.mlflow_run_id} ({result.tracking_uri})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (the console script exits with it)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "validate":
+            from raytrain.launcher import validate
+            from raytrain.spec import dump_spec
+
+            print(dump_spec(validate(args.spec, args.overrides)), end="")
+            return EXIT_OK
+        from raytrain.launcher import fit
+
+        result = fit(
+            args.spec,
+            args.overrides,
+            fresh=args.fresh,
+            resume_anyway=args.resume_anyway,
+            verbose=args.verbose,
+        )
+        if args.json:
+            print(json.dumps(result.__dict__, default=str))
+        else:
+            _print_summary(result)
+        return EXIT_OK
+    except RaytrainError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("raytrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The errors raytrain raises for problems a user can fix, and their exit codes.
+
+Every user-facing failure is one of these types. Each carries a list of problems, one line
+each, naming what to fix (a field path, a file, a URI), so the CLI can print them and exit
+with a code that scripts can test for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+class RaytrainError(Exception):
+    """Base of raytrain's user-facing errors; ``exit_code`` is what the CLI exits with."""
+
+    exit_code: int = EXIT_FAILED
+
+    def __init__(self, problems: str | Iterable[str]):
+        self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class SpecError(RaytrainError):
+    """The job spec is malformed or names something that does not exist (bad input)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class StorageError(RaytrainError):
+    """A storage URI cannot be read or written."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class RunStateError(RaytrainError):
+    """The run's recorded state conflicts with what was asked (e.g. a changed spec)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class TrainingFailed(RaytrainError):
+    """Training started but did not finish; the message carries the worker's own error."""
+
+    exit_code = EXIT_FAILED

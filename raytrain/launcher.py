@@ -1,0 +1,241 @@
+"""Driver side of a run: spec -> preflight -> Ray -> datasets -> TorchTrainer -> result.
+
+``fit`` is the one entry point: the CLI calls it, pipelines call it. It stops with a
+``SpecError`` (exit 2) before Ray starts or anything is written when the spec is bad; it
+resumes a run from its latest committed checkpoint when the same name and storage ran before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from raytrain import preflight, ray_runtime, runstate, storage
+from raytrain.errors import TrainingFailed
+from raytrain.spec import JobSpec, dump_spec, load_spec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FitResult:
+    """What a finished run produced."""
+
+    name: str
+    metrics: dict[str, Any]
+    best_checkpoint_uri: str | None
+    latest_checkpoint_uri: str | None
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+    run_dir: str
+    resumed_from: str | None = None
+    wall_time_s: float = 0.0
+    checkpoints: list[str] = field(default_factory=list)
+
+
+def validate(
+    spec: str | os.PathLike[str] | Mapping[str, Any] | JobSpec, overrides: Iterable[str] = ()
+) -> JobSpec:
+    """Load and check ``spec`` as ``fit`` would, writing nothing; raises ``SpecError``."""
+    job = load_spec(spec, overrides)
+    capacity = None if ray_runtime.cluster_address() else preflight.local_capacity()
+    preflight.raise_if(
+        preflight.check_static(job, capacity) + preflight.check_data(job, allow_prepare=True)
+    )
+    return job
+
+
+def _prepare_data(spec: JobSpec) -> None:
+    """Run ``data.prepare`` when the train set is missing, then check the data for real."""
+    train = storage.resolve(spec.data.train.uri)
+    if spec.data.prepare and not storage.exists(train):
+        val = storage.resolve(spec.data.val.uri) if spec.data.val else None
+        print(f"raytrain: writing {train} with {spec.data.prepare}", file=sys.stderr)
+        preflight.import_object(spec.data.prepare)(train, val)
+    preflight.raise_if(preflight.check_data(spec))
+
+
+def _open_run(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstate.RunState | None:
+    state = runstate.load(spec)
+    if state is not None and fresh:
+        storage.delete_dir(runstate.run_dir(spec))
+        return None
+    if state is not None and not resume_anyway:
+        runstate.check_resumable(state, spec)
+    return state
+
+
+def _checkpoint_uri(spec: JobSpec, checkpoint: Any) -> str | None:
+    if checkpoint is None:
+        return None
+    return storage.join(runstate.run_dir(spec), os.path.basename(checkpoint.path.rstrip("/")))
+
+
+def fit(
+    spec: str | os.PathLike[str] | Mapping[str, Any] | JobSpec,
+    overrides: Iterable[str] = (),
+    *,
+    fresh: bool = False,
+    resume_anyway: bool = False,
+    progress: bool | TextIO = True,
+    verbose: bool = False,
+) -> FitResult:
+    """Train the job ``spec`` describes and return its result.
+
+    ``spec`` is a YAML path, a mapping or a ``JobSpec``; ``overrides`` are ``a.b=value``
+    strings. A run with the same ``name`` and ``checkpoint.storage`` as an earlier one resumes
+    it from its latest checkpoint and continues its MLflow run; ``fresh`` starts it over.
+    """
+    start = time.perf_counter()
+    job = validate(spec, overrides)
+    _prepare_data(job)
+    state = _open_run(job, fresh, resume_anyway)
+
+    from raytrain.tracking import MlflowTracker, default_tracking_uri
+
+    ray_handle = ray_runtime.connect(job, verbose=verbose)
+    tracker = None
+    try:
+        state = state or runstate.new_state(job)
+        state.attempts += 1
+        state.spec, state.spec_digest = job.flat(), job.digest()
+        tracking_uri = job.tracking.mlflow.tracking_uri or default_tracking_uri()
+        tracker, _ = MlflowTracker.open(job, tracking_uri, state.mlflow_run_id)
+        state.mlflow_run_id, state.tracking_uri, state.status = (
+            tracker.run_id,
+            tracking_uri,
+            "RUNNING",
+        )
+        runstate.save(job, state)
+        tracker.log_params(job.flat())
+        tracker.set_tags({"raytrain.attempts": str(state.attempts)})
+        tracker.log_text(dump_spec(job), "spec.yaml")
+        result, last = _train(job, ray_handle, tracker, progress, verbose)
+    except BaseException as exc:
+        if tracker is not None:
+            tracker.finish(
+                "FAILED" if not isinstance(exc, KeyboardInterrupt) else "KILLED", error=str(exc)
+            )
+        if state is not None and tracker is not None:
+            state.status = "FAILED"
+            runstate.save(job, state)
+        raise
+    finally:
+        ray_handle.shutdown()
+
+    metrics = _final_metrics(result, last)
+    best = _best_checkpoint(job, result)
+    tracker.set_tags({"raytrain.best_checkpoint": best or ""})
+    tracker.finish("FINISHED")
+    state.status = "FINISHED"
+    runstate.save(job, state)
+    return FitResult(
+        name=job.name,
+        metrics=metrics,
+        best_checkpoint_uri=best,
+        latest_checkpoint_uri=_checkpoint_uri(job, result.checkpoint),
+        mlflow_run_id=tracker.run_id,
+        tracking_uri=tracker.tracking_uri,
+        run_dir=runstate.run_dir(job),
+        resumed_from=state.resumed_from if hasattr(state, "resumed_from") else None,
+        wall_time_s=time.perf_counter() - start,
+        checkpoints=[_checkpoint_uri(job, c) for c, _ in result.best_checkpoints or []],
+    )
+
+
+def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO, verbose: bool):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Queue
+
+    from raytrain.data import build_datasets, dataset_config
+    from raytrain.progress import ProgressLine, ReportPump, ReportRelay
+    from raytrain.worker import train_loop
+
+    datasets = build_datasets(job, ray_handle.object_store_bytes())
+    queue = Queue(actor_options={"num_cpus": 0})
+    ckpt = job.checkpoint
+    run_config = RunConfig(
+        name=job.name,
+        storage_path=storage.resolve(ckpt.storage),
+        failure_config=FailureConfig(max_failures=job.failure.max_failures),
+        checkpoint_config=CheckpointConfig(
+            num_to_keep=ckpt.keep,
+            checkpoint_score_attribute=ckpt.monitor,
+            checkpoint_score_order=ckpt.mode,
+        ),
+        callbacks=[ReportRelay(queue)],
+    )
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"spec": job.model_dump(mode="json")},
+        torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=job.scaling.num_workers,
+            use_gpu=job.scaling.use_gpu,
+            resources_per_worker=job.scaling.worker_resources(),
+        ),
+        run_config=run_config,
+        datasets=datasets,
+        dataset_config=dataset_config(),
+    )
+    handlers = [lambda event: tracker.log_metrics(event, step=int(event.get("step", 0)))]
+    line = None
+    if progress:
+        stream = progress if not isinstance(progress, bool) else sys.stderr
+        line = ProgressLine(job.trainer.max_epochs, job.trainer.max_steps, stream=stream)
+        handlers.append(line)
+    from ray.train import TrainingFailedError
+
+    try:
+        with ReportPump(queue, handlers) as pump:
+            result = trainer.fit()
+    except TrainingFailedError as exc:
+        raise TrainingFailed(_worker_errors(exc)) from exc
+    finally:
+        if line is not None:
+            line.close()
+    if result.error is not None:
+        raise TrainingFailed(_worker_errors(result.error))
+    return result, pump.last
+
+
+def _worker_errors(exc: BaseException) -> list[str]:
+    """The workers' own exceptions, not only Ray's wrapper around them."""
+    failures = getattr(exc, "worker_failures", None)
+    if failures:
+        return [f"training failed on rank {rank}: {_root(err)}" for rank, err in failures.items()]
+    return [f"training failed: {_root(exc)}"]
+
+
+def _root(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None) or exc.__cause__
+    while cause is not None and cause is not exc:
+        exc, cause = cause, getattr(cause, "cause", None) or cause.__cause__
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+def _final_metrics(result: Any, last: dict[str, Any] | None) -> dict[str, Any]:
+    metrics = dict(result.metrics or {}) or dict(last or {})
+    if not metrics and result.best_checkpoints:
+        metrics = dict(result.best_checkpoints[-1][1])
+    metrics.pop("checkpoint_path", None)
+    return metrics
+
+
+def _best_checkpoint(job: JobSpec, result: Any) -> str | None:
+    entries = result.best_checkpoints or []
+    if not entries:
+        return _checkpoint_uri(job, result.checkpoint)
+    monitor = job.checkpoint.monitor
+    if monitor:
+        sign = 1 if job.checkpoint.mode == "max" else -1
+        scored = [(c, m) for c, m in entries if isinstance(m.get(monitor), int | float)]
+        if scored:
+            return _checkpoint_uri(job, max(scored, key=lambda cm: sign * cm[1][monitor])[0])
+    return _checkpoint_uri(job, entries[-1][0])

@@ -1,0 +1,1 @@
+"""LightningModules used by the bundled jobs in jobs/."""

@@ -1,0 +1,83 @@
+"""Starting or joining Ray for one run.
+
+With ``RAY_ADDRESS`` set (``ray job submit`` sets it too) the run joins that cluster. Without
+it, an embedded local Ray is started and sized on purpose: the training workers' CPUs plus a
+budget for Ray Data. Ray Train reserves the workers' CPUs, and Ray Data schedules its read
+tasks only in what is left; with nothing left, a read never runs and the job hangs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+
+from raytrain.spec import JobSpec
+
+# Logical CPUs an embedded cluster keeps for Ray Data beyond the training workers.
+DATA_CPUS = 2
+
+
+@dataclass
+class RayHandle:
+    started_here: bool
+    address: str | None
+
+    def resources(self) -> dict[str, float]:
+        import ray
+
+        return dict(ray.cluster_resources())
+
+    def object_store_bytes(self) -> float:
+        return self.resources().get("object_store_memory", 2e9)
+
+    def shutdown(self) -> None:
+        import ray
+
+        if self.started_here and ray.is_initialized():
+            ray.shutdown()
+
+
+def cluster_address() -> str | None:
+    """The cluster to join, from ``RAY_ADDRESS``; None means start one here."""
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def local_cpus(spec: JobSpec) -> int:
+    """Logical CPUs for an embedded cluster: the workers' plus Ray Data's budget."""
+    per_worker = spec.scaling.worker_resources().get("CPU", 1.0)
+    return math.ceil(per_worker * spec.scaling.num_workers) + DATA_CPUS
+
+
+def connect(spec: JobSpec, *, verbose: bool = False) -> RayHandle:
+    """Join ``RAY_ADDRESS``, reuse an already initialised Ray, or start a sized local one."""
+    import ray
+
+    _quiet_ray(verbose)
+    if ray.is_initialized():
+        return RayHandle(started_here=False, address=None)
+    address = cluster_address()
+    if address:
+        ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
+        return RayHandle(started_here=True, address=address)
+    ray.init(
+        num_cpus=local_cpus(spec),
+        include_dashboard=False,
+        log_to_driver=verbose,
+        logging_level=logging.WARNING,
+    )
+    return RayHandle(started_here=True, address=None)
+
+
+def _quiet_ray(verbose: bool) -> None:
+    """Keep Ray's own progress bars and INFO lines out of the user's terminal."""
+    if verbose:
+        return
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    for name in ("ray.data", "ray.train", "ray.tune", "ray"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -1,0 +1,74 @@
+"""The run-state record kept beside a run's checkpoints: its identity across attempts.
+
+``{storage}/{name}/raytrain-run.json`` holds the MLflow run id, the spec's digest and flat
+form, and the number of attempts. A rerun reads it to continue the same MLflow run, and to
+refuse to resume a run whose spec changed in a way that makes it another experiment.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from raytrain import storage
+from raytrain.errors import RunStateError
+from raytrain.spec import RESUMABLE_FIELDS, JobSpec
+
+STATE_FILE = "raytrain-run.json"
+
+
+@dataclass
+class RunState:
+    name: str
+    spec_digest: str
+    spec: dict[str, Any]
+    mlflow_run_id: str | None = None
+    tracking_uri: str | None = None
+    attempts: int = 0
+    created_at: float = field(default_factory=time.time)
+    status: str = "CREATED"
+
+
+def run_dir(spec: JobSpec) -> str:
+    """The run's folder: ``{checkpoint.storage}/{name}``; Ray Train writes here too."""
+    return storage.join(storage.resolve(spec.checkpoint.storage), spec.name)
+
+
+def load(spec: JobSpec) -> RunState | None:
+    """The recorded state of the run ``spec`` names, or None for a new run."""
+    text = storage.read_text(storage.join(run_dir(spec), STATE_FILE))
+    if text is None:
+        return None
+    return RunState(**json.loads(text))
+
+
+def save(spec: JobSpec, state: RunState) -> None:
+    storage.write_text(storage.join(run_dir(spec), STATE_FILE), json.dumps(asdict(state), indent=2))
+
+
+def changed_fields(state: RunState, spec: JobSpec) -> list[str]:
+    """Fields that differ from the recorded spec and make this another experiment."""
+    now = spec.flat()
+    keys = set(now) | set(state.spec)
+    return sorted(
+        k for k in keys if not k.startswith(RESUMABLE_FIELDS) and state.spec.get(k) != now.get(k)
+    )
+
+
+def check_resumable(state: RunState, spec: JobSpec) -> None:
+    """Raise when the run was started with a spec this one may not resume."""
+    if state.spec_digest == spec.digest():
+        return
+    changed = changed_fields(state, spec)
+    details = "; ".join(f"{k}: {state.spec.get(k)!r} -> {spec.flat().get(k)!r}" for k in changed)
+    raise RunStateError(
+        f"name: run {spec.name!r} in {run_dir(spec)} was started with a different spec "
+        f"({details}); pass --fresh to start it over, --resume-anyway to continue it, "
+        "or choose another name"
+    )
+
+
+def new_state(spec: JobSpec) -> RunState:
+    return RunState(name=spec.name, spec_digest=spec.digest(), spec=spec.flat())

@@ -1,0 +1,329 @@
+"""The job spec: a typed, validated description of one training job.
+
+A spec is YAML on disk and a pydantic model in code. Every section forbids unknown keys, so a
+typo is an error rather than a silently ignored setting. Field names follow Lightning's
+Trainer arguments and Ray's ScalingConfig/FailureConfig, so users of either recognise them.
+
+``load_spec(path, overrides)`` reads the YAML, applies dotted command-line overrides
+(``trainer.max_epochs=2``) and validates; every problem is collected into one ``SpecError``
+whose lines each name a field path and what was expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from raytrain.errors import SpecError
+
+DEFAULT_STORAGE = "runs"
+_IMPORT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(_Section):
+    class_path: str = Field(
+        pattern=_IMPORT_PATH,
+        description="The LightningModule to train, as `package.module:Class`.",
+    )
+    init_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the class's constructor."
+    )
+
+
+class SourceSpec(_Section):
+    uri: str = Field(min_length=1, description="A file or folder: local path or URI.")
+    format: Literal["parquet", "csv", "json"] = Field(
+        default="parquet", description="The files' format."
+    )
+
+
+class ShuffleSpec(_Section):
+    seed: int = Field(default=0, description="Seed of the per-epoch shuffle of the train set.")
+    buffer_size: int = Field(
+        default=4096, ge=1, description="Rows held by each worker's local shuffle buffer."
+    )
+
+
+class DataSpec(_Section):
+    train: SourceSpec = Field(description="The training set.")
+    val: SourceSpec | None = Field(default=None, description="The validation set.")
+    columns: list[str] | None = Field(
+        default=None, description="Read only these columns (a projection); all when unset."
+    )
+    batch_size: int = Field(default=64, ge=1, description="Rows per batch on each worker.")
+    shuffle: ShuffleSpec | None = Field(
+        default_factory=ShuffleSpec, description="Shuffle the train set each epoch; null: off."
+    )
+    prepare: str | None = Field(
+        default=None,
+        pattern=_IMPORT_PATH,
+        description="`module:function(train_uri, val_uri)` that writes the data when the train "
+        "set is missing (used by the bundled jobs to materialise their datasets).",
+    )
+
+
+class ScalingSpec(_Section):
+    num_workers: int = Field(default=2, ge=1, description="Ray Train workers (one per GPU/slot).")
+    use_gpu: bool = Field(default=False, description="Give each worker one GPU.")
+    resources_per_worker: dict[str, float] | None = Field(
+        default=None, description="Ray resources per worker; default {CPU: 1} (+ GPU: 1)."
+    )
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, amount in (value or {}).items():
+            if amount < 0:
+                raise ValueError(f"{key} must be >= 0, got {amount}")
+        return value
+
+    def worker_resources(self) -> dict[str, float]:
+        """The Ray resources one worker asks for."""
+        resources = dict(self.resources_per_worker or {})
+        resources.setdefault("CPU", 1.0)
+        if self.use_gpu:
+            resources.setdefault("GPU", 1.0)
+        return resources
+
+
+class StrategySpec(_Section):
+    name: Literal["ddp", "fsdp"] = Field(default="ddp", description="Distributed strategy.")
+
+
+Precision = Literal[
+    "32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true"
+]
+
+
+class TrainerSpec(_Section):
+    max_epochs: int | None = Field(default=10, ge=1, description="Stop after this many epochs.")
+    max_steps: int = Field(default=-1, ge=-1, description="Stop after this many steps; -1: off.")
+    precision: Precision = Field(default="32-true", description="Lightning precision.")
+    accumulate_grad_batches: int = Field(default=1, ge=1, description="Batches per step.")
+    gradient_clip_val: float | None = Field(default=None, ge=0, description="Clip grad norm.")
+    check_val_every_n_epoch: int = Field(default=1, ge=1, description="Validate every N epochs.")
+    log_every_n_steps: int = Field(default=50, ge=1, description="Report metrics every N steps.")
+    seed: int | None = Field(default=42, description="Seed for model init and RNGs; null: none.")
+
+
+class CheckpointSpec(_Section):
+    storage: str = Field(
+        default=DEFAULT_STORAGE,
+        min_length=1,
+        description="Where runs keep checkpoints and state: a local path or a URI.",
+    )
+    every_n_steps: int | None = Field(default=None, ge=1, description="Checkpoint every N steps.")
+    every_n_epochs: int | None = Field(
+        default=1, ge=1, description="Checkpoint every N epochs; null: only by steps."
+    )
+    keep: int | None = Field(default=3, ge=1, description="Checkpoints kept; null: all.")
+    monitor: str | None = Field(default=None, description="Metric ranking checkpoints to keep.")
+    mode: Literal["min", "max"] = Field(default="min", description="Best `monitor` is min/max.")
+
+
+class FailureSpec(_Section):
+    max_failures: int = Field(
+        default=0, ge=-1, description="Worker-group restarts allowed; -1: unlimited."
+    )
+
+
+class MlflowSpec(_Section):
+    tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI; default: a local store under the checkpoint storage.",
+    )
+    experiment: str | None = Field(default=None, description="Experiment name; default: `name`.")
+    tags: dict[str, str] = Field(default_factory=dict, description="Extra tags on the run.")
+
+
+class TrackingSpec(_Section):
+    mlflow: MlflowSpec = Field(default_factory=MlflowSpec, description="MLflow tracking.")
+
+
+class JobSpec(_Section):
+    """One training job. ``name`` plus ``checkpoint.storage`` identify the run."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        max_length=128,
+        description="The run's identity; the same name and storage resume the run.",
+    )
+    model: ModelSpec
+    data: DataSpec
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    strategy: StrategySpec = Field(default_factory=StrategySpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    failure: FailureSpec = Field(default_factory=FailureSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+
+    def flat(self) -> dict[str, Any]:
+        """The spec as ``{"a.b.c": value}``, e.g. for MLflow params."""
+        return flatten(self.model_dump(mode="json"))
+
+    def digest(self) -> str:
+        """A hash of what defines the run's results; fields a resume may change are left out."""
+        flat = {k: v for k, v in self.flat().items() if not k.startswith(RESUMABLE_FIELDS)}
+        return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# Fields that may change between attempts of one run without making it a different run:
+# how long to train, how many workers, how failures and tracking are handled.
+RESUMABLE_FIELDS = (
+    "trainer.max_epochs",
+    "trainer.max_steps",
+    "trainer.log_every_n_steps",
+    "scaling.",
+    "failure.",
+    "tracking.",
+    "checkpoint.keep",
+)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings into dotted keys; lists and scalars are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a copy of ``tree`` with each ``a.b.c=value`` applied; values parse as YAML."""
+    result = json.loads(json.dumps(tree)) if tree else {}
+    problems = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            problems.append(f"override {item!r}: expected KEY.PATH=VALUE")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as exc:
+            problems.append(f"{key}: override value {raw!r} is not valid YAML ({exc})")
+            continue
+        node = result
+        *parents, leaf = key.split(".")
+        for depth, part in enumerate(parents):
+            child = node.setdefault(part, {})
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parents[: depth + 1])
+                problems.append(f"{key}: cannot set inside {where}, which is not a section")
+                break
+            node = child
+        else:
+            node[leaf] = value
+    if problems:
+        raise SpecError(problems)
+    return result
+
+
+def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "(spec)"
+        if item["type"] == "extra_forbidden":
+            allowed = _allowed_keys(model, item["loc"][:-1])
+            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+            lines.append(f"{path}: unknown field{hint}")
+        elif item["type"] == "missing":
+            lines.append(f"{path}: required field is missing")
+        else:
+            got = item.get("input")
+            shown = "" if isinstance(got, dict | list) else f", got {got!r}"
+            lines.append(f"{path}: {item['msg']}{shown}")
+    return lines
+
+
+def _allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
+    """The field names of the section at ``loc``, for 'unknown field' hints."""
+    current: Any = model
+    for part in loc:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        current = _section_type(field.annotation)
+        if current is None:
+            return []
+    return sorted(getattr(current, "model_fields", {}))
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _section_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def parse_spec(tree: Any, source: str = "spec") -> JobSpec:
+    """Validate a spec given as a mapping (e.g. from a pipeline) into a ``JobSpec``."""
+    if not isinstance(tree, dict):
+        raise SpecError(f"{source}: expected a mapping of sections, got {type(tree).__name__}")
+    try:
+        return JobSpec.model_validate(tree)
+    except ValidationError as exc:
+        raise SpecError(_format_errors(exc, JobSpec)) from None
+
+
+def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML spec file into a mapping; a missing file or bad YAML is a ``SpecError``."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = yaml.safe_load(handle)
+    except FileNotFoundError:
+        raise SpecError(f"{path}: spec file not found") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory, expected a YAML spec file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"{path}: malformed YAML{where}: {problem}") from None
+    if tree is None:
+        raise SpecError(f"{path}: the spec file is empty")
+    if not isinstance(tree, dict):
+        raise SpecError(f"{path}: expected a mapping of sections, got {type(tree).__name__}")
+    return tree
+
+
+def load_spec(
+    spec: str | os.PathLike[str] | Mapping[str, Any] | JobSpec,
+    overrides: Iterable[str] = (),
+) -> JobSpec:
+    """Load a spec from a YAML path, a mapping or a ``JobSpec``, apply overrides, validate."""
+    overrides = list(overrides)
+    if isinstance(spec, JobSpec):
+        if not overrides:
+            return spec
+        tree, source = spec.model_dump(mode="json"), "spec"
+    elif isinstance(spec, Mapping):
+        tree, source = dict(spec), "spec"
+    else:
+        source = os.fspath(spec)
+        tree = read_spec_file(source)
+    return parse_spec(apply_overrides(tree, overrides), source)
+
+
+def dump_spec(spec: JobSpec) -> str:
+    """The resolved spec as YAML, defaults filled in."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,162 @@
+"""MLflow tracking: one MLflow run per job, continued across resumes. Driver side only.
+
+The driver records what the workers report (they never talk to MLflow), so a local SQLite
+store works on a multi-node cluster and tracking credentials live only on the driver.
+``NullTracker`` stands in when tracking is off, so callers never test ``if tracker``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from typing import Any, Protocol
+
+from raytrain.spec import JobSpec
+
+_PARAM_BATCH = 100
+_PARAM_MAX_CHARS = 6000
+
+
+class Tracker(Protocol):
+    run_id: str | None
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None: ...
+    def log_text(self, text: str, artifact_file: str) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def finish(self, status: str, error: str | None = None) -> None: ...
+
+
+class NullTracker:
+    """Tracks nothing."""
+
+    run_id: str | None = None
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        pass
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        pass
+
+
+def default_tracking_uri() -> str:
+    """``$MLFLOW_TRACKING_URI``, else MLflow's own default: ``mlflow.db`` in this folder.
+
+    That is the store a plain ``mlflow ui`` started in the same folder shows.
+    """
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath('mlflow.db')}"
+
+
+def version_tags(spec: JobSpec) -> dict[str, str]:
+    """Tags that say what ran: world size, strategy and the versions of the stack."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    tags = {
+        "raytrain.world_size": str(spec.scaling.num_workers),
+        "raytrain.strategy": spec.strategy.name,
+        "raytrain.python": platform.python_version(),
+    }
+    for package in ("raytrain", "ray", "lightning", "torch"):
+        try:
+            tags[f"raytrain.version.{package}"] = version(package)
+        except PackageNotFoundError:
+            tags[f"raytrain.version.{package}"] = "unknown"
+    return tags
+
+
+class MlflowTracker:
+    """One MLflow run, created or reopened by :meth:`open`."""
+
+    def __init__(self, client: Any, run_id: str, tracking_uri: str):
+        self.client = client
+        self.run_id = run_id
+        self.tracking_uri = tracking_uri
+
+    @classmethod
+    def open(
+        cls, spec: JobSpec, tracking_uri: str, run_id: str | None = None
+    ) -> tuple[MlflowTracker, bool]:
+        """Reopen ``run_id`` when it exists, else start a new run. Returns (tracker, resumed)."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        if run_id:
+            try:
+                client.get_run(run_id)
+                client.update_run(run_id, status="RUNNING")
+                return cls(client, run_id, tracking_uri), True
+            except MlflowException:
+                pass
+        name = spec.tracking.mlflow.experiment or spec.name
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            experiment_id = client.create_experiment(
+                name, artifact_location=_artifacts(tracking_uri, name)
+            )
+        tags = {**version_tags(spec), **spec.tracking.mlflow.tags, "raytrain.job": spec.name}
+        run = client.create_run(experiment_id, run_name=spec.name, tags=tags)
+        return cls(client, run.info.run_id, tracking_uri), False
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Log params not yet on the run; values that changed since are noted in a tag."""
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        fresh, changed = [], {}
+        for key, value in params.items():
+            text = str(value)[:_PARAM_MAX_CHARS]
+            if key not in existing:
+                fresh.append(Param(key, text))
+            elif existing[key] != text:
+                changed[key] = text
+        for start in range(0, len(fresh), _PARAM_BATCH):
+            self.client.log_batch(self.run_id, params=fresh[start : start + _PARAM_BATCH])
+        if changed:
+            attempt = f"raytrain.changed_params.{int(time.time())}"
+            self.set_tags({attempt: ", ".join(f"{k}={v}" for k, v in changed.items())})
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [
+            Metric(key, float(value), now, step)
+            for key, value in metrics.items()
+            if isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and key not in ("step", "epoch_index")
+        ]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        if error:
+            self.set_tags({"raytrain.error": error[:5000]})
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _artifacts(tracking_uri: str, experiment: str) -> str | None:
+    """Artifacts of a local SQLite store sit beside the database, not in the working dir."""
+    if tracking_uri.startswith("sqlite:///"):
+        folder = os.path.join(os.path.dirname(tracking_uri[len("sqlite:///") :]), "mlartifacts")
+        return f"file://{os.path.join(folder, experiment)}"
+    return None

@@ -1,0 +1,100 @@
+"""The train loop each Ray Train worker runs: the spec back into objects, then ``fit``.
+
+The worker receives only the validated spec (as a plain dict). It builds the model, its
+shard's loaders, the strategy and callbacks, a Lightning Trainer prepared for Ray, and
+restores from the run's latest committed checkpoint when there is one.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+
+from raytrain.spec import JobSpec
+
+
+def _quiet_lightning() -> None:
+    # One line per rank about GPUs/TPUs and tips help nobody reading a driver's output.
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*Total length of `.*` across ranks is zero.*")
+
+
+def build_trainer(spec: JobSpec, callbacks: list[Any]) -> Any:
+    """A Lightning Trainer with the spec's options, prepared to run under Ray Train."""
+    from ray.train.lightning import prepare_trainer
+
+    from raytrain.strategy import build_plugins, build_strategy
+
+    t = spec.trainer
+    trainer = pl.Trainer(
+        accelerator="gpu" if spec.scaling.use_gpu else "cpu",
+        devices="auto",
+        strategy=build_strategy(spec),
+        plugins=build_plugins(spec),
+        callbacks=callbacks,
+        max_epochs=t.max_epochs,
+        max_steps=t.max_steps,
+        precision=t.precision,
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        gradient_clip_val=t.gradient_clip_val,
+        check_val_every_n_epoch=t.check_val_every_n_epoch,
+        log_every_n_steps=t.log_every_n_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    return prepare_trainer(trainer)
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """Ray Train's ``train_loop_per_worker``: train the job in ``config["spec"]``."""
+    import ray.train
+    import torch
+
+    from raytrain.checkpoint import ReportCallback, restore_path
+    from raytrain.data import worker_loaders
+    from raytrain.preflight import import_object
+
+    _quiet_lightning()
+    spec = JobSpec.model_validate(config["spec"])
+    context = ray.train.get_context()
+    threads = max(1, int(spec.scaling.worker_resources().get("CPU", 1)))
+    torch.set_num_threads(threads)
+    if spec.trainer.seed is not None:
+        pl.seed_everything(spec.trainer.seed, workers=True, verbose=False)
+
+    model = import_object(spec.model.class_path)(**spec.model.init_args)
+    train_loader, val_loader = worker_loaders(spec, context.get_world_rank())
+    ckpt = spec.checkpoint
+    report = ReportCallback(
+        every_n_steps=ckpt.every_n_steps,
+        every_n_epochs=ckpt.every_n_epochs,
+        log_every_n_steps=spec.trainer.log_every_n_steps,
+        monitor=ckpt.monitor,
+        mode=ckpt.mode,
+    )
+    trainer = build_trainer(spec, [report, _EpochSetter(train_loader)])
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        trainer.fit(model, train_loader, val_loader)
+        return
+    with checkpoint.as_directory() as directory:
+        trainer.fit(model, train_loader, val_loader, ckpt_path=restore_path(directory))
+
+
+class _EpochSetter(pl.Callback):
+    """Tells the train loader which epoch starts, so its shuffle order is (seed, epoch)."""
+
+    def __init__(self, loader: Any):
+        self.loader = loader
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.loader.epoch = trainer.current_epoch
