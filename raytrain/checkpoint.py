@@ -153,3 +153,24 @@ def checkpoint_meta(checkpoint_dir: str) -> dict[str, Any]:
     """The metrics saved beside a checkpoint when it was taken."""
     with open(os.path.join(checkpoint_dir, META_FILE), encoding="utf-8") as handle:
         return json.load(handle)
+
+
+# Ray Train's record of a run's committed checkpoints, beside them in the run's folder.
+_RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
+
+
+def latest_committed(run_dir: str) -> tuple[str, dict[str, Any]] | None:
+    """The run's latest committed checkpoint (its URI and metrics), as Ray Train will restore.
+
+    Ray writes its snapshot only after a checkpoint's upload completed, so a checkpoint
+    named here is whole.
+    """
+    from raytrain import storage
+
+    text = storage.read_text(storage.join(run_dir, _RAY_SNAPSHOT))
+    if not text:
+        return None
+    latest = json.loads(text).get("latest_checkpoint_result")
+    if not latest:
+        return None
+    return storage.join(run_dir, latest["checkpoint_dir_name"]), dict(latest.get("metrics", {}))

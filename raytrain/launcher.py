@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from raytrain import preflight, ray_runtime, runstate, storage
+from raytrain.checkpoint import latest_committed
 from raytrain.errors import TrainingFailed
 from raytrain.spec import JobSpec, dump_spec, load_spec
 
@@ -64,10 +65,25 @@ def _open_run(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstate.RunSt
     state = runstate.load(spec)
     if state is not None and fresh:
         storage.delete_dir(runstate.run_dir(spec))
+        print(f"raytrain: --fresh: deleted {runstate.run_dir(spec)}", file=sys.stderr)
         return None
     if state is not None and not resume_anyway:
         runstate.check_resumable(state, spec)
     return state
+
+
+def _resume_point(spec: JobSpec) -> str | None:
+    """Say which checkpoint the run resumes from, if any; returns its URI."""
+    latest = latest_committed(runstate.run_dir(spec))
+    if latest is None:
+        return None
+    uri, metrics = latest
+    print(
+        f"raytrain: resuming {spec.name} from {uri} "
+        f"(epoch {int(metrics.get('epoch', 0)) + 1}, step {metrics.get('step', '?')})",
+        file=sys.stderr,
+    )
+    return uri
 
 
 def _checkpoint_uri(spec: JobSpec, checkpoint: Any) -> str | None:
@@ -95,6 +111,7 @@ def fit(
     job = validate(spec, overrides)
     _prepare_data(job)
     state = _open_run(job, fresh, resume_anyway)
+    resumed_from = _resume_point(job)
 
     from raytrain.tracking import MlflowTracker, default_tracking_uri
 
@@ -142,7 +159,7 @@ def fit(
         mlflow_run_id=tracker.run_id,
         tracking_uri=tracker.tracking_uri,
         run_dir=runstate.run_dir(job),
-        resumed_from=state.resumed_from if hasattr(state, "resumed_from") else None,
+        resumed_from=resumed_from,
         wall_time_s=time.perf_counter() - start,
         checkpoints=[_checkpoint_uri(job, c) for c, _ in result.best_checkpoints or []],
     )

@@ -1,0 +1,57 @@
+"""Fixtures shared by unit and integration tests: a small real dataset and spec writing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from raytrain.datasets.digits import write_splits
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scikit-learn's digits as train/val Parquet folders (written once per session)."""
+    root = tmp_path_factory.mktemp("digits")
+    write_splits(str(root / "train"), str(root / "val"))
+    return root
+
+
+def digits_spec(digits_dir: Path, work: Path, **sections: Any) -> dict[str, Any]:
+    """A valid digits job spec whose storage and tracking live under ``work``."""
+    spec: dict[str, Any] = {
+        "name": "digits-test",
+        "model": {"class_path": "raytrain.models.digits:DigitsCNN", "init_args": {"lr": 0.003}},
+        "data": {
+            "train": {"uri": str(digits_dir / "train")},
+            "val": {"uri": str(digits_dir / "val")},
+            "columns": ["pixels", "label"],
+            "batch_size": 32,
+        },
+        "scaling": {"num_workers": 2},
+        "trainer": {"max_epochs": 2, "log_every_n_steps": 5},
+        "checkpoint": {"storage": str(work / "runs"), "keep": 2},
+        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
+    }
+    for section, values in sections.items():
+        if isinstance(values, dict) and isinstance(spec.get(section), dict):
+            spec[section] = {**spec[section], **values}
+        else:
+            spec[section] = values
+    return spec
+
+
+def write_spec(path: Path, spec: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No inherited cluster or tracking server: tests run against what they start."""
+    for var in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(var, raising=False)
+    os.environ.setdefault("PYTHONHASHSEED", "0")

@@ -1,0 +1,103 @@
+"""Bad input stops before Ray starts and before anything is written: exit 2, field named.
+
+All cases run through the real CLI entry point in one fresh interpreter (a subprocess), so
+the test can see that Ray was never even imported there and that no run folder, data or
+MLflow store was created.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import digits_spec, write_spec
+
+CASES = {
+    # name: (overrides, the field path the message must start with)
+    "unknown_key": (["trainer.epochs=3"], "trainer.epochs"),
+    "wrong_type": (["data.batch_size=big"], "data.batch_size"),
+    "out_of_range": (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches"),
+    "class_does_not_import": (["model.class_path=nosuch_pkg.mod:Model"], "model.class_path"),
+    "class_attr_missing": (["model.class_path=raytrain.models.digits:Nope"], "model.class_path"),
+    "not_a_lightning_module": (["model.class_path=collections:OrderedDict"], "model.class_path"),
+    "data_uri_missing": (["data.train.uri=/nonexistent/raytrain/train"], "data.train.uri"),
+    "column_missing": (["data.columns=[pixels, colour]"], "data.columns"),
+    "too_many_workers": (["scaling.num_workers=4096"], "scaling.num_workers"),
+    "gpu_without_gpus": (["scaling.use_gpu=true"], "scaling.use_gpu"),
+    "strategy_not_supported": (["strategy.name=fsdp"], "strategy.name"),
+}
+
+_DRIVER = r"""
+import contextlib, io, json, sys
+from raytrain.cli import main
+cases = json.loads(sys.argv[1])
+out = {}
+for name, argv in cases.items():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(argv)
+    out[name] = {"rc": rc, "stderr": err.getvalue()}
+out["__ray_imported__"] = "ray" in sys.modules
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    work = tmp_path_factory.mktemp("bad-input")
+    spec_path = write_spec(work / "job.yaml", digits_spec(digits_dir, work))
+    broken = work / "broken.yaml"
+    broken.write_text("name: x\nmodel: [unclosed\n")
+    argvs = {name: ["run", str(spec_path), *overrides] for name, (overrides, _) in CASES.items()}
+    argvs["malformed_yaml"] = ["run", str(broken)]
+    argvs["missing_file"] = ["run", str(work / "absent.yaml")]
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_env(), "RAY_ADDRESS": ""},
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["__work__"] = work
+    return result
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI",)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_field_exits_2_naming_the_field(outcomes: dict, case: str) -> None:
+    got = outcomes[case]
+    assert got["rc"] == 2, got
+    lines = got["stderr"].strip().splitlines()
+    assert lines, got
+    assert lines[0].startswith(f"error: {CASES[case][1]}"), got["stderr"]
+
+
+def test_malformed_yaml_names_the_file(outcomes: dict) -> None:
+    got = outcomes["malformed_yaml"]
+    assert got["rc"] == 2
+    assert "broken.yaml: malformed YAML at line 3" in got["stderr"]
+
+
+def test_missing_file_names_the_file(outcomes: dict) -> None:
+    got = outcomes["missing_file"]
+    assert got["rc"] == 2
+    assert "absent.yaml: spec file not found" in got["stderr"]
+
+
+def test_nothing_was_started_or_written(outcomes: dict) -> None:
+    work: Path = outcomes["__work__"]
+    assert outcomes["__ray_imported__"] is False
+    assert not (work / "runs").exists()
+    assert not (work / "mlflow.db").exists()
+    assert sorted(p.name for p in work.iterdir()) == ["broken.yaml", "job.yaml"]

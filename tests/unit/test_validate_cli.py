@@ -1,0 +1,43 @@
+"""`raytrain validate` prints the resolved spec or every problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raytrain.cli import main
+from tests.conftest import digits_spec, write_spec
+
+
+def test_validate_prints_resolved_spec_with_overrides(
+    digits_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], clean_env: None
+) -> None:
+    path = write_spec(tmp_path / "job.yaml", digits_spec(digits_dir, tmp_path))
+    assert main(["validate", str(path), "trainer.max_epochs=7"]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["trainer"]["max_epochs"] == 7
+    assert resolved["trainer"]["precision"] == "32-true"  # defaults are shown
+    assert not (tmp_path / "runs").exists()
+
+
+def test_validate_lists_every_problem(
+    digits_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], clean_env: None
+) -> None:
+    path = write_spec(tmp_path / "job.yaml", digits_spec(digits_dir, tmp_path))
+    rc = main(["validate", str(path), "trainer.max_epochs=0", "data.batch_size=0", "x.y=1"])
+    assert rc == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    fields = sorted(line.removeprefix("error: ").split(":")[0] for line in lines)
+    assert fields == ["data.batch_size", "trainer.max_epochs", "x"]
+
+
+def test_validate_accepts_missing_data_that_prepare_will_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], clean_env: None
+) -> None:
+    spec = digits_spec(tmp_path / "absent", tmp_path)
+    spec["data"]["prepare"] = "raytrain.datasets.digits:write_splits"
+    path = write_spec(tmp_path / "job.yaml", spec)
+    assert main(["validate", str(path)]) == 0
+    assert not (tmp_path / "absent").exists()  # validate writes nothing
