@@ -34,13 +34,9 @@ def read_source(source: SourceSpec, columns: list[str] | None) -> Any:
         "csv": ray.data.read_csv,
         "json": ray.data.read_json,
     }
-    kwargs: dict[str, Any] = {"filesystem": fs}
-    if source.format == "parquet" and columns:
-        kwargs["columns"] = columns
-    ds = readers[source.format](path, **kwargs)
-    if source.format != "parquet" and columns:
-        ds = ds.select_columns(columns)
-    return ds
+    ds = readers[source.format](path, filesystem=fs)
+    # Ray Data pushes the projection down into the Parquet reader.
+    return ds.select_columns(columns) if columns else ds
 
 
 def source_bytes(source: SourceSpec) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from raytrain import preflight, ray_runtime, runstate, storage
-from raytrain.checkpoint import latest_committed
+from raytrain.checkpoint import SCORE_KEY, latest_committed
 from raytrain.errors import TrainingFailed
 from raytrain.spec import JobSpec, dump_spec, load_spec
 
@@ -37,6 +37,8 @@ class FitResult:
     resumed_from: str | None = None
     wall_time_s: float = 0.0
     checkpoints: list[str] = field(default_factory=list)
+    # seconds from the start of fit() to the end of each phase (startup breakdown)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def validate(
@@ -107,15 +109,23 @@ def fit(
     strings. A run with the same ``name`` and ``checkpoint.storage`` as an earlier one resumes
     it from its latest checkpoint and continues its MLflow run; ``fresh`` starts it over.
     """
-    start = time.perf_counter()
+    start = time.time()
+    timings: dict[str, float] = {}
+
+    def mark(phase: str) -> None:
+        timings[phase] = round(time.time() - start, 3)
+
     job = validate(spec, overrides)
+    mark("validated")
     _prepare_data(job)
+    mark("data_checked")
     state = _open_run(job, fresh, resume_anyway)
     resumed_from = _resume_point(job)
 
     from raytrain.tracking import MlflowTracker, default_tracking_uri
 
     ray_handle = ray_runtime.connect(job, verbose=verbose)
+    mark("ray_ready")
     tracker = None
     try:
         state = state or runstate.new_state(job)
@@ -132,7 +142,10 @@ def fit(
         tracker.log_params(job.flat())
         tracker.set_tags({"raytrain.attempts": str(state.attempts)})
         tracker.log_text(dump_spec(job), "spec.yaml")
-        result, last = _train(job, ray_handle, tracker, progress, verbose)
+        mark("tracking_ready")
+        result, last = _train(job, ray_handle, tracker, progress, mark)
+        if "_first_step_at" in last:
+            timings["first_step"] = round(last.pop("_first_step_at") - start, 3)
     except BaseException as exc:
         if tracker is not None:
             tracker.finish(
@@ -144,8 +157,9 @@ def fit(
         raise
     finally:
         ray_handle.shutdown()
+        mark("ray_stopped")
 
-    metrics = _final_metrics(result, last)
+    metrics = _final_metrics(result, last, job)
     best = _best_checkpoint(job, result)
     tracker.set_tags({"raytrain.best_checkpoint": best or ""})
     tracker.finish("FINISHED")
@@ -160,22 +174,23 @@ def fit(
         tracking_uri=tracker.tracking_uri,
         run_dir=runstate.run_dir(job),
         resumed_from=resumed_from,
-        wall_time_s=time.perf_counter() - start,
+        wall_time_s=time.time() - start,
+        timings=timings,
         checkpoints=[_checkpoint_uri(job, c) for c, _ in result.best_checkpoints or []],
     )
 
 
-def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO, verbose: bool):
+def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO, mark: Any):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.util.queue import Queue
 
     from raytrain.data import build_datasets, dataset_config
-    from raytrain.progress import ProgressLine, ReportPump, ReportRelay
+    from raytrain.progress import ProgressLine, ReportPump, start_sink
     from raytrain.worker import train_loop
 
     datasets = build_datasets(job, ray_handle.object_store_bytes())
-    queue = Queue(actor_options={"num_cpus": 0})
+    mark("datasets_ready")
+    sink = start_sink()
     ckpt = job.checkpoint
     run_config = RunConfig(
         name=job.name,
@@ -183,14 +198,13 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
         failure_config=FailureConfig(max_failures=job.failure.max_failures),
         checkpoint_config=CheckpointConfig(
             num_to_keep=ckpt.keep,
-            checkpoint_score_attribute=ckpt.monitor,
+            checkpoint_score_attribute=SCORE_KEY if ckpt.monitor else None,
             checkpoint_score_order=ckpt.mode,
         ),
-        callbacks=[ReportRelay(queue)],
     )
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"spec": job.model_dump(mode="json")},
+        train_loop_config={"spec": job.model_dump(mode="json"), "sink": sink},
         torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=job.scaling.num_workers,
@@ -210,8 +224,9 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
     from ray.train import TrainingFailedError
 
     try:
-        with ReportPump(queue, handlers) as pump:
+        with ReportPump(sink, handlers) as pump:
             result = trainer.fit()
+            mark("trained")
     except TrainingFailedError as exc:
         raise TrainingFailed(_worker_errors(exc)) from exc
     finally:
@@ -219,7 +234,7 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
             line.close()
     if result.error is not None:
         raise TrainingFailed(_worker_errors(result.error))
-    return result, pump.last
+    return result, pump.latest
 
 
 def _worker_errors(exc: BaseException) -> list[str]:
@@ -237,11 +252,15 @@ def _root(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
 
 
-def _final_metrics(result: Any, last: dict[str, Any] | None) -> dict[str, Any]:
-    metrics = dict(result.metrics or {}) or dict(last or {})
-    if not metrics and result.best_checkpoints:
-        metrics = dict(result.best_checkpoints[-1][1])
-    metrics.pop("checkpoint_path", None)
+def _final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> dict[str, Any]:
+    """The newest value of every metric reported; a run that trained nothing more (already
+    at max_epochs) reports its latest checkpoint's."""
+    metrics = dict(latest or {})
+    if not metrics:
+        committed = latest_committed(runstate.run_dir(job))
+        metrics = dict(committed[1]) if committed else dict(result.metrics or {})
+    for key in ("checkpoint_path", SCORE_KEY, "kind"):
+        metrics.pop(key, None)
     return metrics
 
 
@@ -249,10 +268,10 @@ def _best_checkpoint(job: JobSpec, result: Any) -> str | None:
     entries = result.best_checkpoints or []
     if not entries:
         return _checkpoint_uri(job, result.checkpoint)
-    monitor = job.checkpoint.monitor
-    if monitor:
+    if job.checkpoint.monitor:
+        # Ray keeps best_checkpoints sorted by score, worst first
         sign = 1 if job.checkpoint.mode == "max" else -1
-        scored = [(c, m) for c, m in entries if isinstance(m.get(monitor), int | float)]
+        scored = [(c, m) for c, m in entries if isinstance(m.get(SCORE_KEY), int | float)]
         if scored:
-            return _checkpoint_uri(job, max(scored, key=lambda cm: sign * cm[1][monitor])[0])
+            return _checkpoint_uri(job, max(scored, key=lambda cm: sign * cm[1][SCORE_KEY])[0])
     return _checkpoint_uri(job, entries[-1][0])

@@ -1,9 +1,8 @@
-"""The driver's view of training: one live progress line built from the workers' reports.
+"""The driver's view of training: one live progress line built from rank 0's metrics.
 
-Workers report through ``ray.train.report``; ``ReportRelay`` (a Ray Train callback that runs
-in the train controller) forwards rank 0's metrics over a Ray queue to the driver, where
-``ReportPump`` hands each one to the progress line and to the tracker. One line replaces N
-interleaved per-rank Lightning bars.
+Rank 0 sends metric events to a ``MetricsSink`` actor; ``ReportPump`` on the driver drains it
+and hands each event to the progress line and the tracker. One line replaces N interleaved
+per-rank Lightning bars.
 """
 
 from __future__ import annotations
@@ -15,37 +14,56 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-try:  # Ray is imported lazily by the CLI; this module is only loaded once it runs.
-    from ray.train.v2.api.callback import UserCallback
-except ImportError:  # pragma: no cover - Ray Train V1 layout
-    from ray.train import UserCallback  # type: ignore[attr-defined, no-redef]
+
+class MetricsSink:
+    """A Ray actor (0 CPUs) holding rank 0's metric events until the driver drains them.
+
+    Metrics travel outside ``ray.train.report``: a report waits for the train controller's
+    next poll (every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``), so reporting every few steps
+    would stall training. Rank 0 sends events fire-and-forget; Ray keeps one caller's actor
+    calls in order.
+    """
+
+    def __init__(self) -> None:
+        self._events: list[dict[str, Any]] = []
+
+    def put(self, event: dict[str, Any]) -> None:
+        self._events.append(event)
+
+    def ping(self) -> bool:
+        """Returns once every event this caller sent before has been stored."""
+        return True
+
+    def drain(self) -> list[dict[str, Any]]:
+        events, self._events = self._events, []
+        return events
 
 
-class ReportRelay(UserCallback):
-    """Runs in the train controller; puts each report's rank-0 metrics on ``queue``."""
+def start_sink() -> Any:
+    """Start a ``MetricsSink`` actor on this node; returns its handle."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    def __init__(self, queue: Any):
-        self.queue = queue
-
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any):
-        if not metrics:
-            return
-        event = dict(metrics[0])
-        if checkpoint is not None:
-            event["checkpoint_path"] = checkpoint.path
-        self.queue.put_nowait(event)
+    here = ray.get_runtime_context().get_node_id()
+    actor = ray.remote(num_cpus=0, max_restarts=-1)(MetricsSink)
+    return actor.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)
+    ).remote()
 
 
 class ReportPump:
-    """A driver thread that drains the relay queue into handlers until stopped."""
+    """A driver thread that drains the sink into handlers until stopped."""
 
-    def __init__(self, queue: Any, handlers: list[Callable[[dict[str, Any]], None]]):
-        self.queue = queue
+    def __init__(
+        self, sink: Any, handlers: list[Callable[[dict[str, Any]], None]], interval_s: float = 0.5
+    ):
+        self.sink = sink
         self.handlers = handlers
-        self.last: dict[str, Any] | None = None
+        self.interval_s = interval_s
+        self.latest: dict[str, Any] = {}  # the newest value of every metric seen
+        self.errors: list[BaseException] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raytrain-reports", daemon=True)
-        self.errors: list[BaseException] = []
 
     def __enter__(self) -> ReportPump:
         self._thread.start()
@@ -54,32 +72,27 @@ class ReportPump:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        self._drain(block=False)
+        self._drain()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._drain(block=True)
+        while not self._stop.wait(self.interval_s):
+            self._drain()
 
-    def _drain(self, block: bool) -> None:
-        from ray.util.queue import Empty
+    def _drain(self) -> None:
+        import ray
 
-        while True:
-            try:
-                event = (
-                    self.queue.get(block=block, timeout=0.5) if block else (self.queue.get_nowait())
-                )
-            except Empty:
-                return
-            except Exception as exc:  # the queue actor went away with Ray
-                self.errors.append(exc)
-                return
-            self.last = event
+        try:
+            events = ray.get(self.sink.drain.remote(), timeout=30)
+        except Exception as exc:  # the sink went away with Ray; training decides the outcome
+            self.errors.append(exc)
+            return
+        for event in events:
+            self.latest.update(event)
             for handler in self.handlers:
                 try:
                     handler(event)
                 except Exception as exc:  # a tracker outage must not stop training
                     self.errors.append(exc)
-            block = False
 
 
 def _fmt_duration(seconds: float) -> str:

@@ -135,7 +135,8 @@ class MlflowTracker:
             if isinstance(value, int | float)
             and not isinstance(value, bool)
             and math.isfinite(value)
-            and key not in ("step", "epoch_index")
+            and not key.startswith("_")
+            and key != "step"
         ]
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)

@@ -73,21 +73,25 @@ def train_loop(config: dict[str, Any]) -> None:
     model = import_object(spec.model.class_path)(**spec.model.init_args)
     train_loader, val_loader = worker_loaders(spec, context.get_world_rank())
     ckpt = spec.checkpoint
+    sink = config.get("sink") if context.get_world_rank() == 0 else None
     report = ReportCallback(
         every_n_steps=ckpt.every_n_steps,
         every_n_epochs=ckpt.every_n_epochs,
         log_every_n_steps=spec.trainer.log_every_n_steps,
         monitor=ckpt.monitor,
         mode=ckpt.mode,
+        publish=(lambda event: sink.put.remote(event)) if sink is not None else None,
     )
     trainer = build_trainer(spec, [report, _EpochSetter(train_loader)])
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
         trainer.fit(model, train_loader, val_loader)
-        return
-    with checkpoint.as_directory() as directory:
-        trainer.fit(model, train_loader, val_loader, ckpt_path=restore_path(directory))
+    else:
+        with checkpoint.as_directory() as directory:
+            trainer.fit(model, train_loader, val_loader, ckpt_path=restore_path(directory))
+    if sink is not None:
+        ray.get(sink.ping.remote())  # the driver has every event before the run ends
 
 
 class _EpochSetter(pl.Callback):

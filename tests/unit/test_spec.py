@@ -73,8 +73,9 @@ def test_out_of_range_numbers_are_rejected() -> None:
     with pytest.raises(SpecError) as excinfo:
         load_spec("jobs/digits.yaml", ["scaling.num_workers=0", "trainer.max_epochs=-1"])
     problems = excinfo.value.problems
-    assert any(p.startswith("scaling.num_workers:") and "greater than or equal to 1" in p
-               for p in problems)
+    assert any(
+        p.startswith("scaling.num_workers:") and "greater than or equal to 1" in p for p in problems
+    )
     assert any(p.startswith("trainer.max_epochs:") for p in problems)
     assert len(problems) == 2  # every problem, not just the first
 

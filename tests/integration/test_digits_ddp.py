@@ -1,0 +1,122 @@
+"""The main path end to end on a real local Ray: 2-worker DDP, checkpoints, MLflow, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import raytrain
+from raytrain.checkpoint import CKPT_FILE
+from tests.conftest import digits_spec, write_spec
+
+pytestmark = pytest.mark.integration
+EPOCHS = 4
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("digits-ddp")
+
+
+@pytest.fixture(scope="module")
+def first_run(ray_cluster: None, digits_dir: Path, work: Path) -> tuple[dict[str, Any], Any]:
+    os.environ.pop("RAY_ADDRESS", None)
+    spec = digits_spec(
+        digits_dir,
+        work,
+        trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5, "seed": 7},
+        checkpoint={"storage": str(work / "runs"), "keep": 2, "monitor": "val_acc", "mode": "max"},
+    )
+    return spec, raytrain.fit(spec, progress=False)
+
+
+def _client(spec: dict[str, Any]):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=spec["tracking"]["mlflow"]["tracking_uri"])
+
+
+def test_two_worker_ddp_learns_digits(first_run) -> None:
+    _, result = first_run
+    assert result.metrics["world_size"] == 2
+    assert result.metrics["val_acc"] >= 0.9
+    assert result.metrics["epoch"] == EPOCHS - 1
+
+
+def test_checkpoint_holds_full_lightning_state(first_run) -> None:
+    _, result = first_run
+    assert result.best_checkpoint_uri is not None
+    path = Path(result.best_checkpoint_uri) / CKPT_FILE
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    assert {"state_dict", "optimizer_states", "loops", "epoch", "global_step"} <= set(state)
+    assert state["global_step"] > 0
+    # keep=2: Ray deleted the rest, and the folder holds exactly the kept checkpoints
+    kept = sorted(p.name for p in Path(result.run_dir).glob("checkpoint_*") if p.is_dir())
+    assert kept == sorted(Path(uri).name for uri in result.checkpoints)
+    assert len(kept) == 2
+
+
+def test_mlflow_run_has_params_tags_spec_and_metric_history(first_run) -> None:
+    spec, result = first_run
+    client = _client(spec)
+    run = client.get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["trainer.max_epochs"] == str(EPOCHS)
+    assert run.data.params["model.class_path"] == "raytrain.models.digits:DigitsCNN"
+    assert run.data.tags["raytrain.world_size"] == "2"
+    assert run.data.tags["raytrain.strategy"] == "ddp"
+    assert run.data.tags["raytrain.version.ray"].startswith("2.")
+    assert run.data.tags["raytrain.best_checkpoint"] == result.best_checkpoint_uri
+    loss_steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert len(loss_steps) >= 5
+    assert loss_steps == sorted(set(loss_steps))  # at their global step, none twice
+    val = client.get_metric_history(run.info.run_id, "val_acc")
+    assert len(val) == EPOCHS
+    assert val[-1].value == pytest.approx(result.metrics["val_acc"])
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "spec.yaml" in artifacts
+
+
+def test_changed_spec_under_same_name_is_refused(first_run) -> None:
+    spec, _ = first_run
+    changed = {**spec, "model": {**spec["model"], "init_args": {"lr": 0.5}}}
+    with pytest.raises(raytrain.RunStateError, match=r"model\.init_args\.lr"):
+        raytrain.fit(changed, progress=False)
+
+
+def test_same_command_resumes_from_last_step(first_run, work: Path) -> None:
+    """Run through the CLI, as a user would: a new process with its own embedded Ray."""
+    spec, result = first_run
+    last_step = result.metrics["step"]
+    path = write_spec(work / "job.yaml", spec)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "raytrain.cli", "run", str(path),
+         f"trainer.max_epochs={EPOCHS + 1}", "--json"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming digits-test from {result.latest_checkpoint_uri}" in proc.stderr
+    assert f"step {last_step})" in proc.stderr
+    resumed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert resumed["mlflow_run_id"] == result.mlflow_run_id
+    assert resumed["metrics"]["epoch"] == EPOCHS  # one more epoch, not a restart
+    steps_per_epoch = last_step // EPOCHS
+    assert resumed["metrics"]["step"] == last_step + steps_per_epoch
+
+    client = _client(spec)
+    steps = [m.step for m in client.get_metric_history(result.mlflow_run_id, "train_loss")]
+    assert steps == sorted(set(steps))
+    new_steps = [s for s in steps if s > last_step]
+    assert new_steps and min(new_steps) > last_step
+    epochs = client.get_metric_history(result.mlflow_run_id, "val_acc")
+    assert len(epochs) == EPOCHS + 1
+    run = client.get_run(result.mlflow_run_id)
+    assert run.data.tags["raytrain.attempts"] == "2"
