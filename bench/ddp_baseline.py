@@ -31,7 +31,7 @@ def _load(path: str):
 
     table = pq.read_table(path, columns=["pixels", "label"])
     pixels = np.stack(table.column("pixels").to_numpy(zero_copy_only=False)).astype("float32")
-    labels = table.column("label").to_numpy()
+    labels = table.column("label").to_numpy().copy()
     return torch.utils.data.TensorDataset(torch.from_numpy(pixels), torch.from_numpy(labels))
 
 

@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.timed import MODELS, summarize  # noqa: E402
 
-EPOCHS = {"digits": 4, "compute": 3}
+EPOCHS = {"digits": 4, "compute": 8}
+SHUFFLE: dict | None = {"seed": 0}
 FIGURES = ("step_s", "startup_s", "epoch_overhead_s", "wall_s")
 
 
@@ -66,7 +67,7 @@ def run_raytrain(model: str, data: Path, work: Path) -> dict[str, float]:
             "val": {"uri": str(data / "val")},
             "columns": ["pixels", "label"],
             "batch_size": config["batch_size"],
-            "shuffle": {"seed": 0},
+            "shuffle": SHUFFLE,
         },
         "scaling": {"num_workers": 2},
         "trainer": {"max_epochs": EPOCHS[model], "gradient_clip_val": 1.0,

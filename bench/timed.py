@@ -20,7 +20,7 @@ from raytrain.models.digits import DigitsCNN
 # on a 2-core machine (compute-bound: framework overhead per step is small beside it).
 MODELS: dict[str, dict[str, Any]] = {
     "digits": {"init_args": {"lr": 0.002, "channels": 16, "hidden": 64}, "batch_size": 32},
-    "compute": {"init_args": {"lr": 0.001, "channels": 96, "hidden": 512}, "batch_size": 64},
+    "compute": {"init_args": {"lr": 0.001, "channels": 96, "hidden": 512}, "batch_size": 128},
 }
 WARMUP_STEPS = 5
 

@@ -188,7 +188,7 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
     from raytrain.progress import ProgressLine, ReportPump, start_sink
     from raytrain.worker import train_loop
 
-    datasets = build_datasets(job, ray_handle.object_store_bytes())
+    datasets, cached = build_datasets(job, ray_handle.object_store_bytes())
     mark("datasets_ready")
     sink = start_sink()
     ckpt = job.checkpoint
@@ -204,7 +204,7 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
     )
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"spec": job.model_dump(mode="json"), "sink": sink},
+        train_loop_config={"spec": job.model_dump(mode="json"), "sink": sink, "cached": cached},
         torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=job.scaling.num_workers,

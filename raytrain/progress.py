@@ -55,7 +55,7 @@ class ReportPump:
     """A driver thread that drains the sink into handlers until stopped."""
 
     def __init__(
-        self, sink: Any, handlers: list[Callable[[dict[str, Any]], None]], interval_s: float = 0.5
+        self, sink: Any, handlers: list[Callable[[dict[str, Any]], None]], interval_s: float = 1.0
     ):
         self.sink = sink
         self.handlers = handlers

@@ -1,0 +1,41 @@
+"""A worker's own error reaches the user, and the MLflow run is marked FAILED with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import raytrain
+from raytrain import runstate
+from raytrain.spec import parse_spec
+from tests.conftest import digits_spec
+
+pytestmark = pytest.mark.integration
+
+
+def test_worker_exception_is_shown_and_recorded(
+    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
+) -> None:
+    spec = digits_spec(
+        digits_dir,
+        tmp_path,
+        name="exploding",
+        model={"class_path": "tests.integration.models:ExplodingCNN", "init_args": {"at_step": 3}},
+        failure={"max_failures": 0},
+    )
+    with pytest.raises(raytrain.TrainingFailed) as excinfo:
+        raytrain.fit(spec, progress=False)
+    message = str(excinfo.value)
+    assert "training failed on rank 1" in message
+    assert "ValueError: boom at step 3 on rank 1" in message
+    assert excinfo.value.exit_code == 1
+
+    from mlflow.tracking import MlflowClient
+
+    state = runstate.load(parse_spec(spec))
+    assert state is not None and state.status == "FAILED"
+    client = MlflowClient(tracking_uri=spec["tracking"]["mlflow"]["tracking_uri"])
+    run = client.get_run(state.mlflow_run_id)
+    assert run.info.status == "FAILED"
+    assert "boom at step 3" in run.data.tags["raytrain.error"]
