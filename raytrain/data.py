@@ -141,18 +141,14 @@ class CachedBatches:
 
     def __init__(
         self,
-        cached: CachedSet,
+        table: Any,
         batch_size: int,
         *,
         rank: int,
         world_size: int,
         shuffle_seed: int | None = None,
     ):
-        import pyarrow as pa
-        import ray
-
-        # Arrow blocks come out of the object store zero-copy; batches are cut from them.
-        self._table = pa.concat_tables(ray.get(cached.refs))
+        self._table = table
         self._batch_size = batch_size
         self._rank = rank
         self._per_rank = self._table.num_rows // world_size
@@ -223,16 +219,20 @@ def worker_loaders(
 ) -> tuple[Any, Any | None]:
     """This worker's train and val loaders: cached sets from the object store, streamed
     ones from the shards Ray Train handed it."""
+    import ray
     import ray.train
 
     shuffle = spec.data.shuffle
 
     def loader(name: str, seed: int | None) -> Any:
         if name in cached:
+            import pyarrow as pa
+
+            # Arrow blocks come out of the object store zero-copy; batches are cut from them.
+            table = pa.concat_tables(ray.get(cached[name].refs))
             return CachedBatches(
-                cached[name], spec.data.batch_size, rank=rank, world_size=world_size,
-                shuffle_seed=seed,
-            )  # fmt: skip
+                table, spec.data.batch_size, rank=rank, world_size=world_size, shuffle_seed=seed
+            )
         return ShardBatches(
             ray.train.get_dataset_shard(name), spec.data.batch_size, shuffle_seed=seed,
             shuffle_buffer=shuffle.buffer_size if shuffle else 0, rank=rank,

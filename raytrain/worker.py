@@ -8,7 +8,6 @@ restores from the run's latest committed checkpoint when there is one.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from typing import Any
 
@@ -23,22 +22,6 @@ def _quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*Total length of `.*` across ranks is zero.*")
-
-
-# Training ranks wait for each other at every all-reduce: whenever a background process
-# (Ray's daemons and helper actors) preempts one rank, every rank waits. Running the ranks
-# a little ahead of them lets that work fill the gaps the ranks leave instead.
-TRAINING_NICENESS = -5
-
-
-def _prioritise_training() -> None:
-    """Renice this worker's threads (Linux nice is per thread); needs CAP_SYS_NICE."""
-    tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
-    for tid in tasks:
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), TRAINING_NICENESS)
-        except (OSError, AttributeError):  # not permitted, or not Linux: run as we are
-            return
 
 
 def build_trainer(spec: JobSpec, callbacks: list[Any]) -> Any:
@@ -80,7 +63,6 @@ def train_loop(config: dict[str, Any]) -> None:
     from raytrain.preflight import import_object
 
     _quiet_lightning()
-    _prioritise_training()
     spec = JobSpec.model_validate(config["spec"])
     context = ray.train.get_context()
     threads = max(1, int(spec.scaling.worker_resources().get("CPU", 1)))
