@@ -4,7 +4,8 @@
 every ``every_n_epochs`` epochs and at the end of training it has every rank take part in
 ``trainer.save_checkpoint`` (the full Lightning state: weights, optimizer, schedulers, loops,
 epoch, global step) into a local temporary folder and then call ``ray.train.report`` with
-it, so Ray uploads it to the run's storage and commits it only once complete. Every rank
+it, so Ray uploads it to the run's storage in the background and commits it only once
+complete. Every rank
 reports at the same steps: a report is a barrier across ranks.
 
 Metrics (every ``log_every_n_steps`` steps and with each checkpoint) go from rank 0 to
@@ -164,18 +165,26 @@ class ReportCallback(pl.Callback):
         metrics = self._metrics(trainer, kind)
         self._publish(metrics)
         tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
-        try:
-            # A collective: every rank calls it; rank 0 writes the file under DDP.
-            trainer.save_checkpoint(os.path.join(tmp, CKPT_FILE))
-            ckpt = None
-            if trainer.global_rank == 0:
-                with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as handle:
-                    json.dump(metrics, handle)
-                ckpt = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=ckpt)
-            self._last_ckpt_step = trainer.global_step
-        finally:
+        # A collective: every rank calls it; rank 0 writes the file under DDP.
+        trainer.save_checkpoint(os.path.join(tmp, CKPT_FILE))
+        ckpt = None
+        if trainer.global_rank == 0:
+            with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as handle:
+                json.dump(metrics, handle)
+            ckpt = ray.train.Checkpoint.from_directory(tmp)
+        else:
             shutil.rmtree(tmp, ignore_errors=True)
+        # Uploaded in the background: training goes on while Ray copies the folder and
+        # waits for the controller to take the report; Ray commits the checkpoint (and
+        # deletes the local copy) only once the upload is complete, and waits for pending
+        # uploads before the run ends.
+        ray.train.report(
+            metrics,
+            checkpoint=ckpt,
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+            delete_local_checkpoint_after_upload=ckpt is not None,
+        )
+        self._last_ckpt_step = trainer.global_step
 
 
 def _batch_rows(batch: Any) -> int:
