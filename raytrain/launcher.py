@@ -181,7 +181,15 @@ def fit(
 
 
 def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO, mark: Any):
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    """Build the datasets and the TorchTrainer, run it, and return (Ray's result, the
+    newest value of every metric rank 0 reported)."""
+    from ray.train import (
+        CheckpointConfig,
+        FailureConfig,
+        RunConfig,
+        ScalingConfig,
+        TrainingFailedError,
+    )
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from raytrain.data import build_datasets, dataset_config
@@ -221,8 +229,6 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
         stream = progress if not isinstance(progress, bool) else sys.stderr
         line = ProgressLine(job.trainer.max_epochs, job.trainer.max_steps, stream=stream)
         handlers.append(line)
-    from ray.train import TrainingFailedError
-
     try:
         with ReportPump(sink, handlers) as pump:
             result = trainer.fit()
@@ -234,6 +240,12 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
             line.close()
     if result.error is not None:
         raise TrainingFailed(_worker_errors(result.error))
+    if pump.errors:  # training finished; say what the progress line or MLflow missed
+        print(
+            f"raytrain: warning: {len(pump.errors)} metric report(s) were not recorded; "
+            f"first: {type(pump.errors[0]).__name__}: {pump.errors[0]}",
+            file=sys.stderr,
+        )
     return result, pump.latest
 
 
