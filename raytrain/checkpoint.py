@@ -205,12 +205,6 @@ def restore_path(checkpoint_dir: str) -> str:
     return path
 
 
-def checkpoint_meta(checkpoint_dir: str) -> dict[str, Any]:
-    """The metrics saved beside a checkpoint when it was taken."""
-    with open(os.path.join(checkpoint_dir, META_FILE), encoding="utf-8") as handle:
-        return json.load(handle)
-
-
 # Ray Train's record of a run's committed checkpoints, beside them in the run's folder.
 _RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
 

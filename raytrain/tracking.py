@@ -2,7 +2,6 @@
 
 The driver records what the workers report (they never talk to MLflow), so a local SQLite
 store works on a multi-node cluster and tracking credentials live only on the driver.
-``NullTracker`` stands in when tracking is off, so callers never test ``if tracker``.
 """
 
 from __future__ import annotations
@@ -11,39 +10,12 @@ import math
 import os
 import platform
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from raytrain.spec import JobSpec
 
 _PARAM_BATCH = 100
 _PARAM_MAX_CHARS = 6000
-
-
-class Tracker(Protocol):
-    run_id: str | None
-
-    def log_metrics(self, metrics: dict[str, Any], step: int) -> None: ...
-    def log_text(self, text: str, artifact_file: str) -> None: ...
-    def set_tags(self, tags: dict[str, str]) -> None: ...
-    def finish(self, status: str, error: str | None = None) -> None: ...
-
-
-class NullTracker:
-    """Tracks nothing."""
-
-    run_id: str | None = None
-
-    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
-        pass
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        pass
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        pass
-
-    def finish(self, status: str, error: str | None = None) -> None:
-        pass
 
 
 def default_tracking_uri() -> str:
