@@ -54,13 +54,16 @@ def validate(
 
 
 def _prepare_data(spec: JobSpec) -> None:
-    """Run ``data.prepare`` when the train set is missing, then check the data for real."""
+    """Run ``data.prepare`` when the train set is missing, then check what it wrote.
+
+    ``validate`` has already checked data that existed; only freshly written data is new.
+    """
     train = storage.resolve(spec.data.train.uri)
     if spec.data.prepare and not storage.exists(train):
         val = storage.resolve(spec.data.val.uri) if spec.data.val else None
         print(f"raytrain: writing {train} with {spec.data.prepare}", file=sys.stderr)
         preflight.import_object(spec.data.prepare)(train, val)
-    preflight.raise_if(preflight.check_data(spec))
+        preflight.raise_if(preflight.check_data(spec))
 
 
 def _open_run(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstate.RunState | None:

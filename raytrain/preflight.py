@@ -97,13 +97,19 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
     With ``allow_prepare``, a missing train set that ``data.prepare`` will write is no problem.
     """
     problems = []
+    # data.prepare runs when the train set is missing, and writes the val set too
+    will_prepare = (
+        allow_prepare
+        and spec.data.prepare is not None
+        and not storage.exists(storage.resolve(spec.data.train.uri))
+    )
     sources = {"data.train": spec.data.train, "data.val": spec.data.val}
     for field, source in sources.items():
         if source is None:
             continue
         uri = storage.resolve(source.uri)
         if not storage.exists(uri):
-            if allow_prepare and spec.data.prepare:
+            if will_prepare:
                 continue
             problems.append(f"{field}.uri: no such file or folder: {uri}")
             continue

@@ -41,3 +41,14 @@ def test_validate_accepts_missing_data_that_prepare_will_write(
     path = write_spec(tmp_path / "job.yaml", spec)
     assert main(["validate", str(path)]) == 0
     assert not (tmp_path / "absent").exists()  # validate writes nothing
+
+
+def test_missing_val_is_an_error_when_prepare_will_not_run(
+    digits_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], clean_env: None
+) -> None:
+    spec = digits_spec(digits_dir, tmp_path)
+    spec["data"]["prepare"] = "raytrain.datasets.digits:write_splits"
+    spec["data"]["val"] = {"uri": str(tmp_path / "no-val")}
+    path = write_spec(tmp_path / "job.yaml", spec)
+    assert main(["validate", str(path)]) == 2  # train exists, so prepare will not write val
+    assert "error: data.val.uri: no such file or folder" in capsys.readouterr().err
