@@ -5,8 +5,7 @@ every ``every_n_epochs`` epochs and at the end of training it has every rank tak
 ``trainer.save_checkpoint`` (the full Lightning state: weights, optimizer, schedulers, loops,
 epoch, global step) into a local temporary folder and then call ``ray.train.report`` with
 it, so Ray uploads it to the run's storage in the background and commits it only once
-complete. Every rank
-reports at the same steps: a report is a barrier across ranks.
+complete. Every rank reports at the same steps: a report is a barrier across ranks.
 
 Metrics (every ``log_every_n_steps`` steps and with each checkpoint) go from rank 0 to
 ``publish`` instead, which does not wait: what the driver's progress line and MLflow see.

@@ -73,17 +73,12 @@ def source_bytes(source: SourceSpec) -> int:
 
 @dataclass
 class CachedSet:
-    """A split read once into the object store: its Arrow blocks' refs and its row count.
+    """A split read once into the object store: the refs of its Arrow blocks.
 
-    ``dataset`` keeps the materialised Ray Dataset (the refs' owner) alive on the driver.
+    The driver owns the blocks; holding the refs keeps them alive for the whole run.
     """
 
     refs: list[Any]
-    num_rows: int
-    dataset: Any = None
-
-    def __reduce__(self):  # workers get the refs, not the driver's dataset object
-        return (CachedSet, (self.refs, self.num_rows))
 
 
 def read_table(source: SourceSpec, columns: list[str] | None) -> Any:
@@ -109,10 +104,10 @@ def build_datasets(
         nbytes = source_bytes(source)
         if nbytes <= DRIVER_READ_BYTES:
             table = read_table(source, spec.data.columns)
-            cached[name] = CachedSet([ray.put(table)], table.num_rows)
+            cached[name] = CachedSet([ray.put(table)])
         elif nbytes * MEMORY_EXPANSION <= object_store_bytes * CACHE_FRACTION:
             ds = read_source(source, spec.data.columns).materialize()
-            cached[name] = CachedSet(ds.to_arrow_refs(), ds.count(), ds)
+            cached[name] = CachedSet(ds.to_arrow_refs())
         else:
             logger.info("%s set is larger than the object store budget: streaming it", name)
             streamed[name] = read_source(source, spec.data.columns)

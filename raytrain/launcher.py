@@ -274,7 +274,7 @@ def _final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> 
     if not metrics:
         committed = latest_committed(runstate.run_dir(job))
         metrics = dict(committed[1]) if committed else dict(result.metrics or {})
-    for key in ("checkpoint_path", SCORE_KEY, "kind"):
+    for key in (SCORE_KEY, "kind"):
         metrics.pop(key, None)
     return metrics
 
