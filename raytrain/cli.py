@@ -53,7 +53,14 @@ def _print_summary(result) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may come after options (`run SPEC --fresh a.b=1`): argparse stops filling a
+    # positional list at the first option, so collect the positional leftovers here.
+    args, extra = parser.parse_known_args(argv)
+    unknown = [arg for arg in extra if arg.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = [*args.overrides, *extra]
     try:
         if args.command == "validate":
             from raytrain.launcher import validate

@@ -22,6 +22,20 @@ def test_validate_prints_resolved_spec_with_overrides(
     assert not (tmp_path / "runs").exists()
 
 
+def test_overrides_may_follow_options(
+    digits_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], clean_env: None
+) -> None:
+    path = write_spec(tmp_path / "job.yaml", digits_spec(digits_dir, tmp_path))
+    # the override after --fresh reaches validation (and fails it, before Ray starts)
+    assert main(["run", str(path), "--fresh", "trainer.max_epochs=0"]) == 2
+    assert capsys.readouterr().err.startswith("error: trainer.max_epochs:")
+    with pytest.raises(SystemExit) as exc:  # an unknown option is still refused
+        main(["run", str(path), "--fresh", "trainer.max_epochs=3", "--no-such-flag"])
+    assert exc.value.code == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_validate_lists_every_problem(
     digits_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], clean_env: None
 ) -> None:
