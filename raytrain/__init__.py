@@ -3,7 +3,14 @@
 The public surface: load and validate a spec, train it, and the errors it may raise.
 """
 
-from raytrain.errors import RaytrainError, RunStateError, SpecError, StorageError, TrainingFailed
+from raytrain.errors import (
+    RaytrainError,
+    RunStateError,
+    SpecError,
+    StorageError,
+    TrackingError,
+    TrainingFailed,
+)
 from raytrain.spec import JobSpec, load_spec
 
 __all__ = [
@@ -13,6 +20,7 @@ __all__ = [
     "RunStateError",
     "SpecError",
     "StorageError",
+    "TrackingError",
     "TrainingFailed",
     "fit",
     "load_spec",

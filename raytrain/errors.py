@@ -42,6 +42,12 @@ class RunStateError(RaytrainError):
     exit_code = EXIT_BAD_INPUT
 
 
+class TrackingError(RaytrainError):
+    """The MLflow tracking store named by the spec (or the environment) cannot be used."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
 class TrainingFailed(RaytrainError):
     """Training started but did not finish; the message carries the worker's own error."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from typing import Any, TextIO
 from raytrain import preflight, ray_runtime, runstate, storage
 from raytrain.checkpoint import SCORE_KEY, latest_committed
 from raytrain.errors import TrainingFailed
-from raytrain.spec import JobSpec, dump_spec, load_spec
+from raytrain.run_record import RunRecord
+from raytrain.spec import JobSpec, load_spec
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +47,20 @@ def validate(
     spec: str | os.PathLike[str] | Mapping[str, Any] | JobSpec, overrides: Iterable[str] = ()
 ) -> JobSpec:
     """Load and check ``spec`` as ``fit`` would, writing nothing; raises ``SpecError``."""
-    job = load_spec(spec, overrides)
-    capacity = None if ray_runtime.cluster_address() else preflight.local_capacity()
+    job = _check_before_ray(load_spec(spec, overrides))
+    preflight.raise_if(preflight.check_model(job))
+    return job
+
+
+def _check_before_ray(job: JobSpec) -> JobSpec:
+    """Every check that needs no import of the model's code (cheap: a spec, file footers,
+    the machine); the model's import is checked while Ray starts (``fit``) or after."""
+    capacity = None if ray_runtime.cluster_address() else preflight.local_capacity(job)
     preflight.raise_if(
-        preflight.check_static(job, capacity) + preflight.check_data(job, allow_prepare=True)
+        preflight.check_model_located(job)
+        + preflight.check_strategy(job)
+        + (preflight.check_capacity(job, capacity) if capacity is not None else [])
+        + preflight.check_data(job, allow_prepare=True)
     )
     return job
 
@@ -66,14 +78,20 @@ def _prepare_data(spec: JobSpec) -> None:
         preflight.raise_if(preflight.check_data(spec))
 
 
-def _open_run(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstate.RunState | None:
+def _check_resumable(spec: JobSpec, fresh: bool, resume_anyway: bool) -> None:
+    """Refuse, before anything starts, to continue a run whose spec changed."""
+    state = runstate.load(spec)
+    if state is not None and not fresh and not resume_anyway:
+        runstate.check_resumable(state, spec)
+
+
+def _open_run(spec: JobSpec, fresh: bool) -> runstate.RunState | None:
+    """The run's recorded state; with ``fresh``, its folder is deleted first."""
     state = runstate.load(spec)
     if state is not None and fresh:
         storage.delete_dir(runstate.run_dir(spec))
         print(f"raytrain: --fresh: deleted {runstate.run_dir(spec)}", file=sys.stderr)
         return None
-    if state is not None and not resume_anyway:
-        runstate.check_resumable(state, spec)
     return state
 
 
@@ -118,45 +136,31 @@ def fit(
     def mark(phase: str) -> None:
         timings[phase] = round(time.time() - start, 3)
 
-    job = validate(spec, overrides)
+    job = _check_before_ray(load_spec(spec, overrides))
+    _check_resumable(job, fresh, resume_anyway)
     mark("validated")
-    _prepare_data(job)
-    mark("data_checked")
-    state = _open_run(job, fresh, resume_anyway)
-    resumed_from = _resume_point(job)
-
-    from raytrain.tracking import MlflowTracker, default_tracking_uri
-
+    # The model's module (and with it Lightning and torch) and the driver's own modules are
+    # imported while Ray starts: starting Ray is mostly waiting on its daemons.
+    model_check = _Background(lambda: _check_model_and_import(job))
     ray_handle = ray_runtime.connect(job, verbose=verbose)
     mark("ray_ready")
-    tracker = None
+    record = None
     try:
-        state = state or runstate.new_state(job)
-        state.attempts += 1
-        state.spec, state.spec_digest = job.flat(), job.digest()
-        tracking_uri = job.tracking.mlflow.tracking_uri or default_tracking_uri()
-        tracker, _ = MlflowTracker.open(job, tracking_uri, state.mlflow_run_id)
-        state.mlflow_run_id, state.tracking_uri, state.status = (
-            tracker.run_id,
-            tracking_uri,
-            "RUNNING",
-        )
-        runstate.save(job, state)
-        tracker.log_params(job.flat())
-        tracker.set_tags({"raytrain.attempts": str(state.attempts)})
-        tracker.log_text(dump_spec(job), "spec.yaml")
-        mark("tracking_ready")
-        result, last = _train(job, ray_handle, tracker, progress, mark)
-        if "_first_step_at" in last:
-            timings["first_step"] = round(last.pop("_first_step_at") - start, 3)
+        preflight.raise_if(model_check.result())
+        mark("model_checked")
+        _prepare_data(job)
+        record = RunRecord(job, _open_run(job, fresh))
+        resumed_from = _resume_point(job)
+        result, last = _train(job, ray_handle, record, progress, mark)
+        if record.opened_at is not None:
+            timings["tracking_ready"] = round(record.opened_at - start, 3)
+        for key, phase in _WORKER_PHASES.items():
+            if key in last:
+                timings[phase] = round(last.pop(key) - start, 3)
     except BaseException as exc:
-        if tracker is not None:
-            tracker.finish(
-                "FAILED" if not isinstance(exc, KeyboardInterrupt) else "KILLED", error=str(exc)
-            )
-        if state is not None and tracker is not None:
-            state.status = "FAILED"
-            runstate.save(job, state)
+        if record is not None:
+            killed = isinstance(exc, KeyboardInterrupt)
+            record.finish("KILLED" if killed else "FAILED", error=str(exc))
         raise
     finally:
         ray_handle.shutdown()
@@ -164,17 +168,14 @@ def fit(
 
     metrics = _final_metrics(result, last, job)
     best = _best_checkpoint(job, result)
-    tracker.set_tags({"raytrain.best_checkpoint": best or ""})
-    tracker.finish("FINISHED")
-    state.status = "FINISHED"
-    runstate.save(job, state)
+    record.finish("FINISHED", best=best or "")
     return FitResult(
         name=job.name,
         metrics=metrics,
         best_checkpoint_uri=best,
         latest_checkpoint_uri=_checkpoint_uri(job, result.checkpoint),
-        mlflow_run_id=tracker.run_id,
-        tracking_uri=tracker.tracking_uri,
+        mlflow_run_id=record.state.mlflow_run_id,
+        tracking_uri=record.tracking_uri,
         run_dir=runstate.run_dir(job),
         resumed_from=resumed_from,
         wall_time_s=time.time() - start,
@@ -183,9 +184,57 @@ def fit(
     )
 
 
-def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO, mark: Any):
-    """Build the datasets and the TorchTrainer, run it, and return (Ray's result, the
-    newest value of every metric rank 0 reported)."""
+# Wall-clock times rank 0 reports once (see report_callback), as startup phases.
+_WORKER_PHASES = {
+    "_worker_started_at": "worker_started",
+    "_loop_entered_at": "train_loop_entered",
+    "_fit_started_at": "fit_started",
+    "_first_step_at": "first_step",
+}
+
+
+def _check_model_and_import(job: JobSpec) -> list[str]:
+    """Import and check the model class, then the modules ``_train`` needs first (MLflow's
+    are imported later, beside the workers' start, by ``RunRecord``)."""
+    problems = preflight.check_model(job)
+    if not problems:
+        import ray.train.torch  # noqa: F401
+
+        import raytrain.worker  # noqa: F401
+    return problems
+
+
+class _Background:
+    """Run ``fn`` in a daemon thread; ``result()`` waits, then returns its value or raises."""
+
+    def __init__(self, fn: Any):
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            self._error = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _train(
+    job: JobSpec,
+    ray_handle: Any,
+    record: RunRecord,
+    progress: bool | TextIO,
+    mark: Any,
+):
+    """Build the datasets and the trainer, open the run's records while the workers start,
+    and train. Returns (Ray's result, the newest value of every metric rank 0 reported)."""
     from ray.train import (
         CheckpointConfig,
         FailureConfig,
@@ -193,10 +242,11 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
         ScalingConfig,
         TrainingFailedError,
     )
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     from raytrain.data import build_datasets, dataset_config
     from raytrain.progress import ProgressLine, ReportPump, start_sink
+    from raytrain.ray_trainer import RunAborted, make_trainer
     from raytrain.worker import train_loop
 
     datasets, cached = build_datasets(job, ray_handle.object_store_bytes())
@@ -213,8 +263,9 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
             checkpoint_score_order=ckpt.mode,
         ),
     )
-    trainer = TorchTrainer(
-        train_loop,
+    trainer = make_trainer(
+        embedded_env=ray_handle.embedded_env,
+        train_loop_per_worker=train_loop,
         train_loop_config={"spec": job.model_dump(mode="json"), "sink": sink, "cached": cached},
         torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
@@ -226,7 +277,9 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
         datasets=datasets,
         dataset_config=dataset_config(),
     )
-    handlers = [lambda event: tracker.log_metrics(event, step=int(event.get("step", 0)))]
+    # A run that cannot be recorded does not train: opening the records aborts it.
+    record.start(on_error=lambda exc: trainer.abort())
+    handlers = [record.log_metrics]
     line = None
     if progress:
         stream = progress if not isinstance(progress, bool) else sys.stderr
@@ -236,11 +289,15 @@ def _train(job: JobSpec, ray_handle: Any, tracker: Any, progress: bool | TextIO,
         with ReportPump(sink, handlers) as pump:
             result = trainer.fit()
             mark("trained")
+    except RunAborted:
+        record.tracker()  # raises why the run was aborted
+        raise
     except TrainingFailedError as exc:
         raise TrainingFailed(_worker_errors(exc)) from exc
     finally:
         if line is not None:
             line.close()
+    record.tracker()
     if result.error is not None:
         raise TrainingFailed(_worker_errors(result.error))
     if pump.errors:  # training finished; say what the progress line or MLflow missed

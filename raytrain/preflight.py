@@ -8,7 +8,9 @@ shows the user all of them.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import os
 from typing import Any
 
@@ -22,6 +24,65 @@ def import_object(path: str) -> Any:
     module_name, _, attr = path.partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, attr)
+
+
+def check_model_located(spec: JobSpec) -> list[str]:
+    """The model's module can be found and defines the class's name, read from its source
+    without running it (``check_model`` imports it: Lightning and torch, seconds)."""
+    path = spec.model.class_path
+    module, _, attr = path.partition(":")
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:  # a parent package is missing or broken
+        return [f"model.class_path: cannot import {path!r}: {exc}"]
+    if found is None:
+        return [f"model.class_path: cannot import {path!r}: No module named {module!r}"]
+    names = _top_level_names(found.origin)
+    if names is not None and attr not in names:
+        return check_model(spec)  # the source does not bind it: confirm by importing
+    return []
+
+
+def _top_level_names(origin: str | None) -> set[str] | None:
+    """The names a module's source binds at top level; None when that cannot be known (no
+    Python source, a star import or a module ``__getattr__``)."""
+    if not origin or not origin.endswith(".py"):
+        return None
+    try:
+        with open(origin, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read(), origin)
+    except (OSError, SyntaxError, ValueError):
+        return None  # the import in check_model reports it
+    names: set[str] = set()
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.partition(".")[0])
+        for target in _assigned(node):
+            names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        if isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
+            for field in ("body", "orelse", "finalbody"):
+                pending.extend(getattr(node, field, []))
+            for handler in getattr(node, "handlers", []):
+                pending.extend(handler.body)
+    return None if "__getattr__" in names else names
+
+
+def _assigned(node: ast.AST) -> list[ast.AST]:
+    """The targets a statement binds names in."""
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    if isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For):
+        return [node.target]
+    if isinstance(node, ast.With):
+        return [item.optional_vars for item in node.items if item.optional_vars is not None]
+    return []
 
 
 def check_model(spec: JobSpec) -> list[str]:
@@ -50,9 +111,13 @@ def check_strategy(spec: JobSpec) -> list[str]:
     return []
 
 
-def local_capacity() -> dict[str, float]:
-    """What an embedded local Ray cluster on this machine can ever give training workers."""
+def local_capacity(spec: JobSpec | None = None) -> dict[str, float]:
+    """What an embedded local Ray cluster on this machine can ever give training workers.
+
+    GPUs are counted (through torch, a second's import) only when ``spec`` asks for them."""
     capacity: dict[str, float] = {"CPU": float(os.cpu_count() or 1)}
+    if spec is not None and not spec.scaling.use_gpu:
+        return capacity
     try:
         import torch
 
@@ -127,14 +192,6 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
                 f"data.columns: {', '.join(map(repr, missing))} not in {field} "
                 f"({uri} has: {', '.join(names)})"
             )
-    return problems
-
-
-def check_static(spec: JobSpec, capacity: dict[str, float] | None) -> list[str]:
-    """The checks that read nothing but code and the machine."""
-    problems = check_model(spec) + check_strategy(spec)
-    if capacity is not None:
-        problems += check_capacity(spec, capacity)
     return problems
 
 

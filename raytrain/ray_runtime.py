@@ -36,10 +36,22 @@ _NICENESS_ENV = "RAY_worker_niceness"
 _METRICS_ENV = "RAY_enable_metrics_collection"
 
 
+# Ray Train gives its controller this variable through a runtime environment; an embedded
+# cluster has it from the start, so the controller needs none (see ray_trainer).
+_ASYNC_GET_WARN_ENV = "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"
+
+# Ray Train features for clusters an embedded one is not: a watcher actor for cloud node
+# preemption, and per-report metrics for a Prometheus nothing scrapes here.
+_PREEMPTION_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+_TRAIN_METRICS_ENV = "RAY_TRAIN_METRICS_ENABLED"
+
+
 @dataclass
 class RayHandle:
     started_here: bool
     address: str | None
+    # The environment an embedded cluster's processes inherited; None for a joined cluster.
+    embedded_env: dict[str, str] | None = None
 
     def resources(self) -> dict[str, float]:
         import ray
@@ -52,8 +64,10 @@ class RayHandle:
     def shutdown(self) -> None:
         import ray
 
+        global _started_env
         if self.started_here and ray.is_initialized():
             ray.shutdown()
+            _started_env = None
 
 
 def cluster_address() -> str | None:
@@ -67,28 +81,53 @@ def local_cpus(spec: JobSpec) -> int:
     return math.ceil(per_worker * spec.scaling.num_workers) + DATA_CPUS
 
 
+# The environment of the cluster ``start_local`` started in this process, while it runs.
+_started_env: dict[str, str] | None = None
+
+
+def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: object) -> RayHandle:
+    """Start an embedded Ray on this machine with ``num_cpus`` logical CPUs.
+
+    A pipeline that trains several jobs can start one and let every ``fit`` reuse it (each
+    ``fit`` then skips Ray's startup); ``fit`` starts one itself, sized for its job, when no
+    Ray is running. ``init_kwargs`` go to ``ray.init`` (``object_store_memory``, ...).
+    """
+    global _started_env
+    import ray
+
+    _quiet_ray(verbose)
+    # Processes of a cluster started here inherit this environment, the controller too.
+    os.environ.setdefault(_POLL_ENV, CONTROLLER_POLL_S)
+    os.environ.setdefault(_NICENESS_ENV, "0")
+    os.environ.setdefault(_METRICS_ENV, "0")
+    os.environ.setdefault(_ASYNC_GET_WARN_ENV, "0")
+    os.environ.setdefault(_PREEMPTION_ENV, "0")
+    os.environ.setdefault(_TRAIN_METRICS_ENV, "0")
+    env = dict(os.environ)
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=verbose,
+        logging_level=logging.WARNING,
+        **init_kwargs,
+    )
+    _started_env = env
+    return RayHandle(started_here=True, address=None, embedded_env=env)
+
+
 def connect(spec: JobSpec, *, verbose: bool = False) -> RayHandle:
     """Join ``RAY_ADDRESS``, reuse an already initialised Ray, or start a sized local one."""
     import ray
 
     _quiet_ray(verbose)
     if ray.is_initialized():
-        return RayHandle(started_here=False, address=None)
+        # a cluster start_local started is still the embedded one; another is unknown
+        return RayHandle(started_here=False, address=None, embedded_env=_started_env)
     address = cluster_address()
     if address:
         ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
         return RayHandle(started_here=True, address=address)
-    # Processes of a cluster started here inherit this environment, the controller too.
-    os.environ.setdefault(_POLL_ENV, CONTROLLER_POLL_S)
-    os.environ.setdefault(_NICENESS_ENV, "0")
-    os.environ.setdefault(_METRICS_ENV, "0")
-    ray.init(
-        num_cpus=local_cpus(spec),
-        include_dashboard=False,
-        log_to_driver=verbose,
-        logging_level=logging.WARNING,
-    )
-    return RayHandle(started_here=True, address=None)
+    return start_local(local_cpus(spec), verbose=verbose)
 
 
 def _quiet_ray(verbose: bool) -> None:

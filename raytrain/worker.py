@@ -8,6 +8,8 @@ restores from the run's latest committed checkpoint when there is one.
 from __future__ import annotations
 
 import logging
+import os
+import time
 import warnings
 from typing import Any
 
@@ -55,12 +57,14 @@ def build_trainer(spec: JobSpec, callbacks: list[Any]) -> Any:
 
 def train_loop(config: dict[str, Any]) -> None:
     """Ray Train's ``train_loop_per_worker``: train the job in ``config["spec"]``."""
+    entered = time.time()
     import ray.train
     import torch
 
-    from raytrain.checkpoint import ReportCallback, restore_path
+    from raytrain.checkpoint import restore_path
     from raytrain.data import worker_loaders
     from raytrain.preflight import import_object
+    from raytrain.report_callback import ReportCallback
 
     _quiet_lightning()
     spec = JobSpec.model_validate(config["spec"])
@@ -83,6 +87,7 @@ def train_loop(config: dict[str, Any]) -> None:
         monitor=ckpt.monitor,
         mode=ckpt.mode,
         publish=(lambda event: sink.put.remote(event)) if sink is not None else None,
+        startup={"_worker_started_at": _process_started_at(entered), "_loop_entered_at": entered},
     )
     trainer = build_trainer(spec, [report, _EpochSetter(train_loader)])
 
@@ -94,6 +99,18 @@ def train_loop(config: dict[str, Any]) -> None:
             trainer.fit(model, train_loader, val_loader, ckpt_path=restore_path(directory))
     if sink is not None:
         ray.get(sink.ping.remote())  # the driver has every event before the run ends
+
+
+def _process_started_at(default: float) -> float:
+    """When this process started (wall clock), from /proc on Linux; else ``default``."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as handle:
+            ticks = int(handle.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat", encoding="ascii") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return default
 
 
 class _EpochSetter(pl.Callback):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 import pytest
@@ -11,15 +10,8 @@ import pytest
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A local Ray with room for 2 training workers plus Ray Data's budget."""
-    import ray
+    from raytrain.ray_runtime import DATA_CPUS, start_local
 
-    from raytrain.ray_runtime import DATA_CPUS
-
-    ray.init(
-        num_cpus=2 + DATA_CPUS,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
+    handle = start_local(2 + DATA_CPUS)
     yield
-    ray.shutdown()
+    handle.shutdown()

@@ -39,3 +39,33 @@ def test_worker_exception_is_shown_and_recorded(
     run = client.get_run(state.mlflow_run_id)
     assert run.info.status == "FAILED"
     assert "boom at step 3" in run.data.tags["raytrain.error"]
+
+
+def test_unreachable_tracking_server_stops_the_run(
+    ray_cluster: None,
+    digits_dir: Path,
+    tmp_path: Path,
+    clean_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MLflow is opened while the workers start; when it cannot be, training is aborted."""
+    import socket
+
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    spec = digits_spec(
+        digits_dir,
+        tmp_path,
+        name="untracked",
+        trainer={"max_epochs": 200},  # would run for minutes if the abort did not stop it
+        tracking={"mlflow": {"tracking_uri": f"http://127.0.0.1:{port}"}},
+    )
+    with pytest.raises(raytrain.RaytrainError) as excinfo:
+        raytrain.fit(spec, progress=False)
+    assert excinfo.value.exit_code == 2
+    assert str(excinfo.value).startswith("tracking.mlflow.tracking_uri: cannot open")
+    assert f"127.0.0.1:{port}" in str(excinfo.value)
+    run_dir = Path(runstate.run_dir(parse_spec(spec)))
+    assert not list(run_dir.glob("checkpoint_*"))  # stopped before a single epoch ended

@@ -1,8 +1,10 @@
-"""Bad input stops before Ray starts and before anything is written: exit 2, field named.
+"""Bad input stops before anything is written: exit 2, field named.
 
-All cases run through the real CLI entry point in one fresh interpreter (a subprocess), so
-the test can see that Ray was never even imported there and that no run folder, data or
-MLflow store was created.
+All cases run through the real CLI entry point in a fresh interpreter (a subprocess), so the
+test can see that Ray was never even imported there and that no run folder, data or MLflow
+store was created. A model class that exists but fails on import or is no LightningModule
+is found by importing it, which ``fit`` does while Ray starts: those cases (``LATE``) may
+start Ray, and still write nothing.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ CASES = {
     "out_of_range": (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches"),
     "class_does_not_import": (["model.class_path=nosuch_pkg.mod:Model"], "model.class_path"),
     "class_attr_missing": (["model.class_path=raytrain.models.digits:Nope"], "model.class_path"),
-    "not_a_lightning_module": (["model.class_path=collections:OrderedDict"], "model.class_path"),
     "data_uri_missing": (["data.train.uri=/nonexistent/raytrain/train"], "data.train.uri"),
     "column_missing": (["data.columns=[pixels, colour]"], "data.columns"),
     "too_many_workers": (["scaling.num_workers=4096"], "scaling.num_workers"),
     "gpu_without_gpus": (["scaling.use_gpu=true"], "scaling.use_gpu"),
     "strategy_not_supported": (["strategy.name=fsdp"], "strategy.name"),
+}
+
+LATE = {
+    "not_a_lightning_module": (["model.class_path=collections:OrderedDict"], "model.class_path"),
+    "model_module_raises": (["model.class_path=raising_model:Model"], "model.class_path"),
 }
 
 _DRIVER = r"""
@@ -46,6 +52,19 @@ print(json.dumps(out))
 """
 
 
+def _run_cases(argvs: dict[str, list[str]], cwd: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_env(), "RAY_ADDRESS": "", "PYTHONPATH": str(cwd)},
+        cwd=cwd,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("bad-input")
@@ -55,15 +74,18 @@ def outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     argvs = {name: ["run", str(spec_path), *overrides] for name, (overrides, _) in CASES.items()}
     argvs["malformed_yaml"] = ["run", str(broken)]
     argvs["missing_file"] = ["run", str(work / "absent.yaml")]
-    proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, json.dumps(argvs)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**_env(), "RAY_ADDRESS": ""},
-    )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = _run_cases(argvs, work)
+    result["__work__"] = work
+    return result
+
+
+@pytest.fixture(scope="module")
+def late_outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    work = tmp_path_factory.mktemp("bad-model")
+    spec_path = write_spec(work / "job.yaml", digits_spec(digits_dir, work))
+    (work / "raising_model.py").write_text("raise RuntimeError('broken on purpose')\n")
+    argvs = {name: ["run", str(spec_path), *overrides] for name, (overrides, _) in LATE.items()}
+    result = _run_cases(argvs, work)
     result["__work__"] = work
     return result
 
@@ -101,3 +123,19 @@ def test_nothing_was_started_or_written(outcomes: dict) -> None:
     assert not (work / "runs").exists()
     assert not (work / "mlflow.db").exists()
     assert sorted(p.name for p in work.iterdir()) == ["broken.yaml", "job.yaml"]
+
+
+@pytest.mark.parametrize("case", sorted(LATE))
+def test_bad_model_exits_2_and_writes_nothing(late_outcomes: dict, case: str) -> None:
+    got = late_outcomes[case]
+    assert got["rc"] == 2, got
+    assert got["stderr"].startswith(f"error: {LATE[case][1]}"), got["stderr"]
+    work: Path = late_outcomes["__work__"]
+    assert sorted(p.name for p in work.iterdir() if p.name != "__pycache__") == [
+        "job.yaml",
+        "raising_model.py",
+    ]
+
+
+def test_broken_model_module_shows_its_error(late_outcomes: dict) -> None:
+    assert "RuntimeError: broken on purpose" in late_outcomes["model_module_raises"]["stderr"]

@@ -1,0 +1,200 @@
+"""When to checkpoint, what a checkpoint holds, and how a run restores from one.
+
+``ReportCallback`` runs in every worker's Lightning Trainer. Every ``every_n_steps`` steps,
+every ``every_n_epochs`` epochs and at the end of training it has every rank take part in
+``trainer.save_checkpoint`` (the full Lightning state: weights, optimizer, schedulers, loops,
+epoch, global step) into a local temporary folder and then call ``ray.train.report`` with
+it, so Ray uploads it to the run's storage in the background and commits it only once
+complete. Every rank reports at the same steps: a report is a barrier across ranks.
+
+Metrics (every ``log_every_n_steps`` steps and with each checkpoint) go from rank 0 to
+``publish`` instead, which does not wait: what the driver's progress line and MLflow see.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+
+from raytrain.checkpoint import CKPT_FILE, META_FILE, SCORE_KEY
+
+
+def _scalar_metrics(trainer: pl.Trainer) -> dict[str, float]:
+    out = {}
+    for key, value in trainer.callback_metrics.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class ReportCallback(pl.Callback):
+    """Reports metrics and checkpoints from every rank to Ray Train (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        every_n_steps: int | None,
+        every_n_epochs: int | None,
+        log_every_n_steps: int,
+        monitor: str | None = None,
+        mode: str = "min",
+        publish: Callable[[dict[str, Any]], None] | None = None,
+        startup: dict[str, float] | None = None,
+    ):
+        """``publish`` receives rank 0's metric events; None on the other ranks.
+
+        ``startup`` holds wall-clock times of the worker's startup phases; they go out with
+        the first event, beside the fit's start and the first step's end."""
+        self.every_n_steps = every_n_steps
+        self.every_n_epochs = every_n_epochs
+        self.log_every_n_steps = log_every_n_steps
+        self.monitor = monitor
+        self.mode = mode
+        self.publish = publish
+        self._last_ckpt_step: int | None = None
+        self._last_step = -1
+        self._last_report_step = -1
+        self._samples = 0
+        self._window_start = 0.0
+        # Lightning keeps the last validation's values in callback_metrics for the rest of
+        # the run; report them only from the report right after a validation.
+        self._val_keys: set[str] = set()
+        self._keys_before_val: set[str] = set()
+        self._val_fresh = False
+        self._score: float | None = None
+        self._startup: dict[str, float] | None = dict(startup or {})
+
+    # -- Lightning hooks -------------------------------------------------------------------
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._startup is not None:
+            self._startup["_fit_started_at"] = time.time()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_ckpt_step = trainer.global_step
+        self._last_step = trainer.global_step
+        self._window_start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        if self._startup is not None and "_first_step_at" not in self._startup:
+            self._startup["_first_step_at"] = time.time()
+        self._samples += _batch_rows(batch)
+        step = trainer.global_step
+        if step == self._last_step:  # still accumulating gradients
+            return
+        self._last_step = step
+        if self.every_n_steps and step % self.every_n_steps == 0:
+            self._checkpoint(trainer, "step")
+        elif step % self.log_every_n_steps == 0:
+            self._publish(self._metrics(trainer, "step"))
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._keys_before_val = set(trainer.callback_metrics)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._val_keys |= set(trainer.callback_metrics) - self._keys_before_val
+        self._val_fresh = True
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        epochs_done = trainer.current_epoch + 1
+        due = bool(self.every_n_epochs) and epochs_done % self.every_n_epochs == 0
+        if due:
+            self._checkpoint(trainer, "epoch")
+        else:
+            self._publish(self._metrics(trainer, "epoch"))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Whatever was trained since the last checkpoint is saved, so a finished run can be
+        # resumed (e.g. with more epochs) without losing its last steps.
+        if trainer.global_step != self._last_ckpt_step:
+            self._checkpoint(trainer, "end")
+
+    # -- reporting -------------------------------------------------------------------------
+
+    def _metrics(self, trainer: pl.Trainer, kind: str) -> dict[str, Any]:
+        """This report's metrics: train metrics if steps ran since the last report, val
+        metrics if a validation ran since, and the checkpoint score Ray ranks by."""
+        values = _scalar_metrics(trainer)
+        metrics: dict[str, Any] = {}
+        if trainer.global_step != self._last_report_step:
+            now = time.perf_counter()
+            elapsed = max(now - self._window_start, 1e-9)
+            metrics.update({k: v for k, v in values.items() if k not in self._val_keys})
+            metrics["samples_per_s"] = self._samples * trainer.world_size / elapsed
+            self._samples, self._window_start = 0, now
+            self._last_report_step = trainer.global_step
+        if self._val_fresh:
+            metrics.update({k: values[k] for k in self._val_keys if k in values})
+            self._val_fresh = False
+        if self.monitor and self.monitor in metrics:
+            self._score = metrics[self.monitor]
+        if self.monitor:
+            # Ray ranks checkpoints by this key; one taken before the monitored metric was
+            # first seen carries the worst score, so it never displaces a scored one.
+            worst = -math.inf if self.mode == "max" else math.inf
+            metrics[SCORE_KEY] = worst if self._score is None else self._score
+        if self._startup is not None and "_first_step_at" in self._startup:
+            metrics.update(self._startup)  # wall clock times, once: the startup breakdown
+            self._startup = None
+        metrics.update(
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            kind=kind,
+            world_size=trainer.world_size,
+        )
+        return metrics
+
+    def _publish(self, metrics: dict[str, Any]) -> None:
+        if self.publish is not None:
+            self.publish(metrics)
+
+    def _checkpoint(self, trainer: pl.Trainer, kind: str) -> None:
+        import ray.train
+
+        metrics = self._metrics(trainer, kind)
+        self._publish(metrics)
+        tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
+        # A collective: every rank calls it; rank 0 writes the file under DDP.
+        trainer.save_checkpoint(os.path.join(tmp, CKPT_FILE))
+        ckpt = None
+        if trainer.global_rank == 0:
+            with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as handle:
+                json.dump(metrics, handle)
+            ckpt = ray.train.Checkpoint.from_directory(tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+        # Uploaded in the background: training goes on while Ray copies the folder and
+        # waits for the controller to take the report; Ray commits the checkpoint (and
+        # deletes the local copy) only once the upload is complete, and waits for pending
+        # uploads before the run ends.
+        ray.train.report(
+            metrics,
+            checkpoint=ckpt,
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+            delete_local_checkpoint_after_upload=ckpt is not None,
+        )
+        self._last_ckpt_step = trainer.global_step
+
+
+def _batch_rows(batch: Any) -> int:
+    if isinstance(batch, dict) and batch:
+        first = next(iter(batch.values()))
+        return len(first)
+    try:
+        return len(batch)
+    except TypeError:
+        return 0

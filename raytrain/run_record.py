@@ -1,0 +1,101 @@
+"""What a run records beside its checkpoints: the run-state file and the MLflow run.
+
+``RunRecord.start`` starts opening both in a background thread, so MLflow's setup (its
+import, a SQLite schema or a server round trip) runs while Ray Train starts the workers
+instead of before. Events that arrive first wait for it. If it fails, ``on_error`` is called
+(the launcher aborts training) and the error is re-raised wherever the record is used.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from raytrain import runstate
+from raytrain.errors import TrackingError
+from raytrain.spec import JobSpec, dump_spec
+
+
+class RunRecord:
+    """The run's state file and MLflow run (see module docstring)."""
+
+    def __init__(self, job: JobSpec, state: runstate.RunState | None):
+        self.job = job
+        self.state = state or runstate.new_state(job)
+        self.tracking_uri = ""
+        self._tracker: Any = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self.opened_at: float | None = None  # wall clock, once open
+        self._started = False
+
+    def start(self, on_error: Callable[[BaseException], None] | None = None) -> None:
+        """Start opening the run's records in the background; see :meth:`tracker`."""
+        self._started = True
+        threading.Thread(target=self._open, args=(on_error,), daemon=True).start()
+
+    def _open(self, on_error: Callable[[BaseException], None] | None) -> None:
+        try:
+            from raytrain.tracking import MlflowTracker, default_tracking_uri
+
+            job, state = self.job, self.state
+            state.attempts += 1
+            state.spec, state.spec_digest = job.flat(), job.digest()
+            self.tracking_uri = job.tracking.mlflow.tracking_uri or default_tracking_uri()
+            try:
+                tracker, _ = MlflowTracker.open(job, self.tracking_uri, state.mlflow_run_id)
+            except Exception as exc:
+                raise TrackingError(
+                    [
+                        "tracking.mlflow.tracking_uri: cannot open an MLflow run at "
+                        f"{self.tracking_uri}: {type(exc).__name__}: {exc}"
+                    ]
+                ) from exc
+            state.mlflow_run_id, state.tracking_uri, state.status = (
+                tracker.run_id,
+                self.tracking_uri,
+                "RUNNING",
+            )
+            runstate.save(job, state)
+            tracker.log_params(job.flat())
+            tracker.set_tags({"raytrain.attempts": str(state.attempts)})
+            tracker.log_text(dump_spec(job), "spec.yaml")
+            self._tracker = tracker
+            self.opened_at = time.time()
+        except BaseException as exc:
+            self._error = exc
+            if on_error is not None:
+                on_error(exc)
+        finally:
+            self._ready.set()
+
+    def tracker(self) -> Any:
+        """The open ``MlflowTracker``; waits for it, and raises what opening it raised."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._tracker
+
+    @property
+    def error(self) -> BaseException | None:
+        """What opening the records raised, once it is done (None while it runs)."""
+        return self._error if self._ready.is_set() else None
+
+    def log_metrics(self, event: dict[str, Any]) -> None:
+        self.tracker().log_metrics(event, step=int(event.get("step", 0)))
+
+    def finish(self, status: str, *, error: str | None = None, best: str | None = None) -> None:
+        """Close the MLflow run with ``status`` and save the state; nothing if opening failed
+        or never started."""
+        if not self._started:
+            return
+        self._ready.wait()
+        if self._tracker is None:
+            return
+        if best is not None:
+            self._tracker.set_tags({"raytrain.best_checkpoint": best})
+        self._tracker.finish(status, error=error)
+        self.state.status = "FINISHED" if status == "FINISHED" else "FAILED"
+        runstate.save(self.job, self.state)
