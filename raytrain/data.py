@@ -7,22 +7,23 @@ Each split, with the spec's column projection, takes one of two paths:
   start), else by Ray Data's ``materialize``. Every worker gets the blocks' object refs and
   reads them zero-copy from the object store.
   ``CachedBatches`` then cuts each epoch's batches from an order that depends only on
-  (seed, epoch): a global permutation of all rows, of which rank r takes the r-th
-  contiguous slice. Epochs do not re-read files (Ray Data would re-execute a lazy dataset
-  every epoch), and no coordinator actor, epoch barrier or stats reporting runs during
-  training.
+  (seed, epoch): a global permutation of all rows, cut into steps of one batch per rank
+  (``step_slices``), so every row is seen exactly once per epoch. Epochs do not re-read
+  files (Ray Data would re-execute a lazy dataset every epoch), and no coordinator actor,
+  epoch barrier or stats reporting runs during training.
 - **Streamed** (larger): Ray Train splits it with Ray Data's ``streaming_split`` into equal
   shards, and ``ShardBatches`` iterates each worker's shard with a seeded local shuffle
   buffer. Memory stays bounded.
 
-Both give every rank the same number of rows, which DDP needs: the same number of train steps
-on every rank, and every rank at the end-of-validation metric sync (a rank with an empty val
-shard never reaches it, and the others wait forever). An equal split drops at most
-``num_workers - 1`` rows of a set per epoch.
+Both give every rank the same number of batches, which DDP needs: the same number of train
+steps on every rank, and every rank at the end-of-validation metric sync (a rank with an
+empty val shard never reaches it, and the others wait forever). A cached set loses no row; an
+equal streamed split drops at most ``num_workers - 1`` rows of a set per epoch.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import zlib
@@ -104,14 +105,26 @@ def build_datasets(
         nbytes = source_bytes(source)
         if nbytes <= DRIVER_READ_BYTES:
             table = read_table(source, spec.data.columns)
+            _check_rows(name, source, table.num_rows, spec.scaling.num_workers)
             cached[name] = CachedSet([ray.put(table)])
         elif nbytes * MEMORY_EXPANSION <= object_store_bytes * CACHE_FRACTION:
             ds = read_source(source, spec.data.columns).materialize()
+            _check_rows(name, source, ds.count(), spec.scaling.num_workers)
             cached[name] = CachedSet(ds.to_arrow_refs())
         else:
             logger.info("%s set is larger than the object store budget: streaming it", name)
             streamed[name] = read_source(source, spec.data.columns)
     return streamed, cached
+
+
+def _check_rows(name: str, source: SourceSpec, rows: int, workers: int) -> None:
+    if rows < workers:
+        from raytrain.errors import SpecError
+
+        raise SpecError(
+            [f"data.{name}.uri: {rows} rows at {source.uri} cannot give each of {workers} "
+             "workers a batch (fewer rows than scaling.num_workers)"]
+        )  # fmt: skip
 
 
 def dataset_config() -> Any:
@@ -125,13 +138,38 @@ def _epoch_seed(seed: int, epoch: int, rank: int = 0) -> int:
     return zlib.crc32(f"{seed}/{epoch}/{rank}".encode())
 
 
+def step_slices(num_rows: int, batch_size: int, world_size: int) -> list[list[tuple[int, int]]]:
+    """How an epoch's ``num_rows`` (in order) become steps: for each step, each rank's
+    ``(start, stop)`` slice of that order.
+
+    A step takes the next ``world_size * batch_size`` rows and splits them between the ranks
+    as evenly as possible; the last step takes what is left. Every row is in exactly one
+    batch, and every rank has the same number of steps with at least one row in each (a
+    remainder smaller than ``world_size`` joins the step before), which DDP needs: the same
+    number of all-reduces on every rank, and every rank at each metric sync.
+    """
+    if num_rows < world_size:
+        raise ValueError(f"{num_rows} rows cannot give each of {world_size} workers a batch")
+    per_step = world_size * batch_size
+    steps = max(1, math.ceil(num_rows / per_step))
+    if steps > 1 and num_rows - (steps - 1) * per_step < world_size:
+        steps -= 1
+    out = []
+    for step in range(steps):
+        lo = step * per_step
+        hi = num_rows if step == steps - 1 else lo + per_step
+        cuts = [lo + r * (hi - lo) // world_size for r in range(world_size + 1)]
+        out.append(list(itertools.pairwise(cuts)))
+    return out
+
+
 class CachedBatches:
     """This rank's batches of a cached set, one pass per epoch, as dicts of tensors.
 
     The epoch's order is a permutation of all rows seeded by (seed, epoch), the same on every
-    rank; rank r takes rows ``[r * n, (r + 1) * n)`` of it, ``n = num_rows // world_size``.
-    So the ranks' shards are disjoint, every epoch reshuffles globally, and a rerun of an
-    epoch repeats it exactly.
+    rank (no shuffle: the stored order). ``step_slices`` cuts it into steps and each step
+    into one batch per rank. So every row is seen exactly once per epoch, by one rank; every
+    epoch reshuffles globally; and a rerun of an epoch repeats it exactly.
     """
 
     def __init__(
@@ -144,32 +182,36 @@ class CachedBatches:
         shuffle_seed: int | None = None,
     ):
         self._table = table
-        self._batch_size = batch_size
         self._rank = rank
-        self._per_rank = self._table.num_rows // world_size
+        self._slices = [step[rank] for step in step_slices(table.num_rows, batch_size, world_size)]
         self._seed = shuffle_seed
         self.epoch = 0
 
     def __len__(self) -> int:
-        return math.ceil(self._per_rank / self._batch_size)
+        return len(self._slices)
+
+    def order(self) -> Any:
+        """The current epoch's order of all rows (the same on every rank)."""
+        import numpy as np
+
+        n = self._table.num_rows
+        if self._seed is None:
+            return np.arange(n)
+        return np.random.default_rng(_epoch_seed(self._seed, self.epoch)).permutation(n)
 
     def rows(self) -> Any:
         """This rank's row indices for the current epoch, in order."""
         import numpy as np
 
-        n = self._table.num_rows
-        if self._seed is None:
-            order = np.arange(n)
-        else:
-            order = np.random.default_rng(_epoch_seed(self._seed, self.epoch)).permutation(n)
-        return order[self._rank * self._per_rank : (self._rank + 1) * self._per_rank]
+        order = self.order()
+        return np.concatenate([order[lo:hi] for lo, hi in self._slices])
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from ray.data.util.torch_utils import arrow_batch_to_tensors
 
-        rows = self.rows()
-        for start in range(0, len(rows), self._batch_size):
-            batch = self._table.take(rows[start : start + self._batch_size])
+        order = self.order()
+        for lo, hi in self._slices:
+            batch = self._table.take(order[lo:hi])
             yield arrow_batch_to_tensors(batch, combine_chunks=True)
 
 

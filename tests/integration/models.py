@@ -1,4 +1,4 @@
-"""LightningModules that misbehave on purpose, for the failure-path tests."""
+"""LightningModules for the integration tests: some fail on purpose, one records what it saw."""
 
 from __future__ import annotations
 
@@ -19,3 +19,25 @@ class ExplodingCNN(DigitsCNN):
         if self.global_step >= self.at_step and self.global_rank == self.fail_rank:
             raise ValueError(f"boom at step {self.global_step} on rank {self.global_rank}")
         return super().training_step(batch, batch_idx)
+
+
+class IdRecordingCNN(DigitsCNN):
+    """Writes the ``id`` of every training row it sees, per rank and epoch, to ``out_dir``."""
+
+    def __init__(self, out_dir: str, **kwargs):
+        super().__init__(**kwargs)
+        self.out_dir = out_dir
+        self._seen: list[int] = []
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self._seen.extend(int(i) for i in batch["id"])
+        return super().training_step(batch, batch_idx)
+
+    def on_train_epoch_end(self) -> None:
+        import json
+        import os
+
+        path = os.path.join(self.out_dir, f"rank{self.global_rank}-epoch{self.current_epoch}.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(self._seen, handle)
+        self._seen = []

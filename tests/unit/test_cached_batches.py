@@ -1,4 +1,4 @@
-"""The cached-set loader: disjoint equal shards, a global reshuffle every epoch."""
+"""The cached-set loader: every row once per epoch, equal step counts, a global reshuffle."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from raytrain.data import CachedBatches
+from raytrain.data import CachedBatches, step_slices
 
 ROWS = 103
 
@@ -28,12 +28,34 @@ def _epoch_ids(world: int, epoch: int, seed: int | None = 0, batch: int = 8) -> 
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_ranks_get_disjoint_equal_shards(world: int) -> None:
-    shards = _epoch_ids(world, epoch=0)
-    sizes = {len(s) for s in shards}
-    assert sizes == {ROWS // world}
-    seen = [i for s in shards for i in s]
-    assert len(seen) == len(set(seen)) == world * (ROWS // world)
+def test_every_row_once_per_epoch_and_equal_step_counts(world: int) -> None:
+    for epoch in range(3):
+        shards = _epoch_ids(world, epoch=epoch)
+        seen = sorted(i for s in shards for i in s)
+        assert seen == list(range(ROWS))  # no row dropped, none twice
+    counts = {len(CachedBatches(_table(), 8, rank=r, world_size=world)) for r in range(world)}
+    assert len(counts) == 1
+
+
+@pytest.mark.parametrize(
+    ("rows", "batch", "world"),
+    [(103, 8, 2), (6 * 32 + 1, 16, 2), (100, 10, 4), (7, 8, 3), (3, 1, 3), (65, 32, 2)],
+)
+def test_step_slices_cover_each_row_once_with_no_empty_batch(
+    rows: int, batch: int, world: int
+) -> None:
+    steps = step_slices(rows, batch, world)
+    covered = [i for step in steps for lo, hi in step for i in range(lo, hi)]
+    assert covered == list(range(rows))
+    assert all(len(step) == world for step in steps)
+    sizes = [hi - lo for step in steps for lo, hi in step]
+    assert min(sizes) >= 1
+    assert max(sizes) <= batch + 1  # a remainder smaller than the world joins the step before
+
+
+def test_fewer_rows_than_workers_is_refused() -> None:
+    with pytest.raises(ValueError, match="2 rows cannot give each of 3 workers"):
+        step_slices(2, 8, 3)
 
 
 def test_batches_are_tensors_with_the_columns() -> None:
@@ -53,6 +75,8 @@ def test_order_is_a_function_of_seed_and_epoch() -> None:
 
 
 def test_without_seed_the_order_is_the_file_order() -> None:
-    shards = _epoch_ids(2, epoch=5, seed=None)
-    assert shards[0] == list(range(ROWS // 2))
-    assert shards[1] == list(range(ROWS // 2, 2 * (ROWS // 2)))
+    shards = _epoch_ids(2, epoch=5, seed=None, batch=8)
+    # steps of 16 rows, 8 to each rank, in file order; the last 7 rows split 3/4
+    assert shards[0][:16] == list(range(8)) + list(range(16, 24))
+    assert shards[1][:8] == list(range(8, 16))
+    assert shards[0][-3:] == [96, 97, 98] and shards[1][-4:] == [99, 100, 101, 102]
