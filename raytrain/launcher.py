@@ -41,6 +41,8 @@ class FitResult:
     checkpoints: list[str] = field(default_factory=list)
     # seconds from the start of fit() to the end of each phase (startup breakdown)
     timings: dict[str, float] = field(default_factory=dict)
+    # how each split reached the workers: "cached" (object store, read once) or "streamed"
+    data_paths: dict[str, str] = field(default_factory=dict)
 
 
 def validate(
@@ -151,7 +153,7 @@ def fit(
         _prepare_data(job)
         record = RunRecord(job, _open_run(job, fresh))
         resumed_from = _resume_point(job)
-        result, last = _train(job, ray_handle, record, progress, mark)
+        result, last, data_paths = _train(job, ray_handle, record, progress, mark)
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
         for key, phase in _WORKER_PHASES.items():
@@ -180,6 +182,7 @@ def fit(
         resumed_from=resumed_from,
         wall_time_s=time.time() - start,
         timings=timings,
+        data_paths=data_paths,
         checkpoints=[_checkpoint_uri(job, c) for c, _ in result.best_checkpoints or []],
     )
 
@@ -234,7 +237,8 @@ def _train(
     mark: Any,
 ):
     """Build the datasets and the trainer, open the run's records while the workers start,
-    and train. Returns (Ray's result, the newest value of every metric rank 0 reported)."""
+    and train. Returns (Ray's result, the newest value of every metric rank 0 reported, how
+    each split reached the workers)."""
     from ray.train import (
         CheckpointConfig,
         FailureConfig,
@@ -306,7 +310,8 @@ def _train(
             f"first: {type(pump.errors[0]).__name__}: {pump.errors[0]}",
             file=sys.stderr,
         )
-    return result, pump.latest
+    data_paths = {**{k: "streamed" for k in datasets}, **{k: "cached" for k in cached}}
+    return result, pump.latest, data_paths
 
 
 def _worker_errors(exc: BaseException) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import lightning.pytorch as pl
 import torch
 
 from raytrain.models.digits import DigitsCNN
@@ -41,3 +42,20 @@ class IdRecordingCNN(DigitsCNN):
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(self._seen, handle)
         self._seen = []
+
+
+class WideLinear(pl.LightningModule):
+    """A linear classifier over a wide float vector ``x`` with labels ``y``: data-bound."""
+
+    def __init__(self, features: int, lr: float = 0.01):
+        super().__init__()
+        self.layer = torch.nn.Linear(features, 2)
+        self.lr = lr
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = torch.nn.functional.cross_entropy(self.layer(batch["x"]), batch["y"])
+        self.log("train_loss", loss, batch_size=len(batch["y"]))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)

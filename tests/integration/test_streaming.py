@@ -1,0 +1,90 @@
+"""A train set larger than the whole object store streams through it and trains to the end.
+
+The run gets its own Ray (in a subprocess, as a pipeline would: ``start_local`` with a
+deliberately small ``object_store_memory``, then ``raytrain.fit``), so the session's cluster
+is not resized.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import write_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+OBJECT_STORE = 80 * 2**20  # just over Ray's minimum (75 MiB)
+FEATURES, ROWS, FILES, BATCH, EPOCHS = 1024, 32_000, 8, 500, 2
+
+_DRIVER = r"""
+import json, sys
+import ray
+import raytrain
+from raytrain.ray_runtime import start_local
+
+handle = start_local(4, object_store_memory=int(sys.argv[2]))
+try:
+    result = raytrain.fit(sys.argv[1], progress=False)
+    out = {"metrics": result.metrics, "data_paths": result.data_paths,
+           "store": ray.cluster_resources()["object_store_memory"]}
+finally:
+    handle.shutdown()
+print(json.dumps(out))
+"""
+
+
+def _write_wide(path: Path) -> int:
+    """FILES Parquet files of ROWS rows of FEATURES float32s (incompressible); their bytes."""
+    path.mkdir()
+    rng = np.random.default_rng(0)
+    per_file = ROWS // FILES
+    for i in range(FILES):
+        x = rng.standard_normal((per_file, FEATURES), dtype=np.float32)
+        table = pa.table({
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES),
+            "y": pa.array((x[:, 0] > 0).astype(np.int64)),
+        })  # fmt: skip
+        pq.write_table(table, path / f"part-{i}.parquet", compression="none")
+    return sum(f.stat().st_size for f in path.iterdir())
+
+
+def test_train_set_larger_than_the_object_store_streams_to_the_end(
+    tmp_path: Path, clean_env: None
+) -> None:
+    nbytes = _write_wide(tmp_path / "wide")
+    assert nbytes > OBJECT_STORE
+    spec = {
+        "name": "wide",
+        "model": {"class_path": "tests.integration.models:WideLinear",
+                  "init_args": {"features": FEATURES}},
+        "data": {"train": {"uri": str(tmp_path / "wide")}, "columns": ["x", "y"],
+                 "batch_size": BATCH},
+        "scaling": {"num_workers": 2},
+        "trainer": {"max_epochs": EPOCHS, "log_every_n_steps": 10},
+        "checkpoint": {"storage": str(tmp_path / "runs")},
+        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}},
+    }  # fmt: skip
+    path = write_spec(tmp_path / "wide.yaml", spec)
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER, str(path), str(OBJECT_STORE)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["store"] < nbytes  # the whole set never fit in the object store at once
+    assert out["data_paths"] == {"train": "streamed"}
+    # every epoch ran to its end: 2 equal shards of ROWS/2 rows in batches of BATCH
+    assert out["metrics"]["epoch"] == EPOCHS - 1
+    assert out["metrics"]["step"] == EPOCHS * (ROWS // 2 // BATCH)
