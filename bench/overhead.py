@@ -2,10 +2,16 @@
 
 Both sides train the same model on the same data for the same epochs with 2 workers, the
 same per-worker batch, one thread per worker, validation and a checkpoint every epoch. Both
-run as fresh commands, so startup counts from the command's launch to its first step. The
-figures come from the same clock code (bench/timed.py); medians over ``--reps`` repetitions.
+run as fresh commands, so startup counts from the command's launch to its first step and end
+to end from launch to the command's exit. The step figures come from the same clock code
+(bench/timed.py); every figure is a median over ``--reps`` repetitions, taken in one run.
 
-    python bench/overhead.py [--reps 2] [--models digits,compute] [--out FILE.json]
+Besides the default run (Ray sized by raytrain: the workers' CPUs + 2), raytrain's
+per-epoch overhead is measured with Ray given 6 and 16 logical CPUs, and with the train set
+in 32 files: an epoch's fixed cost must depend on neither. The startup breakdown comes
+from ``raytrain run --json`` (``FitResult.timings``).
+
+    python bench/overhead.py [--reps 3] [--models digits,compute] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -27,31 +33,55 @@ from bench.timed import MODELS, summarize  # noqa: E402
 
 EPOCHS = {"digits": 4, "compute": 8}
 SHUFFLE: dict | None = {"seed": 0}
-FIGURES = ("step_s", "startup_s", "epoch_overhead_s", "wall_s")
+FIGURES = ("step_s", "startup_s", "epoch_overhead_s", "exit_s")
+LABELS = {"step_s": "step (ms)", "startup_s": "startup to 1st step (s)",
+          "epoch_overhead_s": "per-epoch overhead (s)", "exit_s": "end to end (s)"}  # fmt: skip
+# raytrain runs beside the default one: (label, logical CPUs given to Ray, train files)
+VARIANTS = {
+    "digits": [("6 CPUs", 6, 1), ("16 CPUs", 16, 1), ("16 CPUs, 32 files", 16, 32)],
+    "compute": [("16 CPUs", 16, 1)],
+}
+# FitResult.timings, in the order they happen: (key, what ends there)
+PHASES = [
+    ("fit_called", "python start + imports"),
+    ("validated", "checks before Ray (spec, data footers)"),
+    ("ray_ready", "Ray start (model imported meanwhile)"),
+    ("model_checked", "rest of the model import + check"),
+    ("datasets_ready", "data read into the object store"),
+    ("worker_started", "Ray Train controller -> worker processes"),
+    ("train_loop_entered", "worker imports (Ray Train, torch, Lightning)"),
+    ("fit_started", "model, loaders, Lightning Trainer"),
+    ("first_step", "Lightning fit start -> first step"),
+]
 
 
-def _env() -> dict[str, str]:
+def _env(cpus: int | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if cpus is not None:
+        env["RAYTRAIN_LOCAL_CPUS"] = str(cpus)
     return env
 
 
-def _run(cmd: list[str], timing: Path) -> dict[str, float]:
+def _run(cmd: list[str], timing: Path, env: dict[str, str]) -> tuple[dict[str, float], str]:
     launched = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    exited = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    return summarize(json.loads(timing.read_text()), launched)
+    figures = summarize(json.loads(timing.read_text()), launched)
+    figures["exit_s"] = exited - launched
+    return figures, proc.stdout
 
 
 def run_baseline(model: str, data: Path, work: Path) -> dict[str, float]:
     timing = work / f"baseline-{model}.json"
     cmd = [sys.executable, str(ROOT / "bench" / "ddp_baseline.py"), "--model", model,
            "--epochs", str(EPOCHS[model]), "--data", str(data), "--out", str(timing)]  # fmt: skip
-    return _run(cmd, timing)
+    return _run(cmd, timing, _env())[0]
 
 
-def run_raytrain(model: str, data: Path, work: Path) -> dict[str, float]:
+def run_raytrain(model: str, data: Path, work: Path, cpus: int | None = None) -> dict[str, float]:
     import yaml
 
     timing = work / f"raytrain-{model}.json"
@@ -77,54 +107,108 @@ def run_raytrain(model: str, data: Path, work: Path) -> dict[str, float]:
     }  # fmt: skip
     path = work / f"{model}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    return _run([sys.executable, "-m", "raytrain.cli", "run", str(path), "--fresh"], timing)
+    cmd = [sys.executable, "-m", "raytrain.cli", "run", str(path), "--fresh", "--json"]
+    figures, stdout = _run(cmd, timing, _env(cpus))
+    timings = json.loads(stdout.strip().splitlines()[-1])["timings"]
+    # FitResult.timings count from fit()'s start; the first step ties them to the launch
+    offset = figures["startup_s"] - timings["first_step"]
+    figures.update({f"at_{key}": timings.get(key, 0.0) + offset for key, _ in PHASES[1:]})
+    figures["at_fit_called"] = offset
+    figures["at_tracking_ready"] = timings.get("tracking_ready", 0.0) + offset
+    return figures
+
+
+def write_data(root: Path, train_files: int) -> Path:
+    """The digits splits under ``root``, the train split in ``train_files`` files."""
+    import pyarrow.parquet as pq
+
+    from raytrain.datasets.digits import write_splits
+
+    write_splits(str(root / "train"), str(root / "val"))
+    if train_files > 1:
+        table = pq.read_table(root / "train")
+        for old in (root / "train").iterdir():
+            old.unlink()
+        step = -(-table.num_rows // train_files)
+        for i in range(train_files):
+            part = table.slice(i * step, step)
+            pq.write_table(part, root / "train" / f"part-{i:03d}.parquet")
+    return root
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
-    return {k: statistics.median(r[k] for r in runs) for k in FIGURES}
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def _bench_model(model: str, reps: int, work: Path, data: dict[int, Path]) -> dict:
+    variants = [("default", None, 1), *VARIANTS.get(model, [])]
+    runs: dict[str, list] = {"baseline": [], **{label: [] for label, _, _ in variants}}
+    for rep in range(reps):
+        # alternate the order so neither side always runs on a warmer machine
+        sides = ["baseline", *(label for label, _, _ in variants)]
+        for side in sides if rep % 2 == 0 else sides[::-1]:
+            if side == "baseline":
+                runs[side].append(run_baseline(model, data[1], work))
+            else:
+                _, cpus, files = next(v for v in variants if v[0] == side)
+                runs[side].append(run_raytrain(model, data[files], work, cpus))
+            shown = {k: round(v, 3) for k, v in runs[side][-1].items() if not k.startswith("at_")}
+            print(f"  {model} {side} rep {rep + 1}: {shown}", file=sys.stderr, flush=True)
+    med = {side: _median(r) for side, r in runs.items()}
+    raytrain, baseline = med["default"], med["baseline"]
+    return {
+        "raytrain": raytrain,
+        "baseline": baseline,
+        "ratio": {k: raytrain[k] / baseline[k] for k in FIGURES},
+        "variants": {label: med[label] for label, _, _ in variants[1:]},
+        "epochs": EPOCHS[model],
+        "batch_size": MODELS[model]["batch_size"],
+        "runs": runs,
+    }
+
+
+def _print_tables(results: dict[str, dict], reps: int) -> None:
+    header = f"{'model':<9} {'figure':<38} {'raytrain':>10} {'baseline':>10} {'ratio':>7}"
+    print(header)
+    print("-" * len(header))
+    for model, res in results.items():
+        for key in FIGURES:
+            scale = 1000 if key == "step_s" else 1
+            print(f"{model:<9} {LABELS[key]:<38} {res['raytrain'][key] * scale:>10.2f} "
+                  f"{res['baseline'][key] * scale:>10.2f} {res['ratio'][key]:>7.2f}")  # fmt: skip
+        for label, figures in res["variants"].items():
+            name = f"per-epoch overhead, Ray {label} (s)"
+            print(f"{model:<9} {name:<38} {figures['epoch_overhead_s']:>10.2f} "
+                  f"{res['baseline']['epoch_overhead_s']:>10.2f}")  # fmt: skip
+    for model, res in results.items():
+        figures = res["raytrain"]
+        print(f"\nstartup breakdown, {model} (s from the command's launch, median of {reps})")
+        before = 0.0
+        for key, what in PHASES:
+            at = figures[f"at_{key}"]
+            print(f"  {what:<46} {at - before:>6.2f}   (at {at:5.2f})")
+            before = at
+        print(f"  {'(MLflow run opened beside the workers, at)':<46} "
+              f"{figures['at_tracking_ready']:>6.2f}")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", default="digits,compute")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
     args = parser.parse_args()
 
-    from raytrain.datasets.digits import write_splits
-
+    models = args.models.split(",")
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="raytrain-bench-") as tmp:
         work = Path(tmp)
-        data = work / "digits"
-        write_splits(str(data / "train"), str(data / "val"))
-        for model in args.models.split(","):
-            runs: dict[str, list] = {"raytrain": [], "baseline": []}
-            for rep in range(args.reps):
-                # alternate the order so neither side always runs on a warmer machine
-                order = ["baseline", "raytrain"] if rep % 2 == 0 else ["raytrain", "baseline"]
-                for side in order:
-                    fn = run_baseline if side == "baseline" else run_raytrain
-                    runs[side].append(fn(model, data, work))
-                    print(f"  {model} {side} rep {rep + 1}: "
-                          + ", ".join(f"{k}={v:.3f}" for k, v in runs[side][-1].items()),
-                          file=sys.stderr, flush=True)  # fmt: skip
-            med = {side: _median(r) for side, r in runs.items()}
-            ratio = {k: med["raytrain"][k] / med["baseline"][k] for k in FIGURES}
-            results[model] = {"raytrain": med["raytrain"], "baseline": med["baseline"],
-                              "ratio": ratio, "epochs": EPOCHS[model],
-                              "batch_size": MODELS[model]["batch_size"], "runs": runs}  # fmt: skip
+        files = {1} | {f for m in models for _, _, f in VARIANTS.get(m, [])}
+        data = {n: write_data(work / f"digits-{n}", n) for n in sorted(files)}
+        for model in models:
+            results[model] = _bench_model(model, args.reps, work, data)
 
-    header = f"{'model':<9} {'figure':<22} {'raytrain':>10} {'baseline':>10} {'ratio':>7}"
-    print(header)
-    print("-" * len(header))
-    labels = {"step_s": "step (ms)", "startup_s": "startup to 1st step (s)",
-              "epoch_overhead_s": "per-epoch overhead (s)", "wall_s": "end to end (s)"}  # fmt: skip
-    for model, res in results.items():
-        for key in FIGURES:
-            scale = 1000 if key == "step_s" else 1
-            print(f"{model:<9} {labels[key]:<22} {res['raytrain'][key] * scale:>10.2f} "
-                  f"{res['baseline'][key] * scale:>10.2f} {res['ratio'][key]:>7.2f}")  # fmt: skip
+    _print_tables(results, args.reps)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"reps": args.reps, "workers": 2, "results": results}, indent=2))

@@ -91,5 +91,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The ``raytrain`` console script: ``main``, then exit without tearing the interpreter
+    down. Everything the run writes is written and closed by then; what is left is freeing
+    torch's, Lightning's and MLflow's modules one by one, 2-3 s measured on 2 cores."""
+    import logging
+    import os
+
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

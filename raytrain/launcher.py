@@ -62,6 +62,7 @@ def _check_before_ray(job: JobSpec) -> JobSpec:
         preflight.check_model_located(job)
         + preflight.check_strategy(job)
         + (preflight.check_capacity(job, capacity) if capacity is not None else [])
+        + (preflight.check_local_cpus(job) if capacity is not None else [])
         + preflight.check_data(job, allow_prepare=True)
     )
     return job

@@ -148,6 +148,22 @@ def check_capacity(spec: JobSpec, capacity: dict[str, float]) -> list[str]:
     return problems
 
 
+def check_local_cpus(spec: JobSpec) -> list[str]:
+    """``$RAYTRAIN_LOCAL_CPUS``, if set, leaves Ray Data at least one CPU beside the workers."""
+    from raytrain.ray_runtime import LOCAL_CPUS_ENV, workers_cpus
+
+    requested = os.environ.get(LOCAL_CPUS_ENV)
+    if not requested:
+        return []
+    need = workers_cpus(spec) + 1
+    if not requested.isdigit() or int(requested) < need:
+        return [
+            f"scaling.num_workers: {LOCAL_CPUS_ENV}={requested} must be a whole number of at "
+            f"least {need}: the workers' {need - 1} CPUs and one for Ray Data"
+        ]
+    return []
+
+
 def dataset_schema_names(uri: str, fmt: str) -> list[str]:
     """The column names of the dataset at ``uri`` (read from file footers/headers only)."""
     import pyarrow.dataset as pads

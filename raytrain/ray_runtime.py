@@ -75,10 +75,21 @@ def cluster_address() -> str | None:
     return os.environ.get("RAY_ADDRESS") or None
 
 
-def local_cpus(spec: JobSpec) -> int:
-    """Logical CPUs for an embedded cluster: the workers' plus Ray Data's budget."""
+# Logical CPUs to give an embedded cluster instead of the workers' plus DATA_CPUS.
+LOCAL_CPUS_ENV = "RAYTRAIN_LOCAL_CPUS"
+
+
+def workers_cpus(spec: JobSpec) -> int:
+    """Logical CPUs the training workers reserve."""
     per_worker = spec.scaling.worker_resources().get("CPU", 1.0)
-    return math.ceil(per_worker * spec.scaling.num_workers) + DATA_CPUS
+    return math.ceil(per_worker * spec.scaling.num_workers)
+
+
+def local_cpus(spec: JobSpec) -> int:
+    """Logical CPUs for an embedded cluster: ``$RAYTRAIN_LOCAL_CPUS``, else the workers'
+    plus Ray Data's budget. ``preflight.check_local_cpus`` has checked the variable."""
+    requested = os.environ.get(LOCAL_CPUS_ENV)
+    return int(requested) if requested else workers_cpus(spec) + DATA_CPUS
 
 
 # The environment of the cluster ``start_local`` started in this process, while it runs.

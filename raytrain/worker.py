@@ -52,7 +52,28 @@ def build_trainer(spec: JobSpec, callbacks: list[Any]) -> Any:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
+    _check_sigterm_every(trainer, t.log_every_n_steps)
     return prepare_trainer(trainer)
+
+
+def _check_sigterm_every(trainer: pl.Trainer, n: int) -> None:
+    """Have Lightning agree across ranks on a SIGTERM every ``n`` batches, not every batch.
+
+    Under DDP, Lightning broadcasts rank 0's "received SIGTERM" flag before every training
+    batch: a collective (and a sync point) per step, for a signal that Ray Train handles by
+    itself. Every rank counts the same batches, so all still take part in the same
+    broadcasts; a SIGTERM is acted on up to ``n`` batches later.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
+    if broadcast is None or n <= 1:  # another Lightning version, or asked for every batch
+        return
+
+    def every_n() -> None:
+        if loop.total_batch_idx % n == 0:
+            broadcast()
+
+    loop._broadcast_sigterm_tensor = every_n
 
 
 def train_loop(config: dict[str, Any]) -> None:

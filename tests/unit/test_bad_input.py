@@ -32,6 +32,23 @@ CASES = {
     "strategy_not_supported": (["strategy.name=fsdp"], "strategy.name"),
 }
 
+
+def test_local_cpus_that_starve_ray_data_are_refused(
+    digits_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raytrain.errors import SpecError
+    from raytrain.launcher import validate
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = digits_spec(digits_dir, tmp_path)
+    for value in ("2", "lots"):
+        monkeypatch.setenv("RAYTRAIN_LOCAL_CPUS", value)
+        with pytest.raises(SpecError, match=f"RAYTRAIN_LOCAL_CPUS={value} must be .* at least 3"):
+            validate(spec)
+    monkeypatch.setenv("RAYTRAIN_LOCAL_CPUS", "16")
+    assert validate(spec).scaling.num_workers == 2
+
+
 LATE = {
     "not_a_lightning_module": (["model.class_path=collections:OrderedDict"], "model.class_path"),
     "model_module_raises": (["model.class_path=raising_model:Model"], "model.class_path"),
