@@ -36,20 +36,28 @@ SHUFFLE: dict | None = {"seed": 0}
 FIGURES = ("step_s", "startup_s", "epoch_overhead_s", "exit_s")
 LABELS = {"step_s": "step (ms)", "startup_s": "startup to 1st step (s)",
           "epoch_overhead_s": "per-epoch overhead (s)", "exit_s": "end to end (s)"}  # fmt: skip
-# raytrain runs beside the default one: (label, logical CPUs given to Ray, train files)
+# raytrain runs beside the default one: (label, logical CPUs given to Ray, train files,
+# trainer options). Metrics are reported every 10 steps by default; every step measures
+# what reporting costs.
 VARIANTS = {
-    "digits": [("6 CPUs", 6, 1), ("16 CPUs", 16, 1), ("16 CPUs, 32 files", 16, 32)],
-    "compute": [("16 CPUs", 16, 1)],
+    "digits": [
+        ("Ray 6 CPUs", 6, 1, {}),
+        ("Ray 16 CPUs", 16, 1, {}),
+        ("Ray 16 CPUs, 32 files", 16, 32, {}),
+        ("metrics every step", None, 1, {"log_every_n_steps": 1}),
+    ],
+    "compute": [("Ray 16 CPUs", 16, 1, {})],
 }
 # FitResult.timings, in the order they happen: (key, what ends there)
 PHASES = [
     ("fit_called", "python start + imports"),
     ("validated", "checks before Ray (spec, data footers)"),
-    ("ray_ready", "Ray start (model imported meanwhile)"),
-    ("model_checked", "rest of the model import + check"),
+    ("ray_ready", "Ray start (Ray Train, torch imported meanwhile)"),
+    ("model_checked", "rest of those imports"),
     ("datasets_ready", "data read into the object store"),
     ("worker_started", "Ray Train controller -> worker processes"),
-    ("train_loop_entered", "worker imports (Ray Train, torch, Lightning)"),
+    ("train_loop_entered", "worker start (Ray, Ray Train, torch)"),
+    ("lightning_imported", "worker imports Lightning, the model"),
     ("fit_started", "model, loaders, Lightning Trainer"),
     ("first_step", "Lightning fit start -> first step"),
 ]
@@ -81,7 +89,9 @@ def run_baseline(model: str, data: Path, work: Path) -> dict[str, float]:
     return _run(cmd, timing, _env())[0]
 
 
-def run_raytrain(model: str, data: Path, work: Path, cpus: int | None = None) -> dict[str, float]:
+def run_raytrain(
+    model: str, data: Path, work: Path, cpus: int | None = None, trainer: dict | None = None
+) -> dict[str, float]:
     import yaml
 
     timing = work / f"raytrain-{model}.json"
@@ -101,7 +111,7 @@ def run_raytrain(model: str, data: Path, work: Path, cpus: int | None = None) ->
         },
         "scaling": {"num_workers": 2},
         "trainer": {"max_epochs": EPOCHS[model], "gradient_clip_val": 1.0,
-                    "log_every_n_steps": 10, "seed": 42},
+                    "log_every_n_steps": 10, "seed": 42, **(trainer or {})},
         "checkpoint": {"storage": str(work / "runs"), "every_n_epochs": 1, "keep": 1},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
     }  # fmt: skip
@@ -141,17 +151,17 @@ def _median(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _bench_model(model: str, reps: int, work: Path, data: dict[int, Path]) -> dict:
-    variants = [("default", None, 1), *VARIANTS.get(model, [])]
-    runs: dict[str, list] = {"baseline": [], **{label: [] for label, _, _ in variants}}
+    variants = [("default", None, 1, {}), *VARIANTS.get(model, [])]
+    runs: dict[str, list] = {"baseline": [], **{v[0]: [] for v in variants}}
     for rep in range(reps):
         # alternate the order so neither side always runs on a warmer machine
-        sides = ["baseline", *(label for label, _, _ in variants)]
+        sides = ["baseline", *(v[0] for v in variants)]
         for side in sides if rep % 2 == 0 else sides[::-1]:
             if side == "baseline":
                 runs[side].append(run_baseline(model, data[1], work))
             else:
-                _, cpus, files = next(v for v in variants if v[0] == side)
-                runs[side].append(run_raytrain(model, data[files], work, cpus))
+                _, cpus, files, trainer = next(v for v in variants if v[0] == side)
+                runs[side].append(run_raytrain(model, data[files], work, cpus, trainer))
             shown = {k: round(v, 3) for k, v in runs[side][-1].items() if not k.startswith("at_")}
             print(f"  {model} {side} rep {rep + 1}: {shown}", file=sys.stderr, flush=True)
     med = {side: _median(r) for side, r in runs.items()}
@@ -160,7 +170,7 @@ def _bench_model(model: str, reps: int, work: Path, data: dict[int, Path]) -> di
         "raytrain": raytrain,
         "baseline": baseline,
         "ratio": {k: raytrain[k] / baseline[k] for k in FIGURES},
-        "variants": {label: med[label] for label, _, _ in variants[1:]},
+        "variants": {v[0]: med[v[0]] for v in variants[1:]},
         "epochs": EPOCHS[model],
         "batch_size": MODELS[model]["batch_size"],
         "runs": runs,
@@ -168,18 +178,20 @@ def _bench_model(model: str, reps: int, work: Path, data: dict[int, Path]) -> di
 
 
 def _print_tables(results: dict[str, dict], reps: int) -> None:
-    header = f"{'model':<9} {'figure':<38} {'raytrain':>10} {'baseline':>10} {'ratio':>7}"
+    header = f"{'model':<9} {'figure':<44} {'raytrain':>10} {'baseline':>10} {'ratio':>7}"
     print(header)
     print("-" * len(header))
     for model, res in results.items():
         for key in FIGURES:
             scale = 1000 if key == "step_s" else 1
-            print(f"{model:<9} {LABELS[key]:<38} {res['raytrain'][key] * scale:>10.2f} "
+            print(f"{model:<9} {LABELS[key]:<44} {res['raytrain'][key] * scale:>10.2f} "
                   f"{res['baseline'][key] * scale:>10.2f} {res['ratio'][key]:>7.2f}")  # fmt: skip
+        base = res["baseline"]
         for label, figures in res["variants"].items():
-            name = f"per-epoch overhead, Ray {label} (s)"
-            print(f"{model:<9} {name:<38} {figures['epoch_overhead_s']:>10.2f} "
-                  f"{res['baseline']['epoch_overhead_s']:>10.2f}")  # fmt: skip
+            key, scale = ("step_s", 1000) if "metrics" in label else ("epoch_overhead_s", 1)
+            name = f"{LABELS[key].split(' (')[0]}, {label}"
+            print(f"{model:<9} {name:<44} {figures[key] * scale:>10.2f} "
+                  f"{base[key] * scale:>10.2f} {figures[key] / base[key]:>7.2f}")  # fmt: skip
     for model, res in results.items():
         figures = res["raytrain"]
         print(f"\nstartup breakdown, {model} (s from the command's launch, median of {reps})")
@@ -203,7 +215,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="raytrain-bench-") as tmp:
         work = Path(tmp)
-        files = {1} | {f for m in models for _, _, f in VARIANTS.get(m, [])}
+        files = {1} | {f for m in models for _, _, f, _ in VARIANTS.get(m, [])}
         data = {n: write_data(work / f"digits-{n}", n) for n in sorted(files)}
         for model in models:
             results[model] = _bench_model(model, args.reps, work, data)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from raytrain import preflight, ray_runtime, runstate, storage
+from raytrain import preflight, ray_runtime, runstate, source_check, storage
 from raytrain.checkpoint import SCORE_KEY, latest_committed
 from raytrain.errors import TrainingFailed
 from raytrain.run_record import RunRecord
@@ -142,9 +142,12 @@ def fit(
     job = _check_before_ray(load_spec(spec, overrides))
     _check_resumable(job, fresh, resume_anyway)
     mark("validated")
-    # The model's module (and with it Lightning and torch) and the driver's own modules are
-    # imported while Ray starts: starting Ray is mostly waiting on its daemons.
-    model_check = _Background(lambda: _check_model_and_import(job))
+    # The driver's own modules (torch with Ray Train) are imported while Ray starts: starting
+    # Ray is mostly waiting on its daemons. The model's module (Lightning) is imported here
+    # only if its source does not show a LightningModule; the workers import it anyway.
+    module, _, name = job.model.class_path.partition(":")
+    import_model = not source_check.is_lightning_module(module, name)
+    model_check = _Background(lambda: _check_model_and_import(job, import_model))
     ray_handle = ray_runtime.connect(job, verbose=verbose)
     mark("ray_ready")
     record = None
@@ -192,15 +195,16 @@ def fit(
 _WORKER_PHASES = {
     "_worker_started_at": "worker_started",
     "_loop_entered_at": "train_loop_entered",
+    "_lightning_imported_at": "lightning_imported",
     "_fit_started_at": "fit_started",
     "_first_step_at": "first_step",
 }
 
 
-def _check_model_and_import(job: JobSpec) -> list[str]:
-    """Import and check the model class, then the modules ``_train`` needs first (MLflow's
-    are imported later, beside the workers' start, by ``RunRecord``)."""
-    problems = preflight.check_model(job)
+def _check_model_and_import(job: JobSpec, import_model: bool) -> list[str]:
+    """Import and check the model class if asked, then the modules ``_train`` needs first
+    (MLflow's are imported later, beside the workers' start, by ``RunRecord``)."""
+    problems = preflight.check_model(job) if import_model else []
     if not problems:
         import ray.train.torch  # noqa: F401
 

@@ -8,13 +8,12 @@ shows the user all of them.
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import os
 from typing import Any
 
-from raytrain import storage
+from raytrain import source_check, storage
 from raytrain.errors import SpecError
 from raytrain.spec import JobSpec
 
@@ -37,51 +36,9 @@ def check_model_located(spec: JobSpec) -> list[str]:
         return [f"model.class_path: cannot import {path!r}: {exc}"]
     if found is None:
         return [f"model.class_path: cannot import {path!r}: No module named {module!r}"]
-    names = _top_level_names(found.origin)
+    names = source_check.top_level_names(found.origin)
     if names is not None and attr not in names:
         return check_model(spec)  # the source does not bind it: confirm by importing
-    return []
-
-
-def _top_level_names(origin: str | None) -> set[str] | None:
-    """The names a module's source binds at top level; None when that cannot be known (no
-    Python source, a star import or a module ``__getattr__``)."""
-    if not origin or not origin.endswith(".py"):
-        return None
-    try:
-        with open(origin, encoding="utf-8") as handle:
-            tree = ast.parse(handle.read(), origin)
-    except (OSError, SyntaxError, ValueError):
-        return None  # the import in check_model reports it
-    names: set[str] = set()
-    pending = list(tree.body)
-    while pending:
-        node = pending.pop()
-        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                if alias.name == "*":
-                    return None
-                names.add(alias.asname or alias.name.partition(".")[0])
-        for target in _assigned(node):
-            names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        if isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
-            for field in ("body", "orelse", "finalbody"):
-                pending.extend(getattr(node, field, []))
-            for handler in getattr(node, "handlers", []):
-                pending.extend(handler.body)
-    return None if "__getattr__" in names else names
-
-
-def _assigned(node: ast.AST) -> list[ast.AST]:
-    """The targets a statement binds names in."""
-    if isinstance(node, ast.Assign):
-        return list(node.targets)
-    if isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For):
-        return [node.target]
-    if isinstance(node, ast.With):
-        return [item.optional_vars for item in node.items if item.optional_vars is not None]
     return []
 
 

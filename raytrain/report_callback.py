@@ -198,3 +198,13 @@ def _batch_rows(batch: Any) -> int:
         return len(batch)
     except TypeError:
         return 0
+
+
+class EpochSetter(pl.Callback):
+    """Tells the train loader which epoch starts, so its shuffle order is (seed, epoch)."""
+
+    def __init__(self, loader: Any):
+        self.loader = loader
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.loader.epoch = trainer.current_epoch

@@ -3,6 +3,9 @@
 The worker receives only the validated spec (as a plain dict). It builds the model, its
 shard's loaders, the strategy and callbacks, a Lightning Trainer prepared for Ray, and
 restores from the run's latest committed checkpoint when there is one.
+
+Lightning is imported inside the functions: the driver imports this module (Ray Train
+pickles ``train_loop`` by reference) and should not pay for Lightning's import.
 """
 
 from __future__ import annotations
@@ -12,8 +15,6 @@ import os
 import time
 import warnings
 from typing import Any
-
-import lightning.pytorch as pl
 
 from raytrain.spec import JobSpec
 
@@ -28,6 +29,7 @@ def _quiet_lightning() -> None:
 
 def build_trainer(spec: JobSpec, callbacks: list[Any]) -> Any:
     """A Lightning Trainer with the spec's options, prepared to run under Ray Train."""
+    import lightning.pytorch as pl
     from ray.train.lightning import prepare_trainer
 
     from raytrain.strategy import build_plugins, build_strategy
@@ -56,7 +58,7 @@ def build_trainer(spec: JobSpec, callbacks: list[Any]) -> Any:
     return prepare_trainer(trainer)
 
 
-def _check_sigterm_every(trainer: pl.Trainer, n: int) -> None:
+def _check_sigterm_every(trainer: Any, n: int) -> None:
     """Have Lightning agree across ranks on a SIGTERM every ``n`` batches, not every batch.
 
     Under DDP, Lightning broadcasts rank 0's "received SIGTERM" flag before every training
@@ -85,14 +87,17 @@ def train_loop(config: dict[str, Any]) -> None:
     from raytrain.checkpoint import restore_path
     from raytrain.data import worker_loaders
     from raytrain.preflight import import_object
-    from raytrain.report_callback import ReportCallback
+    from raytrain.report_callback import EpochSetter, ReportCallback  # imports Lightning
 
+    imported = time.time()
     _quiet_lightning()
     spec = JobSpec.model_validate(config["spec"])
     context = ray.train.get_context()
     threads = max(1, int(spec.scaling.worker_resources().get("CPU", 1)))
     torch.set_num_threads(threads)
     if spec.trainer.seed is not None:
+        import lightning.pytorch as pl
+
         pl.seed_everything(spec.trainer.seed, workers=True, verbose=False)
 
     model = import_object(spec.model.class_path)(**spec.model.init_args)
@@ -108,9 +113,13 @@ def train_loop(config: dict[str, Any]) -> None:
         monitor=ckpt.monitor,
         mode=ckpt.mode,
         publish=(lambda event: sink.put.remote(event)) if sink is not None else None,
-        startup={"_worker_started_at": _process_started_at(entered), "_loop_entered_at": entered},
+        startup={
+            "_worker_started_at": _process_started_at(entered),
+            "_loop_entered_at": entered,
+            "_lightning_imported_at": imported,
+        },
     )
-    trainer = build_trainer(spec, [report, _EpochSetter(train_loader)])
+    trainer = build_trainer(spec, [report, EpochSetter(train_loader)])
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
@@ -132,13 +141,3 @@ def _process_started_at(default: float) -> float:
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return default
-
-
-class _EpochSetter(pl.Callback):
-    """Tells the train loader which epoch starts, so its shuffle order is (seed, epoch)."""
-
-    def __init__(self, loader: Any):
-        self.loader = loader
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.loader.epoch = trainer.current_epoch
