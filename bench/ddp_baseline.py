@@ -10,6 +10,7 @@ checkpoint (model + optimizer) every epoch, as raytrain does by default.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import socket
 import sys
@@ -47,7 +48,9 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=args.workers)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=args.workers, timeout=datetime.timedelta(seconds=60)
+    )
     torch.manual_seed(42)
     config = MODELS[args.model]
     module = DigitsCNN(**config["init_args"])

@@ -71,15 +71,29 @@ def _env(cpus: int | None = None) -> dict[str, str]:
     return env
 
 
+# A run that takes longer than this is stuck (a rank lost at rendezvous): it is retried once.
+RUN_TIMEOUT_S = 300
+
+
 def _run(cmd: list[str], timing: Path, env: dict[str, str]) -> tuple[dict[str, float], str]:
-    launched = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    exited = time.time()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    figures = summarize(json.loads(timing.read_text()), launched)
-    figures["exit_s"] = exited - launched
-    return figures, proc.stdout
+    for attempt in (1, 2):
+        launched = time.time()
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=RUN_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            print(f"  timed out after {RUN_TIMEOUT_S} s (attempt {attempt}): {' '.join(cmd)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            continue
+        exited = time.time()
+        if proc.returncode == 0:
+            figures = summarize(json.loads(timing.read_text()), launched)
+            figures["exit_s"] = exited - launched
+            return figures, proc.stdout
+        print(f"  failed (attempt {attempt}): {' '.join(cmd)}\n{proc.stderr[-2000:]}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    raise SystemExit(f"{' '.join(cmd)} failed twice")
 
 
 def run_baseline(model: str, data: Path, work: Path) -> dict[str, float]:
