@@ -199,13 +199,6 @@ class CachedBatches:
             return np.arange(n)
         return np.random.default_rng(_epoch_seed(self._seed, self.epoch)).permutation(n)
 
-    def rows(self) -> Any:
-        """This rank's row indices for the current epoch, in order."""
-        import numpy as np
-
-        order = self.order()
-        return np.concatenate([order[lo:hi] for lo, hi in self._slices])
-
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from ray.data.util.torch_utils import arrow_batch_to_tensors
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from raytrain import preflight, ray_runtime, runstate, source_check, storage
+from raytrain.background import Background
 from raytrain.checkpoint import SCORE_KEY, latest_committed
 from raytrain.errors import TrainingFailed
 from raytrain.run_record import RunRecord
@@ -81,16 +81,19 @@ def _prepare_data(spec: JobSpec) -> None:
         preflight.raise_if(preflight.check_data(spec))
 
 
-def _check_resumable(spec: JobSpec, fresh: bool, resume_anyway: bool) -> None:
-    """Refuse, before anything starts, to continue a run whose spec changed."""
+def _check_resumable(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstate.RunState | None:
+    """The run's recorded state; refuses, before anything starts, to continue a run whose
+    spec changed."""
     state = runstate.load(spec)
     if state is not None and not fresh and not resume_anyway:
         runstate.check_resumable(state, spec)
+    return state
 
 
-def _open_run(spec: JobSpec, fresh: bool) -> runstate.RunState | None:
-    """The run's recorded state; with ``fresh``, its folder is deleted first."""
-    state = runstate.load(spec)
+def _open_run(
+    spec: JobSpec, state: runstate.RunState | None, fresh: bool
+) -> runstate.RunState | None:
+    """The run's recorded ``state`` to continue; with ``fresh``, its folder is deleted."""
     if state is not None and fresh:
         storage.delete_dir(runstate.run_dir(spec))
         print(f"raytrain: --fresh: deleted {runstate.run_dir(spec)}", file=sys.stderr)
@@ -140,14 +143,14 @@ def fit(
         timings[phase] = round(time.time() - start, 3)
 
     job = _check_before_ray(load_spec(spec, overrides))
-    _check_resumable(job, fresh, resume_anyway)
+    state = _check_resumable(job, fresh, resume_anyway)
     mark("validated")
     # The driver's own modules (torch with Ray Train) are imported while Ray starts: starting
     # Ray is mostly waiting on its daemons. The model's module (Lightning) is imported here
     # only if its source does not show a LightningModule; the workers import it anyway.
     module, _, name = job.model.class_path.partition(":")
     import_model = not source_check.is_lightning_module(module, name)
-    model_check = _Background(lambda: _check_model_and_import(job, import_model))
+    model_check = Background(lambda: _check_model_and_import(job, import_model))
     ray_handle = ray_runtime.connect(job, verbose=verbose)
     mark("ray_ready")
     record = None
@@ -155,7 +158,7 @@ def fit(
         preflight.raise_if(model_check.result())
         mark("model_checked")
         _prepare_data(job)
-        record = RunRecord(job, _open_run(job, fresh))
+        record = RunRecord(job, _open_run(job, state, fresh))
         resumed_from = _resume_point(job)
         result, last, data_paths = _train(job, ray_handle, record, progress, mark)
         if record.opened_at is not None:
@@ -212,28 +215,6 @@ def _check_model_and_import(job: JobSpec, import_model: bool) -> list[str]:
     return problems
 
 
-class _Background:
-    """Run ``fn`` in a daemon thread; ``result()`` waits, then returns its value or raises."""
-
-    def __init__(self, fn: Any):
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Any) -> None:
-        try:
-            self._value = fn()
-        except BaseException as exc:  # re-raised in the caller's thread
-            self._error = exc
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
 def _train(
     job: JobSpec,
     ray_handle: Any,
@@ -255,7 +236,7 @@ def _train(
 
     from raytrain.data import build_datasets, dataset_config
     from raytrain.progress import ProgressLine, ReportPump, start_sink
-    from raytrain.ray_trainer import RunAborted, make_trainer
+    from raytrain.ray_trainer import RaytrainTorchTrainer, RunAborted
     from raytrain.worker import train_loop
 
     datasets, cached = build_datasets(job, ray_handle.object_store_bytes())
@@ -272,7 +253,7 @@ def _train(
             checkpoint_score_order=ckpt.mode,
         ),
     )
-    trainer = make_trainer(
+    trainer = RaytrainTorchTrainer(
         embedded_env=ray_handle.embedded_env,
         train_loop_per_worker=train_loop,
         train_loop_config={"spec": job.model_dump(mode="json"), "sink": sink, "cached": cached},

@@ -68,12 +68,12 @@ def check_strategy(spec: JobSpec) -> list[str]:
     return []
 
 
-def local_capacity(spec: JobSpec | None = None) -> dict[str, float]:
+def local_capacity(spec: JobSpec) -> dict[str, float]:
     """What an embedded local Ray cluster on this machine can ever give training workers.
 
     GPUs are counted (through torch, a second's import) only when ``spec`` asks for them."""
     capacity: dict[str, float] = {"CPU": float(os.cpu_count() or 1)}
-    if spec is not None and not spec.scaling.use_gpu:
+    if not spec.scaling.use_gpu:
         return capacity
     try:
         import torch

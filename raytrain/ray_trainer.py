@@ -12,9 +12,9 @@ Ray prestarted while the cluster came up. Each helper is a new Python process im
 Train and Ray Data: on a 2-core machine, about 1.5-3 CPU-seconds each, spent while the
 training workers import torch and Lightning.
 
-``make_trainer`` returns the trimmed trainer for an embedded cluster and the stock one for a
-cluster joined through ``RAY_ADDRESS``. Both keep the controller's handle so a run can be
-aborted from the driver (``abort``). The trimming uses Ray Train internals of the pinned
+``RaytrainTorchTrainer`` is trimmed for an embedded cluster (``embedded_env`` given) and
+stock for a cluster joined through ``RAY_ADDRESS``. Both keep the controller's handle so a
+run can be aborted from the driver (``abort``). The trimming uses Ray Train internals of the pinned
 Ray version (2.60); if they are not there, the stock behaviour is used.
 """
 
@@ -142,9 +142,3 @@ if _INTERNALS:
 
         async def before_controller_shutdown(self) -> None:
             return None
-
-
-def make_trainer(*, embedded_env: dict[str, str] | None, **kwargs: Any) -> RaytrainTorchTrainer:
-    """A trainer for ``TorchTrainer(**kwargs)``; ``embedded_env`` is the environment of a
-    cluster this process started (None for a joined cluster)."""
-    return RaytrainTorchTrainer(embedded_env=embedded_env, **kwargs)

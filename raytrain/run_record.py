@@ -8,12 +8,12 @@ instead of before. Events that arrive first wait for it. If it fails, ``on_error
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from raytrain import runstate
+from raytrain.background import Background
 from raytrain.errors import TrackingError
 from raytrain.spec import JobSpec, dump_spec
 
@@ -25,18 +25,14 @@ class RunRecord:
         self.job = job
         self.state = state or runstate.new_state(job)
         self.tracking_uri = ""
-        self._tracker: Any = None
-        self._error: BaseException | None = None
-        self._ready = threading.Event()
         self.opened_at: float | None = None  # wall clock, once open
-        self._started = False
+        self._opening: Background | None = None
 
     def start(self, on_error: Callable[[BaseException], None] | None = None) -> None:
         """Start opening the run's records in the background; see :meth:`tracker`."""
-        self._started = True
-        threading.Thread(target=self._open, args=(on_error,), daemon=True).start()
+        self._opening = Background(lambda: self._open(on_error))
 
-    def _open(self, on_error: Callable[[BaseException], None] | None) -> None:
+    def _open(self, on_error: Callable[[BaseException], None] | None) -> Any:
         try:
             from raytrain.tracking import MlflowTracker, default_tracking_uri
 
@@ -62,26 +58,17 @@ class RunRecord:
             tracker.log_params(job.flat())
             tracker.set_tags({"raytrain.attempts": str(state.attempts)})
             tracker.log_text(dump_spec(job), "spec.yaml")
-            self._tracker = tracker
             self.opened_at = time.time()
+            return tracker
         except BaseException as exc:
-            self._error = exc
             if on_error is not None:
                 on_error(exc)
-        finally:
-            self._ready.set()
+            raise
 
     def tracker(self) -> Any:
         """The open ``MlflowTracker``; waits for it, and raises what opening it raised."""
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-        return self._tracker
-
-    @property
-    def error(self) -> BaseException | None:
-        """What opening the records raised, once it is done (None while it runs)."""
-        return self._error if self._ready.is_set() else None
+        assert self._opening is not None, "RunRecord.start() was not called"
+        return self._opening.result()
 
     def log_metrics(self, event: dict[str, Any]) -> None:
         self.tracker().log_metrics(event, step=int(event.get("step", 0)))
@@ -89,13 +76,14 @@ class RunRecord:
     def finish(self, status: str, *, error: str | None = None, best: str | None = None) -> None:
         """Close the MLflow run with ``status`` and save the state; nothing if opening failed
         or never started."""
-        if not self._started:
+        if self._opening is None:
             return
-        self._ready.wait()
-        if self._tracker is None:
+        try:
+            tracker = self._opening.result()
+        except BaseException:
             return
         if best is not None:
-            self._tracker.set_tags({"raytrain.best_checkpoint": best})
-        self._tracker.finish(status, error=error)
+            tracker.set_tags({"raytrain.best_checkpoint": best})
+        tracker.finish(status, error=error)
         self.state.status = "FINISHED" if status == "FINISHED" else "FAILED"
         runstate.save(self.job, self.state)

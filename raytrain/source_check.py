@@ -49,9 +49,7 @@ def top_level_names(origin: str | None) -> set[str] | None:
     if tree is None:
         return None
     names: set[str] = set()
-    pending = list(tree.body)
-    while pending:
-        node = pending.pop()
+    for node in _statements(tree):
         if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             names.add(node.name)
         elif isinstance(node, ast.Import | ast.ImportFrom):
@@ -61,11 +59,6 @@ def top_level_names(origin: str | None) -> set[str] | None:
                 names.add(alias.asname or alias.name.partition(".")[0])
         for target in _assigned(node):
             names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        if isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
-            for field in ("body", "orelse", "finalbody"):
-                pending.extend(getattr(node, field, []))
-            for handler in getattr(node, "handlers", []):
-                pending.extend(handler.body)
     return None if "__getattr__" in names else names
 
 
@@ -81,13 +74,13 @@ def _assigned(node: ast.AST) -> list[ast.AST]:
 
 
 def _statements(tree: ast.Module) -> list[ast.stmt]:
-    """Top-level statements, including those under top-level if/try/with."""
+    """Top-level statements, including those under top-level if/try/with/for/while."""
     out: list[ast.stmt] = []
     pending = list(tree.body)
     while pending:
         node = pending.pop(0)
         out.append(node)
-        if isinstance(node, ast.If | ast.Try | ast.With):
+        if isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
             for field in ("body", "orelse", "finalbody"):
                 pending.extend(getattr(node, field, []))
             for handler in getattr(node, "handlers", []):
