@@ -23,8 +23,11 @@ class Background:
         except BaseException as exc:  # re-raised by result()
             self._error = exc
 
-    def result(self) -> Any:
-        self._thread.join()
+    def result(self, timeout: float | None = None) -> Any:
+        """The value; raises ``TimeoutError`` if ``fn`` is still running after ``timeout``."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"still running after {timeout} s")
         if self._error is not None:
             raise self._error
         return self._value

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
+
+if TYPE_CHECKING:
+    from raytrain.spec import StorageSpec
 
 CKPT_FILE = "checkpoint.ckpt"
 META_FILE = "raytrain.json"
@@ -32,13 +35,15 @@ def restore_path(checkpoint_dir: str) -> str:
 _RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
 
 
-def latest_committed(run_dir: str) -> tuple[str, dict[str, Any]] | None:
+def latest_committed(
+    run_dir: str, options: StorageSpec | None = None
+) -> tuple[str, dict[str, Any]] | None:
     """The run's latest committed checkpoint (its URI and metrics), as Ray Train will restore.
 
     Ray writes its snapshot only after a checkpoint's upload completed, so a checkpoint
     named here is whole.
     """
-    text = storage.read_text(storage.join(run_dir, _RAY_SNAPSHOT))
+    text = storage.read_text(storage.join(run_dir, _RAY_SNAPSHOT), options)
     if not text:
         return None
     latest = json.loads(text).get("latest_checkpoint_result")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytrain import storage
-from raytrain.spec import JobSpec, SourceSpec
+from raytrain.spec import JobSpec, SourceSpec, StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -44,27 +44,81 @@ CACHE_FRACTION = 0.25
 DRIVER_READ_BYTES = 64 * 2**20
 
 
-def read_source(source: SourceSpec, columns: list[str] | None) -> Any:
-    """A lazy Ray Dataset over ``source``."""
+def read_source(
+    source: SourceSpec,
+    columns: list[str] | None,
+    options: StorageSpec | None = None,
+    preprocess: str | None = None,
+) -> Any:
+    """A lazy Ray Dataset over ``source``: read (and, for images, decoded and resized) by
+    Ray Data tasks, with the column projection pushed into the reader, then ``preprocess``
+    as a ``map_batches`` step."""
     import ray.data
 
-    uri = storage.resolve(source.uri)
-    fs, path = storage.filesystem(uri)
-    readers = {
-        "parquet": ray.data.read_parquet,
-        "csv": ray.data.read_csv,
-        "json": ray.data.read_json,
-    }
-    ds = readers[source.format](path, filesystem=fs)
-    # Ray Data pushes the projection down into the Parquet reader.
-    return ds.select_columns(columns) if columns else ds
+    fs, path = storage.filesystem(source.uri, options)
+    if source.format == "images":
+        ds = _read_images(source, fs, path)
+        if columns:
+            ds = ds.select_columns(columns)
+    elif source.format == "parquet":
+        ds = ray.data.read_parquet(path, filesystem=fs, columns=columns)
+    else:
+        reader = ray.data.read_csv if source.format == "csv" else ray.data.read_json
+        ds = reader(path, filesystem=fs)
+        if columns:
+            ds = ds.select_columns(columns)
+    if preprocess:
+        from raytrain.preflight import import_object
+
+        ds = ds.map_batches(import_object(preprocess), batch_format="numpy")
+    return ds
 
 
-def source_bytes(source: SourceSpec) -> int:
+IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "tif", "tiff", "bmp", "gif")
+
+
+def image_classes(fs: Any, path: str) -> list[str]:
+    """The class names of an image folder: its subfolders, sorted (torchvision's
+    ``ImageFolder`` convention); none when the images lie directly in it."""
+    import pyarrow.fs as pafs
+
+    entries = fs.get_file_info(pafs.FileSelector(path))
+    return sorted(e.base_name for e in entries if e.type == pafs.FileType.Directory)
+
+
+def _read_images(source: SourceSpec, fs: Any, path: str) -> Any:
+    """Image files under ``path`` as an ``image`` column (HWC uint8), decoded and resized on
+    Ray Data workers, plus ``label``: the index of the file's class folder, if any."""
+    import ray.data
+
+    classes = image_classes(fs, path)
+    ds = ray.data.read_images(
+        path,
+        filesystem=fs,
+        size=tuple(source.image_size) if source.image_size else None,
+        mode=source.image_mode,
+        include_paths=bool(classes),
+        file_extensions=list(IMAGE_EXTENSIONS),
+    )
+    if not classes:
+        return ds
+    index = {name: i for i, name in enumerate(classes)}
+
+    def label(batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        paths = batch.pop("path")
+        batch["label"] = np.array([index[p.rsplit("/", 2)[-2]] for p in paths], dtype=np.int64)
+        return batch
+
+    return ds.map_batches(label, batch_format="numpy")
+
+
+def source_bytes(source: SourceSpec, options: StorageSpec | None = None) -> int:
     """Bytes of the files under ``source.uri``."""
     import pyarrow.fs as pafs
 
-    fs, path = storage.filesystem(source.uri)
+    fs, path = storage.filesystem(source.uri, options)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:
         return info.size or 0
@@ -82,12 +136,27 @@ class CachedSet:
     refs: list[Any]
 
 
-def read_table(source: SourceSpec, columns: list[str] | None) -> Any:
+def read_table(
+    source: SourceSpec, columns: list[str] | None, options: StorageSpec | None = None
+) -> Any:
     """The whole of ``source`` as one pyarrow Table, read here."""
     import pyarrow.dataset as pads
 
-    fs, path = storage.filesystem(source.uri)
+    fs, path = storage.filesystem(source.uri, options)
     return pads.dataset(path, filesystem=fs, format=source.format).to_table(columns=columns)
+
+
+def choose_path(spec: JobSpec, source: SourceSpec, nbytes: int, store_bytes: float) -> str:
+    """How a split reaches the workers: ``driver`` (read here, cached), ``materialize``
+    (read by Ray Data, cached) or ``stream`` (read by Ray Data every epoch)."""
+    transformed = source.format == "images" or spec.data.preprocess is not None
+    mode = spec.data.cache
+    fits = nbytes * MEMORY_EXPANSION <= store_bytes * CACHE_FRACTION
+    if mode == "never" or (mode == "auto" and (transformed or not fits)):
+        return "stream"
+    if nbytes <= DRIVER_READ_BYTES and not transformed:
+        return "driver"
+    return "materialize"
 
 
 def build_datasets(
@@ -98,22 +167,24 @@ def build_datasets(
 
     streamed: dict[str, Any] = {}
     cached: dict[str, CachedSet] = {}
+    data, options = spec.data, spec.storage
     for name in ("train", "val"):
-        source = getattr(spec.data, name)
+        source = getattr(data, name)
         if source is None:
             continue
-        nbytes = source_bytes(source)
-        if nbytes <= DRIVER_READ_BYTES:
-            table = read_table(source, spec.data.columns)
+        nbytes = source_bytes(source, options) if source.format != "images" else 0
+        path = choose_path(spec, source, nbytes, object_store_bytes)
+        if path == "driver":
+            table = read_table(source, data.columns, options)
             _check_rows(name, source, table.num_rows, spec.scaling.num_workers)
             cached[name] = CachedSet([ray.put(table)])
-        elif nbytes * MEMORY_EXPANSION <= object_store_bytes * CACHE_FRACTION:
-            ds = read_source(source, spec.data.columns).materialize()
+        elif path == "materialize":
+            ds = read_source(source, data.columns, options, data.preprocess).materialize()
             _check_rows(name, source, ds.count(), spec.scaling.num_workers)
             cached[name] = CachedSet(ds.to_arrow_refs())
         else:
-            logger.info("%s set is larger than the object store budget: streaming it", name)
-            streamed[name] = read_source(source, spec.data.columns)
+            logger.info("%s set: streamed from %s every epoch", name, source.uri)
+            streamed[name] = read_source(source, data.columns, options, data.preprocess)
     return streamed, cached
 
 

@@ -63,7 +63,7 @@ def _check_before_ray(job: JobSpec) -> JobSpec:
         + preflight.check_strategy(job)
         + (preflight.check_capacity(job, capacity) if capacity is not None else [])
         + (preflight.check_local_cpus(job) if capacity is not None else [])
-        + preflight.check_data(job, allow_prepare=True)
+        + preflight.check_stores(job, allow_prepare=True)
     )
     return job
 
@@ -74,7 +74,7 @@ def _prepare_data(spec: JobSpec) -> None:
     ``validate`` has already checked data that existed; only freshly written data is new.
     """
     train = storage.resolve(spec.data.train.uri)
-    if spec.data.prepare and not storage.exists(train):
+    if spec.data.prepare and not storage.exists(train, spec.storage):
         val = storage.resolve(spec.data.val.uri) if spec.data.val else None
         print(f"raytrain: writing {train} with {spec.data.prepare}", file=sys.stderr)
         preflight.import_object(spec.data.prepare)(train, val)
@@ -95,7 +95,7 @@ def _open_run(
 ) -> runstate.RunState | None:
     """The run's recorded ``state`` to continue; with ``fresh``, its folder is deleted."""
     if state is not None and fresh:
-        storage.delete_dir(runstate.run_dir(spec))
+        storage.delete_dir(runstate.run_dir(spec), spec.storage)
         print(f"raytrain: --fresh: deleted {runstate.run_dir(spec)}", file=sys.stderr)
         return None
     return state
@@ -103,7 +103,7 @@ def _open_run(
 
 def _resume_point(spec: JobSpec) -> str | None:
     """Say which checkpoint the run resumes from, if any; returns its URI."""
-    latest = latest_committed(runstate.run_dir(spec))
+    latest = latest_committed(runstate.run_dir(spec), spec.storage)
     if latest is None:
         return None
     uri, metrics = latest
@@ -243,9 +243,11 @@ def _train(
     mark("datasets_ready")
     sink = start_sink()
     ckpt = job.checkpoint
+    storage_fs, storage_path = storage.filesystem(ckpt.storage, job.storage)
     run_config = RunConfig(
         name=job.name,
-        storage_path=storage.resolve(ckpt.storage),
+        storage_path=storage_path,
+        storage_filesystem=storage_fs,
         failure_config=FailureConfig(max_failures=job.failure.max_failures),
         checkpoint_config=CheckpointConfig(
             num_to_keep=ckpt.keep,
@@ -320,7 +322,7 @@ def _final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> 
     at max_epochs) reports its latest checkpoint's."""
     metrics = dict(latest or {})
     if not metrics:
-        committed = latest_committed(runstate.run_dir(job))
+        committed = latest_committed(runstate.run_dir(job), job.storage)
         metrics = dict(committed[1]) if committed else dict(result.metrics or {})
     for key in (SCORE_KEY, "kind"):
         metrics.pop(key, None)

@@ -15,7 +15,7 @@ from typing import Any
 
 from raytrain import source_check, storage
 from raytrain.errors import SpecError
-from raytrain.spec import JobSpec
+from raytrain.spec import JobSpec, StorageSpec
 
 
 def import_object(path: str) -> Any:
@@ -121,51 +121,134 @@ def check_local_cpus(spec: JobSpec) -> list[str]:
     return []
 
 
-def dataset_schema_names(uri: str, fmt: str) -> list[str]:
+def dataset_schema_names(uri: str, fmt: str, options: StorageSpec | None = None) -> list[str]:
     """The column names of the dataset at ``uri`` (read from file footers/headers only)."""
     import pyarrow.dataset as pads
 
-    fs, path = storage.filesystem(uri)
+    fs, path = storage.filesystem(uri, options)
     return list(pads.dataset(path, filesystem=fs, format=fmt).schema.names)
 
 
-def check_data(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
-    """Each dataset exists and holds the columns the spec projects.
+# Storage checks (listings, a probe write) get this long in all; a store that has not
+# answered by then is reported, instead of hanging the command.
+STORAGE_CHECK_TIMEOUT_S = 25.0
+
+
+def check_stores(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
+    """``check_storage`` and ``check_data``, side by side (a store that does not answer
+    costs its retries once, not once per URI), given ``STORAGE_CHECK_TIMEOUT_S`` in all."""
+    import time
+
+    from raytrain.background import Background
+
+    tasks = [Background(lambda: check_storage(spec))]
+    tasks += [Background(lambda f=f: check_data(spec, allow_prepare=allow_prepare, only=f))
+              for f in ("train", "val")]  # fmt: skip
+    deadline = time.monotonic() + STORAGE_CHECK_TIMEOUT_S
+    problems: list[str] = []
+    try:
+        for task in tasks:
+            problems += task.result(timeout=max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        uris = [spec.checkpoint.storage, spec.data.train.uri]
+        uris += [spec.data.val.uri] if spec.data.val else []
+        return [
+            f"checkpoint.storage/data: no answer from {', '.join(uris)} within "
+            f"{STORAGE_CHECK_TIMEOUT_S:.0f} s: the endpoint cannot be reached "
+            "(check storage.*.endpoint_url and the network)"
+        ]
+    return problems
+
+
+def check_storage(spec: JobSpec) -> list[str]:
+    """The run's folder under ``checkpoint.storage`` can be listed, written and deleted
+    from (object stores: a small probe file, removed again; local: permissions only)."""
+    from raytrain.runstate import run_dir
+
+    location = storage.resolve(spec.checkpoint.storage)
+    if not storage.is_uri(location):
+        parent = location
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+            return [f"checkpoint.storage: {location}: cannot create or write it ({parent} "
+                    "is not a writable folder)"]  # fmt: skip
+        return []
+    why = storage.check_writable(run_dir(spec), spec.storage)
+    return [f"checkpoint.storage: {location}: {why}"] if why else []
+
+
+def check_data(
+    spec: JobSpec, *, allow_prepare: bool = False, only: str | None = None
+) -> list[str]:
+    """Each dataset (or the ``only`` one: ``train``/``val``) exists, holds files of its
+    format, and has the columns the spec projects.
 
     With ``allow_prepare``, a missing train set that ``data.prepare`` will write is no problem.
     """
     problems = []
+    options = spec.storage
     # data.prepare runs when the train set is missing, and writes the val set too
-    will_prepare = (
-        allow_prepare
-        and spec.data.prepare is not None
-        and not storage.exists(storage.resolve(spec.data.train.uri))
-    )
+    def will_prepare() -> bool:
+        train = storage.resolve(spec.data.train.uri)
+        return allow_prepare and spec.data.prepare is not None and _missing(train, options)
+
     sources = {"data.train": spec.data.train, "data.val": spec.data.val}
     for field, source in sources.items():
-        if source is None:
+        if source is None or (only is not None and field != f"data.{only}"):
             continue
         uri = storage.resolve(source.uri)
-        if not storage.exists(uri):
-            if will_prepare:
-                continue
-            problems.append(f"{field}.uri: no such file or folder: {uri}")
-            continue
         try:
-            names = dataset_schema_names(uri, source.format)
+            missing = _missing(uri, options)
+            if missing is not None:
+                if not will_prepare():
+                    problems.append(f"{field}.uri: {missing}")
+                continue
+            names = _source_columns(source, uri, options)
         except Exception as exc:
-            problems.append(f"{field}.uri: cannot read {source.format} data at {uri}: {exc}")
+            problems.append(f"{field}.uri: cannot read {source.format} data at {uri}: "
+                            f"{storage.describe(exc)}")  # fmt: skip
             continue
         if not names:
             problems.append(f"{field}.uri: no {source.format} files found under {uri}")
             continue
-        missing = [c for c in spec.data.columns or [] if c not in names]
-        if missing:
+        absent = [c for c in spec.data.columns or [] if c not in names]
+        if absent:
             problems.append(
-                f"data.columns: {', '.join(map(repr, missing))} not in {field} "
+                f"data.columns: {', '.join(map(repr, absent))} not in {field} "
                 f"({uri} has: {', '.join(names)})"
             )
     return problems
+
+
+def _missing(uri: str, options: Any) -> str | None:
+    """Why nothing can be read at ``uri`` (no such path, missing bucket, empty prefix), or
+    None when something is there. Store errors (credentials, endpoint) raise."""
+    if not storage.is_uri(uri):
+        return None if os.path.exists(uri) else f"no such file or folder: {uri}"
+    # A listing first: it tells rejected credentials apart from a missing key.
+    if storage.list_dir(uri, options) or storage.exists(uri, options):
+        return None
+    bucket = storage.missing_bucket(uri, options)
+    if bucket:
+        return f"{uri}: the bucket {bucket!r} does not exist"
+    return f"{uri}: nothing there (an empty or missing prefix)"
+
+
+def _source_columns(source: Any, uri: str, options: Any) -> list[str]:
+    """The columns a split's files give (for images: ``image``, and ``label`` when the
+    files sit in class folders); empty when no file of the format is there."""
+    if source.format != "images":
+        return dataset_schema_names(uri, source.format, options)
+    import pyarrow.fs as pafs
+
+    from raytrain.data import IMAGE_EXTENSIONS, image_classes
+
+    fs, path = storage.filesystem(uri, options)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    if not any(i.extension.lower() in IMAGE_EXTENSIONS for i in infos):
+        return []
+    return ["image", "label"] if image_classes(fs, path) else ["image"]
 
 
 def raise_if(problems: list[str]) -> None:

@@ -38,14 +38,15 @@ def run_dir(spec: JobSpec) -> str:
 
 def load(spec: JobSpec) -> RunState | None:
     """The recorded state of the run ``spec`` names, or None for a new run."""
-    text = storage.read_text(storage.join(run_dir(spec), STATE_FILE))
+    text = storage.read_text(storage.join(run_dir(spec), STATE_FILE), spec.storage)
     if text is None:
         return None
     return RunState(**json.loads(text))
 
 
 def save(spec: JobSpec, state: RunState) -> None:
-    storage.write_text(storage.join(run_dir(spec), STATE_FILE), json.dumps(asdict(state), indent=2))
+    text = json.dumps(asdict(state), indent=2)
+    storage.write_text(storage.join(run_dir(spec), STATE_FILE), text, spec.storage)
 
 
 def changed_fields(state: RunState, spec: JobSpec) -> list[str]:

@@ -41,10 +41,27 @@ class ModelSpec(_Section):
 
 
 class SourceSpec(_Section):
-    uri: str = Field(min_length=1, description="A file or folder: local path or URI.")
-    format: Literal["parquet", "csv", "json"] = Field(
-        default="parquet", description="The files' format."
+    uri: str = Field(
+        min_length=1, description="A file, or a folder/prefix of many files: path or URI."
     )
+    format: Literal["parquet", "csv", "json", "images"] = Field(
+        default="parquet",
+        description="The files' format; `images`: image files, decoded on Ray Data workers "
+        "into an `image` column, with a `label` column when they sit in one folder per class.",
+    )
+    image_size: tuple[int, int] | None = Field(
+        default=None, description="`images`: resize every image to [height, width]."
+    )
+    image_mode: str | None = Field(
+        default=None, description="`images`: a Pillow mode to convert to (`RGB`, `L`, ...)."
+    )
+
+    @field_validator("image_size")
+    @classmethod
+    def _positive_size(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and min(value) < 1:
+            raise ValueError(f"height and width must be >= 1, got {list(value)}")
+        return value
 
 
 class ShuffleSpec(_Section):
@@ -63,6 +80,18 @@ class DataSpec(_Section):
     batch_size: int = Field(default=64, ge=1, description="Rows per batch on each worker.")
     shuffle: ShuffleSpec | None = Field(
         default_factory=ShuffleSpec, description="Shuffle the train set each epoch; null: off."
+    )
+    preprocess: str | None = Field(
+        default=None,
+        pattern=_IMPORT_PATH,
+        description="`module:function(batch) -> batch` over dicts of numpy arrays, run as a Ray "
+        "Data `map_batches` step on CPU workers while the training actors train.",
+    )
+    cache: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="Keep a split in the object store across epochs (`always`), stream it "
+        "from storage every epoch (`never`), or `auto`: cache what fits the object-store "
+        "budget unless it is images or preprocessed, which stream.",
     )
     prepare: str | None = Field(
         default=None,
@@ -150,6 +179,83 @@ class TrackingSpec(_Section):
     mlflow: MlflowSpec = Field(default_factory=MlflowSpec, description="MLflow tracking.")
 
 
+class _EndpointSection(_Section):
+    """A store's options; its ``endpoint_url`` is checked to be a URL without credentials."""
+
+    @field_validator("endpoint_url", check_fields=False)
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        return _check_endpoint(value)
+
+
+class S3Options(_EndpointSection):
+    endpoint_url: str | None = Field(
+        default=None,
+        description="An S3-compatible endpoint (MinIO, Ceph, a test server), e.g. "
+        "`http://127.0.0.1:9000`; default: `AWS_ENDPOINT_URL_S3`/`AWS_ENDPOINT_URL`, else AWS.",
+    )
+    region: str | None = Field(
+        default=None,
+        description="The buckets' region; default: `AWS_REGION`/`AWS_DEFAULT_REGION`, else "
+        "looked up from the bucket.",
+    )
+
+
+class GcsOptions(_EndpointSection):
+    endpoint_url: str | None = Field(
+        default=None,
+        description="A GCS-compatible endpoint (an emulator), e.g. `http://127.0.0.1:4443`; "
+        "default: `STORAGE_EMULATOR_HOST`, else Google Cloud Storage.",
+    )
+    project_id: str | None = Field(default=None, description="Project that new buckets go to.")
+
+
+class AzureOptions(_EndpointSection):
+    account_name: str | None = Field(
+        default=None,
+        description="The storage account; default: the URI's `container@account...` part, "
+        "else `AZURE_STORAGE_ACCOUNT_NAME`.",
+    )
+    endpoint_url: str | None = Field(
+        default=None,
+        description="A Blob endpoint other than Azure's (Azurite), e.g. `http://127.0.0.1:10000`;"
+        " default: from `AZURE_STORAGE_CONNECTION_STRING`, else Azure.",
+    )
+
+
+def _check_endpoint(value: str | None) -> str | None:
+    """An endpoint is ``http(s)://host[:port]``, and never carries credentials."""
+    if value is None:
+        return value
+    from urllib.parse import urlparse
+
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"expected http(s)://host[:port], got {value!r}")
+    if parsed.username or parsed.password:
+        raise ValueError(
+            "credentials do not belong in the spec: give them through the provider's "
+            "standard chain (environment, profile, instance role)"
+        )
+    return value.rstrip("/")
+
+
+class StorageSpec(_Section):
+    """Where object stores are and how requests to them are retried. Credentials are never
+    part of a spec: they come from each provider's standard chain."""
+
+    s3: S3Options = Field(default_factory=S3Options, description="S3 and S3-compatible stores.")
+    gcs: GcsOptions = Field(default_factory=GcsOptions, description="Google Cloud Storage.")
+    azure: AzureOptions = Field(default_factory=AzureOptions, description="Azure Blob Storage.")
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=20,
+        description="Attempts per request: transient faults (connection errors, 5xx, "
+        "throttling) are retried with exponential backoff; 403/404 are not.",
+    )
+
+
 class JobSpec(_Section):
     """One training job. ``name`` plus ``checkpoint.storage`` identify the run."""
 
@@ -166,6 +272,7 @@ class JobSpec(_Section):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure: FailureSpec = Field(default_factory=FailureSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    storage: StorageSpec = Field(default_factory=StorageSpec)
 
     def flat(self) -> dict[str, Any]:
         """The spec as ``{"a.b.c": value}``, e.g. for MLflow params."""
@@ -187,6 +294,7 @@ RESUMABLE_FIELDS = (
     "failure.",
     "tracking.",
     "checkpoint.keep",
+    "storage.",
 )
 
 

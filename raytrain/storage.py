@@ -3,18 +3,47 @@
 Everything that reads or writes a user-given location goes through here, so no other module
 branches on the URI scheme. Local paths are made absolute at the driver, because Ray workers
 may run with another working directory.
+
+- ``s3://bucket/key``: pyarrow's native S3 filesystem (the AWS C++ SDK; chosen over s3fs by
+  measurement, see ARCHITECTURE.md). The endpoint comes from ``storage.s3.endpoint_url`` or
+  the standard ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``; the region from
+  ``storage.s3.region``, ``AWS_REGION``/``AWS_DEFAULT_REGION``, or the bucket itself.
+- ``gs://bucket/key``: pyarrow's GCS filesystem; an emulator from ``storage.gcs.endpoint_url``
+  or ``STORAGE_EMULATOR_HOST``.
+- ``abfs://container/path`` or ``abfs://container@account.dfs.core.windows.net/path``
+  (also ``abfss://``, ``az://``): pyarrow's Azure filesystem; the account from the URI,
+  ``storage.azure.account_name`` or ``AZURE_STORAGE_ACCOUNT_NAME``; a non-Azure endpoint
+  (Azurite) from ``storage.azure.endpoint_url`` or ``AZURE_STORAGE_CONNECTION_STRING``.
+
+Credentials come only from each provider's standard chain (environment, profiles, instance
+roles, web identity); none is ever taken from a spec, and a filesystem built from a chain
+pickles without them (Ray ships filesystems to its workers by pickling). Requests that meet a
+transient fault (connection reset, 5xx, throttling) are retried with exponential backoff,
+``storage.max_attempts`` times; permanent ones (403, 404) fail at once.
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
 import os
 import posixpath
 import uuid
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
 from raytrain.errors import StorageError
+
+if TYPE_CHECKING:
+    from raytrain.spec import StorageSpec
+
+S3_SCHEMES = ("s3", "s3a")
+GCS_SCHEMES = ("gs", "gcs")
+AZURE_SCHEMES = ("abfs", "abfss", "az")
+# A connection that cannot be made in this time counts as a failed attempt.
+CONNECT_TIMEOUT_S = 5.0
 
 
 def is_uri(location: str) -> bool:
@@ -32,15 +61,157 @@ def resolve(location: str) -> str:
     return os.path.abspath(os.path.expanduser(location))
 
 
-def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(location: str, options: StorageSpec | None = None) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem holding ``location`` and the path within it."""
     location = resolve(location)
     if not is_uri(location):
         return pafs.LocalFileSystem(), location
+    parsed = urlparse(location)
+    scheme, key = parsed.scheme.lower(), parsed.path.lstrip("/")
+    opts = _options_key(options)
     try:
-        return pafs.FileSystem.from_uri(location)
+        if scheme in S3_SCHEMES:
+            fs, root = _s3(parsed.netloc, opts, _env(_S3_ENV)), parsed.netloc
+        elif scheme in GCS_SCHEMES:
+            fs, root = _gcs(opts, _env(_GCS_ENV)), parsed.netloc
+        elif scheme in AZURE_SCHEMES:
+            container, _, host = parsed.netloc.partition("@")
+            fs, root = _azure(host, opts, _env(_AZURE_ENV)), container
+        else:
+            return pafs.FileSystem.from_uri(location)
+    except StorageError:
+        raise
     except Exception as exc:
-        raise StorageError(f"{location}: cannot open this storage ({exc})") from None
+        raise StorageError(f"{location}: cannot open this storage: {describe(exc)}") from None
+    return fs, posixpath.join(root, key) if key else root
+
+
+def _options_key(options: StorageSpec | None) -> tuple:
+    """The options as a hashable key, so one filesystem per store is built and reused."""
+    if options is None:
+        from raytrain.spec import StorageSpec
+
+        options = StorageSpec()
+    s3, gcs, az = options.s3, options.gcs, options.azure
+    return (
+        options.max_attempts,
+        s3.endpoint_url,
+        s3.region,
+        gcs.endpoint_url,
+        gcs.project_id,
+        az.account_name,
+        az.endpoint_url,
+    )
+
+
+_S3_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+_GCS_ENV = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS")
+_AZURE_ENV = (
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_CONNECTION_STRING",
+)
+
+
+def _env(names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The standard variables a store reads, part of the cache key (tests change them)."""
+    return tuple(os.environ.get(name) or None for name in names)
+
+
+@functools.lru_cache(maxsize=32)
+def _s3(bucket: str, opts: tuple, env: tuple) -> pafs.FileSystem:
+    attempts, endpoint, region = opts[0], opts[1], opts[2]
+    env_endpoint = env[0] or env[1]
+    endpoint = endpoint or env_endpoint
+    region = region or env[2] or env[3]
+    if region is None and endpoint is None:
+        region = pafs.resolve_s3_region(bucket)  # a missing bucket fails here, clearly
+    return pafs.S3FileSystem(
+        region=region or "us-east-1",
+        endpoint_override=endpoint,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _gcs(opts: tuple, env: tuple) -> pafs.FileSystem:
+    attempts, endpoint, project = opts[0], opts[3], opts[4]
+    emulator, credentials = env
+    endpoint = endpoint or emulator
+    kwargs: dict = {
+        "retry_time_limit": datetime.timedelta(seconds=max(1, attempts) * CONNECT_TIMEOUT_S),
+        "project_id": project,
+    }
+    if endpoint:
+        parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme)
+        # An emulator takes no credentials; a private endpoint uses the standard chain.
+        kwargs["anonymous"] = credentials is None
+    return pafs.GcsFileSystem(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+@functools.lru_cache(maxsize=8)
+def _azure(host: str, opts: tuple, env: tuple) -> pafs.FileSystem:
+    account, endpoint = opts[5], opts[6]
+    env_account, env_key, env_key2, connection = env
+    conn = _connection_string(connection)
+    uri_account = host.split(".", 1)[0] if host.endswith(".core.windows.net") else None
+    account = uri_account or account or env_account or conn.get("AccountName")
+    if not account:
+        raise StorageError(
+            "abfs:// needs a storage account: abfs://container@ACCOUNT.dfs.core.windows.net/"
+            "path, storage.azure.account_name, or AZURE_STORAGE_ACCOUNT_NAME"
+        )
+    key = env_key or env_key2 or conn.get("AccountKey")
+    kwargs: dict = {"account_name": account, "account_key": key}
+    endpoint = endpoint or conn.get("BlobEndpoint")
+    if endpoint:
+        parsed = urlparse(endpoint)
+        for service in ("blob", "dfs"):
+            kwargs[f"{service}_storage_authority"] = parsed.netloc
+            kwargs[f"{service}_storage_scheme"] = parsed.scheme
+    return pafs.AzureFileSystem(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _connection_string(text: str | None) -> dict[str, str]:
+    """``AZURE_STORAGE_CONNECTION_STRING`` (``Key=Value;...``) as a mapping."""
+    pairs = (item.partition("=") for item in (text or "").split(";") if "=" in item)
+    return {key.strip(): value.strip() for key, _, value in pairs}
+
+
+# What the stores' error texts mean, for messages that say the cause: (markers, cause).
+_CAUSES = (
+    (("INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "InvalidAccessKeyId",
+      "SignatureDoesNotMatch", "AuthenticationFailed", "InvalidToken", "EXPIRED_TOKEN",
+      "ExpiredToken", "Unauthorized", "401"), "the credentials were rejected"),
+    (("ACCESS_DENIED", "AccessDenied", "AuthorizationPermissionMismatch",
+      "AuthorizationFailure", "Forbidden", "403"), "access denied (no permission)"),
+    (("NETWORK_CONNECTION", "Could not connect", "Couldn't connect", "Connection refused",
+      "curlCode: 7", "curlCode: 28", "timed out", "Timeout", "Could not resolve",
+      "Failed to connect"), "the endpoint cannot be reached"),
+    (("NO_SUCH_BUCKET", "NoSuchBucket", "ContainerNotFound", "bucket does not exist"),
+     "the bucket does not exist"),
+)  # fmt: skip
+
+
+def cause(exc: BaseException) -> str | None:
+    """What a storage error means (missing bucket, rejected credentials ...), if known."""
+    text = str(exc)
+    for markers, meaning in _CAUSES:
+        if any(marker in text for marker in markers):
+            return meaning
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """A storage error as one line: its cause, if known, and the store's own words."""
+    detail = " ".join(str(exc).split())
+    if len(detail) > 300:
+        detail = detail[:300] + "..."
+    meaning = cause(exc)
+    return f"{meaning} ({detail})" if meaning else detail
 
 
 def join(location: str, *parts: str) -> str:
@@ -50,41 +221,88 @@ def join(location: str, *parts: str) -> str:
     return os.path.join(location, *parts)
 
 
-def exists(location: str) -> bool:
+def exists(location: str, options: StorageSpec | None = None) -> bool:
     """Whether a file or folder exists at ``location``."""
-    fs, path = filesystem(location)
+    fs, path = filesystem(location, options)
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
-def read_text(location: str) -> str | None:
+def list_dir(location: str, options: StorageSpec | None = None) -> list[pafs.FileInfo]:
+    """What the folder at ``location`` holds directly; empty when it does not exist."""
+    fs, path = filesystem(location, options)
+    return fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+
+
+def read_text(location: str, options: StorageSpec | None = None) -> str | None:
     """The text of the file at ``location``, or None when there is none."""
-    fs, path = filesystem(location)
+    fs, path = filesystem(location, options)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return None
     with fs.open_input_stream(path) as stream:
         return stream.read().decode("utf-8")
 
 
-def write_text(location: str, text: str) -> None:
+def write_text(location: str, text: str, options: StorageSpec | None = None) -> None:
     """Write ``text`` to ``location`` so readers see the old file or the new one, never half.
 
     Locally the file is written beside its target and renamed over it; object stores commit a
     single PUT atomically already.
     """
-    fs, path = filesystem(location)
-    fs.create_dir(posixpath.dirname(path) if is_uri(location) else os.path.dirname(path))
+    fs, path = filesystem(location, options)
     if is_uri(location):
         with fs.open_output_stream(path) as stream:
             stream.write(text.encode("utf-8"))
         return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)
 
 
-def delete_dir(location: str) -> None:
+def delete_dir(location: str, options: StorageSpec | None = None) -> None:
     """Remove the folder at ``location`` and all it holds, if it exists."""
-    fs, path = filesystem(location)
+    fs, path = filesystem(location, options)
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
         fs.delete_dir(path)
+
+
+def delete_file(location: str, options: StorageSpec | None = None) -> None:
+    """Remove the file at ``location``."""
+    fs, path = filesystem(location, options)
+    fs.delete_file(path)
+
+
+def missing_bucket(location: str, options: StorageSpec | None = None) -> str | None:
+    """The name of ``location``'s bucket (container) if it does not exist, else None."""
+    if not is_uri(location):
+        return None
+    fs, path = filesystem(location, options)
+    bucket = path.split("/", 1)[0]
+    return bucket if fs.get_file_info(bucket).type == pafs.FileType.NotFound else None
+
+
+def check_writable(location: str, options: StorageSpec | None = None) -> str | None:
+    """Why ``location`` cannot hold a run (write and delete a small probe file), or None.
+
+    The cause names what is wrong: a missing bucket, rejected credentials, no permission, an
+    endpoint that cannot be reached.
+    """
+    probe = join(location, f".raytrain-probe-{uuid.uuid4().hex}")
+    try:
+        # A listing tells rejected credentials from a missing key (a HEAD cannot).
+        list_dir(location, options)
+        bucket = missing_bucket(location, options)
+        if bucket:
+            return f"the bucket {bucket!r} does not exist"
+    except Exception as exc:
+        return f"cannot list it: {describe(exc)}"
+    try:
+        write_text(probe, "probe", options)
+    except Exception as exc:
+        return f"cannot write: {describe(exc)}"
+    try:
+        delete_file(probe, options)
+    except Exception as exc:
+        return f"cannot delete (needed to drop old checkpoints): {describe(exc)}"
+    return None
