@@ -31,8 +31,33 @@ def restore_path(checkpoint_dir: str) -> str:
     return path
 
 
-# Ray Train's record of a run's committed checkpoints, beside them in the run's folder.
+# Ray Train's record of a run's committed checkpoints, beside them in the run's folder, and
+# how it names a checkpoint's folder.
 _RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
+CHECKPOINT_PREFIX = "checkpoint_"
+
+
+def _snapshot(run_dir: str, options: StorageSpec | None) -> dict[str, Any]:
+    text = storage.read_text(storage.join(run_dir, _RAY_SNAPSHOT), options)
+    return json.loads(text) if text else {}
+
+
+def uncommitted(run_dir: str, options: StorageSpec | None = None) -> list[str]:
+    """The checkpoint folders in ``run_dir`` that Ray Train never committed: uploads that were
+    interrupted (a killed driver or worker, a store that stopped answering). They may be
+    partial; nothing resumes from them."""
+    import pyarrow.fs as pafs
+
+    snapshot = _snapshot(run_dir, options)
+    results = [*snapshot.get("checkpoint_results", []), snapshot.get("latest_checkpoint_result")]
+    committed = {r["checkpoint_dir_name"] for r in results if r}
+    return [
+        storage.join(run_dir, entry.base_name)
+        for entry in storage.list_dir(run_dir, options)
+        if entry.type == pafs.FileType.Directory
+        and entry.base_name.startswith(CHECKPOINT_PREFIX)
+        and entry.base_name not in committed
+    ]
 
 
 def latest_committed(
@@ -43,10 +68,7 @@ def latest_committed(
     Ray writes its snapshot only after a checkpoint's upload completed, so a checkpoint
     named here is whole.
     """
-    text = storage.read_text(storage.join(run_dir, _RAY_SNAPSHOT), options)
-    if not text:
-        return None
-    latest = json.loads(text).get("latest_checkpoint_result")
+    latest = _snapshot(run_dir, options).get("latest_checkpoint_result")
     if not latest:
         return None
     return storage.join(run_dir, latest["checkpoint_dir_name"]), dict(latest.get("metrics", {}))

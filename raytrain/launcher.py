@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from raytrain import preflight, ray_runtime, runstate, source_check, storage
 from raytrain.background import Background
-from raytrain.checkpoint import SCORE_KEY, latest_committed
+from raytrain.checkpoint import SCORE_KEY, latest_committed, uncommitted
 from raytrain.errors import TrainingFailed
 from raytrain.run_record import RunRecord
 from raytrain.spec import JobSpec, load_spec
@@ -101,8 +101,17 @@ def _open_run(
     return state
 
 
+def _drop_uncommitted(spec: JobSpec) -> None:
+    """Delete checkpoint folders whose upload never completed (see ``uncommitted``)."""
+    for uri in uncommitted(runstate.run_dir(spec), spec.storage):
+        storage.delete_dir(uri, spec.storage)
+        print(f"raytrain: removed {uri}: its upload never completed", file=sys.stderr)
+
+
 def _resume_point(spec: JobSpec) -> str | None:
-    """Say which checkpoint the run resumes from, if any; returns its URI."""
+    """Say which checkpoint the run resumes from, if any; returns its URI. Uploads that
+    never completed are removed first: a run resumes only from a committed checkpoint."""
+    _drop_uncommitted(spec)
     latest = latest_committed(runstate.run_dir(spec), spec.storage)
     if latest is None:
         return None
@@ -175,6 +184,7 @@ def fit(
         ray_handle.shutdown()
         mark("ray_stopped")
 
+    _drop_uncommitted(job)  # left by attempts that failed during this run
     metrics = _final_metrics(result, last, job)
     best = _best_checkpoint(job, result)
     record.finish("FINISHED", best=best or "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,3 +16,36 @@ def ray_cluster() -> Iterator[None]:
     handle = start_local(2 + DATA_CPUS)
     yield
     handle.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real S3 API server (moto_server) on a free loopback port, for the session."""
+    from tests.integration.s3_server import moto_server
+
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
+        yield endpoint
+
+
+# Files per split in the S3 copy of the digits: a dataset of many files under a prefix.
+S3_DIGITS_FILES = 24
+
+
+@pytest.fixture(scope="session")
+def s3_digits(s3_endpoint: str, digits_dir: Path) -> str:
+    """The digits splits on the S3 server, each as a prefix of many Parquet files; returns
+    the bucket's URI (``s3://raytrain-test``) with ``digits/train`` and ``digits/val``."""
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+
+    from tests.integration.s3_server import s3_client, s3_filesystem
+
+    s3_client(s3_endpoint).create_bucket(Bucket="raytrain-test")
+    fs = s3_filesystem(s3_endpoint)
+    for split in ("train", "val"):
+        table = pq.read_table(digits_dir / split)
+        rows = -(-table.num_rows // S3_DIGITS_FILES)
+        where = f"raytrain-test/digits/{split}"
+        pads.write_dataset(table, where, filesystem=fs, format="parquet",
+                           max_rows_per_file=rows, max_rows_per_group=rows)  # fmt: skip
+    return "s3://raytrain-test"

@@ -1,8 +1,9 @@
 """The digits job with its data and checkpoints on a real S3 API server, then resumed there.
 
-The runs are fresh CLI processes with the server in ``AWS_ENDPOINT_URL`` (the standard
-variable, read by pyarrow and by Ray Train), so each embedded Ray's processes inherit it, as
-a cluster's nodes would have their credentials.
+The runs are fresh CLI processes, as a user's would be: the endpoint comes from the spec
+(``storage.s3.endpoint_url``) or the standard ``AWS_ENDPOINT_URL``, credentials only from
+the environment (the standard chain), and each embedded Ray's processes inherit them, as a
+cluster's nodes would have theirs.
 """
 
 from __future__ import annotations
@@ -16,47 +17,100 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from tests.integration.s3_server import S3_ENV, moto_server
+from tests.integration.conftest import S3_DIGITS_FILES
+from tests.integration.s3_server import S3_ENV, s3_filesystem
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+# A secret no output of a run may contain: not the spec, a log, a checkpoint, MLflow.
+SECRET = "raytrain-test-secret-4f1d9a"
 
 
-def _run(env: dict[str, str], cwd: Path, *overrides: str) -> tuple[dict, str]:
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a CLI run against the test server: its credentials, no cluster."""
+    env = {**os.environ, **S3_ENV, "PYTHONPATH": str(ROOT), **extra}
+    env.pop("RAY_ADDRESS", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def run_cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 600) -> tuple:
+    """``raytrain run jobs/digits.yaml ARGS --json``: (exit code, parsed result, stderr)."""
     cmd = [sys.executable, "-m", "raytrain.cli", "run", str(ROOT / "jobs" / "digits.yaml"),
-           "--json", "data.prepare=null", "data.train.uri=s3://raytrain-test/digits/train",
-           "data.val.uri=s3://raytrain-test/digits/val", "checkpoint.storage=s3://raytrain-test/runs",
-           *overrides]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+           "--json", "data.prepare=null", *args]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    return proc.returncode, result, proc.stdout + proc.stderr
 
 
-def test_digits_on_s3_trains_and_resumes_from_s3(
-    digits_dir: Path, tmp_path: Path, clean_env: None
+def digits_on_s3(bucket: str, runs: str) -> list[str]:
+    return [f"data.train.uri={bucket}/digits/train", f"data.val.uri={bucket}/digits/val",
+            f"checkpoint.storage={bucket}/{runs}"]  # fmt: skip
+
+
+def checkpoint_dirs(fs: pafs.FileSystem, run_dir: str) -> list[str]:
+    infos = fs.get_file_info(pafs.FileSelector(run_dir.removeprefix("s3://")))
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory
+                  and i.base_name.startswith("checkpoint_"))  # fmt: skip
+
+
+def test_digits_on_s3_trains_resumes_and_keeps_no_secret(
+    s3_endpoint: str, s3_digits: str, tmp_path: Path
 ) -> None:
-    with moto_server(tmp_path / "moto.log") as endpoint:
-        env = {**os.environ, **S3_ENV, "AWS_ENDPOINT_URL": endpoint,
-               "PYTHONPATH": str(ROOT)}  # fmt: skip
-        env.pop("RAY_ADDRESS", None)
-        fs = pafs.S3FileSystem(
-            endpoint_override=endpoint, access_key="testing", secret_key="testing",
-            region="us-east-1", allow_bucket_creation=True,
-        )  # fmt: skip
-        fs.create_dir("raytrain-test")
-        local = pafs.LocalFileSystem()
-        pafs.copy_files(str(digits_dir), "raytrain-test/digits", local, fs)
+    fs = s3_filesystem(s3_endpoint)
+    assert len(fs.get_file_info(pafs.FileSelector("raytrain-test/digits/train"))) == S3_DIGITS_FILES
+    env = cli_env(AWS_SECRET_ACCESS_KEY=SECRET)  # the plain server takes any key
+    args = [*digits_on_s3(s3_digits, "runs"), f"storage.s3.endpoint_url={s3_endpoint}"]
 
-        first, _ = _run(env, tmp_path)
-        assert first["metrics"]["val_acc"] >= 0.95
-        assert first["best_checkpoint_uri"].startswith("s3://raytrain-test/runs/digits-cnn/")
-        ckpt = first["latest_checkpoint_uri"].removeprefix("s3://")
-        names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(ckpt))}
-        assert {"checkpoint.ckpt", "raytrain.json"} <= names  # the checkpoint is on S3
-        assert not (tmp_path / "runs").exists()  # and nothing of it local
+    code, first, out1 = run_cli(env, tmp_path, *args)
+    assert code == 0, out1[-3000:]
+    assert first["metrics"]["val_acc"] >= 0.95
+    assert first["run_dir"] == f"{s3_digits}/runs/digits-cnn"
+    ckpt = first["latest_checkpoint_uri"].removeprefix("s3://")
+    names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(ckpt))}
+    assert {"checkpoint.ckpt", "raytrain.json"} <= names  # the checkpoint is on S3
+    assert not (tmp_path / "runs").exists()  # and nothing of it local
+    # Retention (checkpoint.keep: 3) deleted the remote copies of the 7 older epochs.
+    kept = checkpoint_dirs(fs, first["run_dir"])
+    assert len(kept) == 3
+    assert [c.rsplit("/", 1)[-1] for c in first["checkpoints"]] != [] and all(
+        c.rsplit("/", 1)[-1] in kept for c in first["checkpoints"]
+    )
 
-        second, stderr = _run(env, tmp_path, "trainer.max_epochs=11")
-        assert f"resuming digits-cnn from {first['latest_checkpoint_uri']}" in stderr
-        assert second["metrics"]["step"] == first["metrics"]["step"] + 23  # one more epoch
-        assert second["mlflow_run_id"] == first["mlflow_run_id"]
+    # The same run name resumes from S3: the endpoint now from the standard variable.
+    env2 = cli_env(AWS_SECRET_ACCESS_KEY=SECRET, AWS_ENDPOINT_URL=s3_endpoint)
+    code, second, out2 = run_cli(env2, tmp_path, *digits_on_s3(s3_digits, "runs"),
+                                 "trainer.max_epochs=11")  # fmt: skip
+    assert code == 0, out2[-3000:]
+    assert f"resuming digits-cnn from {first['latest_checkpoint_uri']}" in out2
+    assert second["metrics"]["step"] == first["metrics"]["step"] + 23  # one more epoch
+    assert second["mlflow_run_id"] == first["mlflow_run_id"]
+
+    # The secret is in no output: the run's objects on S3, MLflow's store, the logs.
+    assert SECRET not in out1 + out2
+    for info in fs.get_file_info(pafs.FileSelector("raytrain-test/runs", recursive=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as stream:
+                assert SECRET.encode() not in stream.read(), info.path
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_many_file_prefix_streams_with_projection(
+    s3_endpoint: str, s3_digits: str, tmp_path: Path
+) -> None:
+    """``data.cache: never``: Ray Data streams the 24-file prefix, each worker its shard."""
+    fs = s3_filesystem(s3_endpoint)
+    code, result, out = run_cli(
+        cli_env(), tmp_path, *digits_on_s3(s3_digits, "streamed"), "data.cache=never",
+        f"storage.s3.endpoint_url={s3_endpoint}", "trainer.max_epochs=3",
+    )  # fmt: skip
+    assert code == 0, out[-3000:]
+    assert result["data_paths"] == {"train": "streamed", "val": "streamed"}
+    assert result["metrics"]["val_acc"] >= 0.8
+    # An equal streaming split of 1438 rows over 2 workers, 32 a batch: 23 steps an epoch.
+    assert result["metrics"]["step"] == 3 * 23
+    assert len(checkpoint_dirs(fs, result["run_dir"])) == 3
