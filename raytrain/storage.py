@@ -181,13 +181,14 @@ def _connection_string(text: str | None) -> dict[str, str]:
     return {key.strip(): value.strip() for key, _, value in pairs}
 
 
+_DENIED = "access denied (no permission)"
 # What the stores' error texts mean, for messages that say the cause: (markers, cause).
 _CAUSES = (
     (("INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "InvalidAccessKeyId",
       "SignatureDoesNotMatch", "AuthenticationFailed", "InvalidToken", "EXPIRED_TOKEN",
       "ExpiredToken", "Unauthorized", "401"), "the credentials were rejected"),
     (("ACCESS_DENIED", "AccessDenied", "AuthorizationPermissionMismatch",
-      "AuthorizationFailure", "Forbidden", "403"), "access denied (no permission)"),
+      "AuthorizationFailure", "Forbidden", "403"), _DENIED),
     (("NETWORK_CONNECTION", "Could not connect", "Couldn't connect", "Connection refused",
       "curlCode: 7", "curlCode: 28", "timed out", "Timeout", "Could not resolve",
       "Failed to connect"), "the endpoint cannot be reached"),
@@ -279,7 +280,13 @@ def missing_bucket(location: str, options: StorageSpec | None = None) -> str | N
         return None
     fs, path = filesystem(location, options)
     bucket = path.split("/", 1)[0]
-    return bucket if fs.get_file_info(bucket).type == pafs.FileType.NotFound else None
+    try:
+        found = fs.get_file_info(bucket).type != pafs.FileType.NotFound
+    except OSError as exc:
+        if cause(exc) != _DENIED:
+            raise
+        found = True  # a user may be allowed into a bucket without HeadBucket
+    return None if found else bucket
 
 
 def check_writable(location: str, options: StorageSpec | None = None) -> str | None:
@@ -291,8 +298,7 @@ def check_writable(location: str, options: StorageSpec | None = None) -> str | N
     probe = join(location, f".raytrain-probe-{uuid.uuid4().hex}")
     try:
         # A listing tells rejected credentials from a missing key (a HEAD cannot).
-        list_dir(location, options)
-        bucket = missing_bucket(location, options)
+        bucket = not list_dir(location, options) and missing_bucket(location, options)
         if bucket:
             return f"the bucket {bucket!r} does not exist"
     except Exception as exc:

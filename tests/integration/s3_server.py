@@ -24,7 +24,7 @@ S3_ENV = {
 }
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -33,7 +33,7 @@ def _free_port() -> int:
 @contextmanager
 def moto_server(log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """Start ``moto_server`` on a free loopback port; yields its endpoint URL."""
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).with_name("moto_server")
     with open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen(
