@@ -59,3 +59,13 @@ class WideLinear(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def images_to_pixels(batch: dict) -> dict:
+    """A ``data.preprocess`` step: decoded 8x8 grey ``image`` arrays (0..255) become the
+    digits model's ``pixels`` (64 values, 0..16); ``label`` passes through."""
+    import numpy as np
+
+    images = np.asarray(batch.pop("image"), dtype=np.float32)
+    batch["pixels"] = images.reshape(len(images), 64) * (16.0 / 255.0)
+    return batch
