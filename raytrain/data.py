@@ -302,17 +302,21 @@ class ShardBatches:
         self.epoch = 0
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        from ray.data.util.torch_utils import arrow_batch_to_tensors
+
         kwargs: dict[str, Any] = {}
         if self._seed is not None:
             kwargs = {
                 "local_shuffle_buffer_size": self._buffer,
                 "local_shuffle_seed": _epoch_seed(self._seed, self.epoch, self._rank),
             }
-        return iter(
-            self._shard.iter_torch_batches(
-                batch_size=self._batch_size, device="cpu", prefetch_batches=2, **kwargs
-            )
-        )
+        # Arrow batches, made tensors here as the cached path does: Ray Data's numpy
+        # format turns list columns (a feature vector per row) into object arrays, which
+        # cost a Python loop per row to become a tensor.
+        for batch in self._shard.iter_batches(
+            batch_size=self._batch_size, batch_format="pyarrow", prefetch_batches=2, **kwargs
+        ):
+            yield arrow_batch_to_tensors(batch, combine_chunks=True)
 
 
 def worker_loaders(

@@ -178,9 +178,7 @@ def check_storage(spec: JobSpec) -> list[str]:
     return [f"checkpoint.storage: {location}: {why}"] if why else []
 
 
-def check_data(
-    spec: JobSpec, *, allow_prepare: bool = False, only: str | None = None
-) -> list[str]:
+def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None = None) -> list[str]:
     """Each dataset (or the ``only`` one: ``train``/``val``) exists, holds files of its
     format, and has the columns the spec projects.
 
@@ -188,6 +186,7 @@ def check_data(
     """
     problems = []
     options = spec.storage
+
     # data.prepare runs when the train set is missing, and writes the val set too
     def will_prepare() -> bool:
         train = storage.resolve(spec.data.train.uri)

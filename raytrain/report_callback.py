@@ -48,6 +48,7 @@ class ReportCallback(pl.Callback):
         log_every_n_steps: int,
         monitor: str | None = None,
         mode: str = "min",
+        upload: str = "async",
         publish: Callable[[dict[str, Any]], None] | None = None,
         startup: dict[str, float] | None = None,
     ):
@@ -60,7 +61,11 @@ class ReportCallback(pl.Callback):
         self.log_every_n_steps = log_every_n_steps
         self.monitor = monitor
         self.mode = mode
+        self.upload = upload
         self.publish = publish
+        # How long the last checkpoint held training up (saving, and a sync upload); sent
+        # with the next metrics as ``checkpoint_blocked_s``.
+        self._blocked_s: float | None = None
         self._last_ckpt_step: int | None = None
         self._last_step = -1
         self._last_report_step = -1
@@ -147,6 +152,9 @@ class ReportCallback(pl.Callback):
             # first seen carries the worst score, so it never displaces a scored one.
             worst = -math.inf if self.mode == "max" else math.inf
             metrics[SCORE_KEY] = worst if self._score is None else self._score
+        if self._blocked_s is not None:
+            metrics["checkpoint_blocked_s"] = self._blocked_s
+            self._blocked_s = None
         if self._startup is not None and "_first_step_at" in self._startup:
             metrics.update(self._startup)  # wall clock times, once: the startup breakdown
             self._startup = None
@@ -167,6 +175,7 @@ class ReportCallback(pl.Callback):
 
         metrics = self._metrics(trainer, kind)
         self._publish(metrics)
+        began = time.perf_counter()
         tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
         # A collective: every rank calls it; rank 0 writes the file under DDP.
         trainer.save_checkpoint(os.path.join(tmp, CKPT_FILE))
@@ -177,17 +186,19 @@ class ReportCallback(pl.Callback):
             ckpt = ray.train.Checkpoint.from_directory(tmp)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-        # Uploaded in the background: training goes on while Ray copies the folder and
-        # waits for the controller to take the report; Ray commits the checkpoint (and
-        # deletes the local copy) only once the upload is complete, and waits for pending
-        # uploads before the run ends.
+        # async: uploaded in the background, training goes on while Ray copies the folder
+        # and waits for the controller to take the report. Either way Ray commits the
+        # checkpoint (and deletes the local copy) only once the upload is complete, and
+        # waits for pending uploads before the run ends.
+        mode = ray.train.CheckpointUploadMode
         ray.train.report(
             metrics,
             checkpoint=ckpt,
-            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+            checkpoint_upload_mode=mode.ASYNC if self.upload == "async" else mode.SYNC,
             delete_local_checkpoint_after_upload=ckpt is not None,
         )
         self._last_ckpt_step = trainer.global_step
+        self._blocked_s = time.perf_counter() - began
 
 
 def _batch_rows(batch: Any) -> int:

@@ -158,6 +158,11 @@ class CheckpointSpec(_Section):
     keep: int | None = Field(default=3, ge=1, description="Checkpoints kept; null: all.")
     monitor: str | None = Field(default=None, description="Metric ranking checkpoints to keep.")
     mode: Literal["min", "max"] = Field(default="min", description="Best `monitor` is min/max.")
+    upload: Literal["async", "sync"] = Field(
+        default="async",
+        description="`async`: training goes on while a checkpoint uploads (Ray commits it once "
+        "complete); `sync`: training waits for each upload.",
+    )
 
 
 class FailureSpec(_Section):
@@ -294,6 +299,7 @@ RESUMABLE_FIELDS = (
     "failure.",
     "tracking.",
     "checkpoint.keep",
+    "checkpoint.upload",
     "storage.",
 )
 

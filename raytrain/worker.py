@@ -112,6 +112,7 @@ def train_loop(config: dict[str, Any]) -> None:
         log_every_n_steps=spec.trainer.log_every_n_steps,
         monitor=ckpt.monitor,
         mode=ckpt.mode,
+        upload=ckpt.upload,
         publish=(lambda event: sink.put.remote(event)) if sink is not None else None,
         startup={
             "_worker_started_at": _process_started_at(entered),

@@ -1,0 +1,241 @@
+"""Object storage throughput: raytrain's data ingest and checkpoint upload beside raw pyarrow.
+
+Against a real S3 API server on loopback (``moto_server``, as the integration tests use),
+in one run:
+
+- ingest: a Parquet dataset of ``--ingest-mb`` MB (32 files; a 128-float feature column
+  and a label) read through raytrain's streamed path: ``data.read_source`` (Ray Data's
+  Parquet reader with the column projection), ``streaming_split`` into 2 shards, each
+  consumed by its own thread as torch batches (what 2 training workers do). Beside it a raw
+  ``pyarrow.dataset`` read of the same files into numpy. Rows/s, MB/s of file bytes, ratio.
+- checkpoint upload: a folder holding one ``--ckpt-mb`` MB file (a checkpoint), uploaded the
+  way raytrain's checkpoints are (Ray Train's copy into the run's storage, with the
+  filesystem raytrain builds) beside a plain ``pyarrow.fs.copy_files`` of the same folder to
+  the same server. MB/s and ratio.
+- training blocked per checkpoint: two real 2-worker runs of a model whose checkpoint is
+  ``--ckpt-mb`` MB, checkpoint storage on the server, with ``checkpoint.upload: sync`` and
+  ``async``; the seconds each checkpoint held training up (``checkpoint_blocked_s``, which
+  raytrain reports), median over the run's checkpoints.
+
+Figures are medians over ``--reps``; the sides take turns within each repetition. The server
+runs on the same 2 cores as the client, so these compare the work each path does per byte,
+not a network.
+
+    python -m bench.storage [--reps 3] [--ingest-mb 512] [--ckpt-mb 200] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.s3_server import S3_ENV, moto_server, s3_client  # noqa: E402
+
+BUCKET = "raytrain-bench"
+FEATURES = 128
+FILES = 32
+BATCH = 1024
+
+
+def _filesystem(endpoint: str):
+    from raytrain import storage
+    from raytrain.spec import StorageSpec
+
+    options = StorageSpec(s3={"endpoint_url": endpoint, "region": "us-east-1"})
+    return storage.filesystem(f"s3://{BUCKET}", options)[0], options
+
+
+def write_ingest_data(fs, mb: int) -> tuple[str, int, int]:
+    """``mb`` MB of Parquet in ``FILES`` files under ``s3://BUCKET/ingest``."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+    import pyarrow.fs as pafs
+
+    rows = mb * 2**20 // (FEATURES * 4 + 8) // 2 * 2  # even: 2 equal shards hold every row
+    per_file = -(-rows // FILES)
+    rng = np.random.default_rng(0)
+
+    def batches():
+        for start in range(0, rows, per_file):
+            n = min(per_file, rows - start)
+            x = rng.standard_normal((n, FEATURES), dtype=np.float32)
+            yield pa.record_batch({
+                "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES),
+                "label": pa.array(rng.integers(0, 10, n)),
+            })  # fmt: skip
+
+    schema = next(batches()).schema
+    pads.write_dataset(
+        pads.dataset(pa.Table.from_batches(list(batches()), schema)), f"{BUCKET}/ingest",
+        filesystem=fs, format="parquet", max_rows_per_file=per_file, max_rows_per_group=per_file,
+        file_options=pads.ParquetFileFormat().make_write_options(use_dictionary=False),
+    )  # fmt: skip
+    infos = fs.get_file_info(pafs.FileSelector(f"{BUCKET}/ingest"))
+    return f"{BUCKET}/ingest", rows, sum(i.size for i in infos)
+
+
+def ingest_raw(fs, path: str) -> int:
+    """A plain pyarrow.dataset read of every file into numpy arrays; returns the rows."""
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(path, filesystem=fs, format="parquet").to_table(columns=["x", "label"])
+    x = table.column("x").combine_chunks().values.to_numpy().reshape(-1, FEATURES)
+    label = table.column("label").to_numpy()
+    assert len(x) == len(label)
+    return len(label)
+
+
+def ingest_raytrain(options, path: str) -> int:
+    """raytrain's streamed path: Ray Data reads, 2 shards consumed as torch batches."""
+    from raytrain.data import ShardBatches, read_source
+    from raytrain.spec import SourceSpec
+
+    ds = read_source(SourceSpec(uri=f"s3://{path}"), ["x", "label"], options)
+    shards = ds.streaming_split(2, equal=True)
+    counts = [0, 0]
+
+    def consume(rank: int) -> None:
+        for batch in ShardBatches(shards[rank], BATCH, rank=rank):
+            counts[rank] += len(batch["label"])
+
+    threads = [threading.Thread(target=consume, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts)
+
+
+def upload_copy_files(fs, local: str, dest: str) -> None:
+    import pyarrow.fs as pafs
+
+    pafs.copy_files(local, dest, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs)  # fmt: skip
+
+
+def upload_raytrain(fs, local: str, dest: str) -> None:
+    """How Ray Train persists a reported checkpoint folder into raytrain's storage."""
+    from ray.train.v2._internal.execution.storage import _pyarrow_fs_copy_files
+
+    _pyarrow_fs_copy_files(local, dest, destination_filesystem=fs)
+
+
+def blocked_per_checkpoint(endpoint: str, work: Path, mode: str, ckpt_mb: int) -> float:
+    """A real run with ``checkpoint.upload: mode``: median seconds a checkpoint blocked it."""
+    from mlflow.tracking import MlflowClient
+
+    import raytrain
+
+    spec = {
+        "name": f"blocked-{mode}",
+        "model": {"class_path": "bench.models:BigCheckpointCNN",
+                  "init_args": {"state_mb": ckpt_mb}},
+        "data": {"train": {"uri": str(work / "digits" / "train")},
+                 "val": {"uri": str(work / "digits" / "val")},
+                 "columns": ["pixels", "label"], "batch_size": 32,
+                 "prepare": "raytrain.datasets.digits:write_splits"},
+        "trainer": {"max_epochs": 4, "log_every_n_steps": 5},
+        "checkpoint": {"storage": f"s3://{BUCKET}/runs", "keep": 1, "upload": mode},
+        "storage": {"s3": {"endpoint_url": endpoint, "region": "us-east-1"}},
+        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
+    }  # fmt: skip
+    result = raytrain.fit(spec, fresh=True, progress=False)
+    history = MlflowClient(result.tracking_uri).get_metric_history(
+        result.mlflow_run_id, "checkpoint_blocked_s"
+    )
+    return statistics.median(m.value for m in history)
+
+
+def _timed(fn, *args) -> tuple[float, object]:
+    began = time.perf_counter()
+    value = fn(*args)
+    return time.perf_counter() - began, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--ingest-mb", type=int, default=512)
+    parser.add_argument("--ckpt-mb", type=int, default=200)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "storage.json"))
+    args = parser.parse_args()
+
+    os.environ.update(S3_ENV)  # before Ray starts: its workers inherit the credentials
+    with tempfile.TemporaryDirectory() as tmp, moto_server(Path(tmp) / "moto.log") as endpoint:
+        work = Path(tmp)
+        s3_client(endpoint).create_bucket(Bucket=BUCKET)
+        fs, options = _filesystem(endpoint)
+        from raytrain.ray_runtime import DATA_CPUS, start_local
+
+        ray_handle = start_local(2 + DATA_CPUS)  # sized as raytrain sizes a 2-worker run
+        path, rows, nbytes = write_ingest_data(fs, args.ingest_mb)
+        ckpt = work / "ckpt"
+        ckpt.mkdir()
+        (ckpt / "checkpoint.ckpt").write_bytes(os.urandom(args.ckpt_mb * 2**20))
+        ckpt_bytes = args.ckpt_mb * 2**20
+        runs: dict[str, list[float]] = {k: [] for k in ("raw", "raytrain", "copy_files", "upload")}
+        for rep in range(args.reps):
+            order = ("raw", "raytrain") if rep % 2 == 0 else ("raytrain", "raw")
+            for side in order:
+                fn = (lambda: ingest_raw(fs, path)) if side == "raw" else (
+                    lambda: ingest_raytrain(options, path))  # fmt: skip
+                seconds, got = _timed(fn)
+                assert got == rows, (side, got, rows)
+                runs[side].append(seconds)
+            for side in ("copy_files", "upload") if rep % 2 == 0 else ("upload", "copy_files"):
+                dest = f"{BUCKET}/ckpt-{side}-{rep}"
+                fn = upload_copy_files if side == "copy_files" else upload_raytrain
+                seconds, _ = _timed(fn, fs, str(ckpt), dest)
+                assert fs.get_file_info(f"{dest}/checkpoint.ckpt").size == ckpt_bytes
+                fs.delete_dir(dest)
+                runs[side].append(seconds)
+            print(f"  rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items()),
+                  file=sys.stderr, flush=True)  # fmt: skip
+        ray_handle.shutdown()
+        blocked = {mode: blocked_per_checkpoint(endpoint, work, mode, args.ckpt_mb)
+                   for mode in ("sync", "async")}  # fmt: skip
+
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    mb = nbytes / 1e6
+    table = {
+        "ingest rows/s": (rows / med["raytrain"], rows / med["raw"]),
+        "ingest MB/s": (mb / med["raytrain"], mb / med["raw"]),
+        "checkpoint upload MB/s": (ckpt_bytes / 1e6 / med["upload"],
+                                   ckpt_bytes / 1e6 / med["copy_files"]),
+    }  # fmt: skip
+    title = f"figure (median of {args.reps})"
+    header = f"{title:<34} {'raytrain':>12} {'baseline':>12} {'ratio':>7}"
+    print(header)
+    print("-" * len(header))
+    for name, (ours, base) in table.items():
+        print(f"{name:<34} {ours:>12,.1f} {base:>12,.1f} {ours / base:>7.2f}")
+    for mode, seconds in blocked.items():
+        print(f"{'training blocked per ckpt, ' + mode + ' (s)':<34} {seconds:>12.2f}")
+    print(
+        f"ingest: {rows:,} rows, {mb:,.0f} MB in {FILES} files; baseline: pyarrow.dataset "
+        f"to numpy. checkpoint: {ckpt_bytes / 1e6:,.0f} MB; baseline: pyarrow.fs.copy_files"
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "reps": args.reps, "rows": rows, "ingest_bytes": nbytes, "checkpoint_bytes": ckpt_bytes,
+        "seconds": runs, "table": {k: {"raytrain": a, "baseline": b, "ratio": a / b}
+                                   for k, (a, b) in table.items()},
+        "blocked_per_checkpoint_s": blocked,
+    }, indent=2))  # fmt: skip
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
