@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.integration.servers import free_port, server_process
 
 # Test credentials for the local server; real runs take theirs from the provider's chain.
 S3_ENV = {
@@ -24,10 +22,9 @@ S3_ENV = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _answers(url: str) -> bool:
+    urllib.request.urlopen(url, timeout=1).close()
+    return True
 
 
 @contextmanager
@@ -35,29 +32,11 @@ def moto_server(log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """Start ``moto_server`` on a free loopback port; yields its endpoint URL."""
     port = free_port()
     exe = Path(sys.executable).with_name("moto_server")
-    with open(log, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(
-            [str(exe), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,  # its own process group, stopped as one
-        )
     endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start: {log.read_text()}") from None
-                time.sleep(0.2)
+    cmd = [str(exe), "-H", "127.0.0.1", "-p", str(port)]
+    with server_process(cmd, log, lambda: _answers(f"{endpoint}/moto-api/"), "moto_server",
+                        env={**os.environ, **(env or {})}):  # fmt: skip
         yield endpoint
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
 
 
 def s3_client(endpoint: str, access_key: str = "testing", secret_key: str = "testing") -> Any:

@@ -12,7 +12,8 @@ import pytest
 from raytrain import storage
 from raytrain.spec import StorageSpec
 from tests.integration.cli_runs import cli_env, digits_on_s3, run_cli
-from tests.integration.s3_server import AuthServer, free_port, moto_auth_server, s3_client
+from tests.integration.s3_server import AuthServer, moto_auth_server, s3_client
+from tests.integration.servers import free_port
 
 pytestmark = pytest.mark.integration
 
