@@ -228,6 +228,9 @@ class AzureOptions(_EndpointSection):
     )
 
 
+_CREDENTIALS_REFUSED = "credentials do not belong in the spec"
+
+
 def _check_endpoint(value: str | None) -> str | None:
     """An endpoint is ``http(s)://host[:port]``, and never carries credentials."""
     if value is None:
@@ -239,8 +242,8 @@ def _check_endpoint(value: str | None) -> str | None:
         raise ValueError(f"expected http(s)://host[:port], got {value!r}")
     if parsed.username or parsed.password:
         raise ValueError(
-            "credentials do not belong in the spec: give them through the provider's "
-            "standard chain (environment, profile, instance role)"
+            f"{_CREDENTIALS_REFUSED}: give them through the provider's standard chain "
+            "(environment, profile, instance role)"
         )
     return value.rstrip("/")
 
@@ -360,7 +363,9 @@ def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
             lines.append(f"{path}: required field is missing")
         else:
             got = item.get("input")
-            shown = "" if isinstance(got, dict | list) else f", got {got!r}"
+            # a value refused for holding credentials is not echoed into a log
+            secret = _CREDENTIALS_REFUSED in item["msg"]
+            shown = "" if secret or isinstance(got, dict | list) else f", got {got!r}"
             lines.append(f"{path}: {item['msg']}{shown}")
     return lines
 

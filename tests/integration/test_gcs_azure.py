@@ -74,3 +74,12 @@ def test_azure_data_and_checkpoints(azure: tuple, tmp_path: Path) -> None:
     cfg, fs = azure
     env = cli_env(AZURE_STORAGE_CONNECTION_STRING=cfg["connection_string"])
     trains_and_resumes(env, tmp_path, fs, "abfs://raytrain-test")
+    # The account key (pickled into the filesystem Ray ships to its workers) is in no file
+    # the runs wrote: not in the run's folder on the store, not in MLflow's store here.
+    key = cfg["account_key"].encode()
+    for info in fs.get_file_info(pafs.FileSelector("raytrain-test/runs", recursive=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as stream:
+                assert key not in stream.read(), info.path
+    for path in tmp_path.rglob("*"):
+        assert not path.is_file() or key not in path.read_bytes(), path

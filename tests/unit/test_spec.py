@@ -136,3 +136,26 @@ def test_digest_ignores_training_length_but_not_the_model(tmp_path: Path) -> Non
 
 def test_flatten_keeps_lists_and_empty_maps_as_leaves() -> None:
     assert flatten({"a": {"b": [1, 2], "c": {}}, "d": 1}) == {"a.b": [1, 2], "a.c": {}, "d": 1}
+
+
+def test_storage_endpoints_never_carry_credentials() -> None:
+    with pytest.raises(SpecError) as excinfo:
+        load_spec("jobs/digits.yaml", ["storage.s3.endpoint_url=http://key:secret@minio:9000",
+                        "storage.azure.endpoint_url=minio:9000"])  # fmt: skip
+    problems = excinfo.value.problems
+    assert any(p.startswith("storage.s3.endpoint_url: Value error, credentials do not belong")
+               for p in problems)  # fmt: skip
+    assert any(p.startswith("storage.azure.endpoint_url: Value error, expected http(s)://")
+               for p in problems)  # fmt: skip
+    assert "secret" not in str(excinfo.value)  # a refused credential is not echoed
+
+
+def test_storage_options_and_image_size() -> None:
+    spec = load_spec("jobs/digits.yaml", ["storage.s3.endpoint_url=http://127.0.0.1:9000/",
+                           "storage.s3.region=eu-west-1", "data.cache=never"])  # fmt: skip
+    assert spec.storage.s3.endpoint_url == "http://127.0.0.1:9000"
+    assert spec.storage.max_attempts == 3
+    # where the stores are may change between attempts without making another experiment
+    assert spec.digest() == load_spec("jobs/digits.yaml", ["data.cache=never"]).digest()
+    with pytest.raises(SpecError, match=r"data\.train\.image_size: Value error, height and width"):
+        load_spec("jobs/digits.yaml", ["data.train.format=images", "data.train.image_size=[0, 8]"])
