@@ -58,15 +58,12 @@ def read_source(
     fs, path = storage.filesystem(source.uri, options)
     if source.format == "images":
         ds = _read_images(source, fs, path)
-        if columns:
-            ds = ds.select_columns(columns)
-    elif source.format == "parquet":
-        ds = ray.data.read_parquet(path, filesystem=fs, columns=columns)
     else:
-        reader = ray.data.read_csv if source.format == "csv" else ray.data.read_json
-        ds = reader(path, filesystem=fs)
-        if columns:
-            ds = ds.select_columns(columns)
+        readers = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv,
+                   "json": ray.data.read_json}  # fmt: skip
+        ds = readers[source.format](path, filesystem=fs)
+    if columns:
+        ds = ds.select_columns(columns)  # pushed down into the Parquet reader
     if preprocess:
         from raytrain.preflight import import_object
 

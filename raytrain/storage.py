@@ -24,6 +24,7 @@ transient fault (connection reset, 5xx, throttling) are retried with exponential
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import os
@@ -44,6 +45,7 @@ GCS_SCHEMES = ("gs", "gcs")
 AZURE_SCHEMES = ("abfs", "abfss", "az")
 # A connection that cannot be made in this time counts as a failed attempt.
 CONNECT_TIMEOUT_S = 5.0
+GCS_SECONDS_PER_ATTEMPT = 3.0
 
 
 def is_uri(location: str) -> bool:
@@ -141,7 +143,8 @@ def _gcs(opts: tuple, env: tuple) -> pafs.FileSystem:
     emulator, credentials = env
     endpoint = endpoint or emulator
     kwargs: dict = {
-        "retry_time_limit": datetime.timedelta(seconds=max(1, attempts) * CONNECT_TIMEOUT_S),
+        # GCS retries transient faults for a time, not a count; it may overrun it up to 2x.
+        "retry_time_limit": datetime.timedelta(seconds=attempts * GCS_SECONDS_PER_ATTEMPT),
         "project_id": project,
     }
     if endpoint:
@@ -167,6 +170,12 @@ def _azure(host: str, opts: tuple, env: tuple) -> pafs.FileSystem:
     key = env_key or env_key2 or conn.get("AccountKey")
     kwargs: dict = {"account_name": account, "account_key": key}
     endpoint = endpoint or conn.get("BlobEndpoint")
+    if endpoint and urlparse(endpoint).scheme == "http" and not key:
+        # pyarrow's Azure client aborts the whole process on a token over plain http.
+        raise StorageError(
+            f"abfs:// at {endpoint}: a plain-http endpoint (an emulator) needs a shared key "
+            "(AZURE_STORAGE_ACCOUNT_KEY or the AccountKey of AZURE_STORAGE_CONNECTION_STRING)"
+        )
     if endpoint:
         parsed = urlparse(endpoint)
         for service in ("blob", "dfs"):
@@ -265,7 +274,9 @@ def delete_dir(location: str, options: StorageSpec | None = None) -> None:
     """Remove the folder at ``location`` and all it holds, if it exists."""
     fs, path = filesystem(location, options)
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
-        fs.delete_dir(path)
+        # GCS deletes the files, then fails on the folder marker a bare prefix lacks.
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(path)
 
 
 def delete_file(location: str, options: StorageSpec | None = None) -> None:

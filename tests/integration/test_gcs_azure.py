@@ -83,3 +83,18 @@ def test_azure_data_and_checkpoints(azure: tuple, tmp_path: Path) -> None:
                 assert key not in stream.read(), info.path
     for path in tmp_path.rglob("*"):
         assert not path.is_file() or key not in path.read_bytes(), path
+
+
+def test_missing_bucket_stops_the_run(gcs: tuple, azure: tuple, tmp_path: Path) -> None:
+    """Preflight on gs:// and abfs:// as on s3://: exit 2, the URI and the cause."""
+    cases = [
+        (cli_env(STORAGE_EMULATOR_HOST=gcs[0]), "gs"),
+        (cli_env(AZURE_STORAGE_CONNECTION_STRING=azure[0]["connection_string"]), "abfs"),
+    ]
+    for env, scheme in cases:
+        code, _, out = run_cli(env, tmp_path, *digits_on_s3(f"{scheme}://raytrain-test", "runs"),
+                               f"checkpoint.storage={scheme}://no-such-bucket/runs",
+                               timeout=30)  # fmt: skip
+        assert code == 2, out[-3000:]
+        missing = f"{scheme}://no-such-bucket/runs: the bucket 'no-such-bucket' does not exist"
+        assert f"checkpoint.storage: {missing}" in out
