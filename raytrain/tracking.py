@@ -43,13 +43,31 @@ def version_tags(spec: JobSpec) -> dict[str, str]:
     return tags
 
 
+def _last_steps(client: Any, run_id: str) -> dict[str, int]:
+    """The last step logged for each metric of the run: MLflow's latest value per key is
+    the one at the highest step."""
+    data = client.get_run(run_id).data
+    latest = getattr(data, "_metric_objs", None)  # the Metric objects behind data.metrics
+    if latest is None:
+        return {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in data.metrics}
+    return {m.key: m.step for m in latest}
+
+
 class MlflowTracker:
-    """One MLflow run, created or reopened by :meth:`open`."""
+    """One MLflow run, created or reopened by :meth:`open`.
+
+    A metric's history only moves forward: a value at a step no later than the last step
+    already logged for that key is dropped. After a restore (a restarted worker group, or a
+    rerun after the driver died) the steps between the checkpoint and the failure are
+    trained again; MLflow keeps what was logged the first time, so no step is logged twice
+    and no curve goes backwards.
+    """
 
     def __init__(self, client: Any, run_id: str, tracking_uri: str):
         self.client = client
         self.run_id = run_id
         self.tracking_uri = tracking_uri
+        self._last_step = _last_steps(client, run_id)
 
     @classmethod
     def open(
@@ -109,7 +127,9 @@ class MlflowTracker:
             and math.isfinite(value)
             and not key.startswith("_")
             and key != "step"
+            and step > self._last_step.get(key, -1)  # not a replayed step
         ]
+        self._last_step.update((m.key, step) for m in batch)
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)
 

@@ -69,3 +69,23 @@ def images_to_pixels(batch: dict) -> dict:
     images = np.asarray(batch.pop("image"), dtype=np.float32)
     batch["pixels"] = images.reshape(len(images), 64) * (16.0 / 255.0)
     return batch
+
+
+class KillOnceCNN(DigitsCNN):
+    """SIGKILLs its own worker process (rank ``rank``) when ``global_step`` reaches
+    ``at_step``, once per ``marker`` file: a worker lost mid-epoch."""
+
+    def __init__(self, marker: str, at_step: int = 30, rank: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.marker, self.at_step, self.kill_rank = marker, at_step, rank
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import os
+        import signal
+
+        if (self.global_step == self.at_step and self.global_rank == self.kill_rank
+                and not os.path.exists(self.marker)):  # fmt: skip
+            with open(self.marker, "w") as handle:
+                handle.write(str(self.global_step))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().training_step(batch, batch_idx)
