@@ -89,3 +89,18 @@ class KillOnceCNN(DigitsCNN):
                 handle.write(str(self.global_step))
             os.kill(os.getpid(), signal.SIGKILL)
         return super().training_step(batch, batch_idx)
+
+
+class SlowCNN(DigitsCNN):
+    """The digits CNN with ``step_sleep`` seconds added to every training step, so a run
+    lasts long enough to be interrupted from outside."""
+
+    def __init__(self, step_sleep: float = 0.05, **kwargs):
+        super().__init__(**kwargs)
+        self.step_sleep = step_sleep
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import time
+
+        time.sleep(self.step_sleep)
+        return super().training_step(batch, batch_idx)
