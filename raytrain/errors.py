@@ -48,6 +48,10 @@ class TrackingError(RaytrainError):
     exit_code = EXIT_BAD_INPUT
 
 
+class NonFiniteLossError(RuntimeError):
+    """Raised in the workers when the loss or its gradients are NaN/Inf; never retried."""
+
+
 class TrainingFailed(RaytrainError):
     """Training started but did not finish; the message carries the worker's own error."""
 

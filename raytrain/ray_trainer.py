@@ -28,6 +28,8 @@ from typing import Any
 import ray
 from ray.train.torch import TorchTrainer
 
+from raytrain.errors import NonFiniteLossError
+
 logger = logging.getLogger(__name__)
 
 # Set to 1 to run Ray Train's stock startup even on an embedded cluster (for comparison).
@@ -44,6 +46,10 @@ try:  # Ray Train internals the trimming needs (Ray 2.60)
         get_env_vars_to_propagate,
     )
     from ray.train.v2._internal.execution.controller import TrainController
+    from ray.train.v2._internal.execution.failure_handling import (
+        DefaultFailurePolicy,
+        FailureDecision,
+    )
     from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
 
     _INTERNALS = True
@@ -113,6 +119,7 @@ class RaytrainTorchTrainer(TorchTrainer):
             controller_kwargs["scaling_policy"] = LocalScalingPolicy(policy.scaling_config)
         else:
             options["runtime_env"] = {"env_vars": env}
+        controller_kwargs["failure_policy"] = RaytrainFailurePolicy(self.run_config.failure_config)
         controller = ray.remote(**options)(TrainController).remote(**controller_kwargs)
         self._controller = controller
         if self._aborted.is_set():  # abort() came before the controller existed
@@ -129,6 +136,25 @@ class RaytrainTorchTrainer(TorchTrainer):
 
 
 if _INTERNALS:
+
+    class RaytrainFailurePolicy(DefaultFailurePolicy):
+        """Ray Train's policy, except that a non-finite loss is never retried (see
+        ``raytrain.guards``)."""
+
+        def make_decision(self, training_failed_error: Any) -> Any:
+            failures = getattr(training_failed_error, "worker_failures", None) or {}
+            if any(_is_non_finite(error) for error in failures.values()):
+                return FailureDecision.RAISE
+            return super().make_decision(training_failed_error)
+
+    def _is_non_finite(error: BaseException | None) -> bool:
+        """Whether a worker's error is (or wraps) ``NonFiniteLossError``."""
+        seen = 0
+        while error is not None and seen < 10:
+            if type(error).__name__ == NonFiniteLossError.__name__:
+                return True
+            error, seen = getattr(error, "cause", None) or error.__cause__, seen + 1
+        return False
 
     class LocalScalingPolicy(FixedScalingPolicy):
         """A fixed worker count that asks no autoscaler for resources: the cluster is this

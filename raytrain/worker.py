@@ -120,7 +120,9 @@ def train_loop(config: dict[str, Any]) -> None:
             "_lightning_imported_at": imported,
         },
     )
-    trainer = build_trainer(spec, [report, EpochSetter(train_loader)])
+    from raytrain.guards import FiniteGuard
+
+    trainer = build_trainer(spec, [FiniteGuard(), report, EpochSetter(train_loader)])
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:

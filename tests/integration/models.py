@@ -104,3 +104,23 @@ class SlowCNN(DigitsCNN):
 
         time.sleep(self.step_sleep)
         return super().training_step(batch, batch_idx)
+
+
+class NaNAtStepCNN(DigitsCNN):
+    """Returns a NaN loss on rank ``rank`` once ``global_step`` reaches ``at_step``; appends
+    a line to ``attempts`` each time training starts, to count retries."""
+
+    def __init__(self, attempts: str, at_step: int = 30, rank: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.attempts, self.at_step, self.nan_rank = attempts, at_step, rank
+
+    def on_train_start(self) -> None:
+        if self.global_rank == 0:
+            with open(self.attempts, "a") as handle:
+                handle.write(f"{self.global_step}\n")
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if self.global_step >= self.at_step and self.global_rank == self.nan_rank:
+            return loss * float("nan")
+        return loss

@@ -69,3 +69,40 @@ def test_unreachable_tracking_server_stops_the_run(
     assert f"127.0.0.1:{port}" in str(excinfo.value)
     run_dir = Path(runstate.run_dir(parse_spec(spec)))
     assert not list(run_dir.glob("checkpoint_*"))  # stopped before a single epoch ended
+
+
+def test_nan_loss_on_one_rank_stops_the_run_unretried(
+    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
+) -> None:
+    """A NaN on rank 1 alone is caught on every rank at the same step (the all-reduced
+    gradients carry it), before that step is applied or checkpointed; with retries left,
+    the run is still not retried."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from raytrain.checkpoint import META_FILE, latest_committed
+
+    attempts = tmp_path / "attempts"
+    spec = digits_spec(
+        digits_dir, tmp_path, name="nan-loss",
+        model={"class_path": "tests.integration.models:NaNAtStepCNN",
+               "init_args": {"attempts": str(attempts), "at_step": 30}},
+        trainer={"max_epochs": 3}, checkpoint={"every_n_steps": 10, "every_n_epochs": None},
+        failure={"max_failures": 2},
+    )  # fmt: skip
+    with pytest.raises(raytrain.TrainingFailed) as excinfo:
+        raytrain.fit(spec, progress=False)
+    message = str(excinfo.value)
+    assert "NonFiniteLossError" in message
+    assert "NaN/Inf at optimizer step 31" in message
+    assert attempts.read_text().splitlines() == ["0"]  # trained once: no retry
+    run_dir = Path(runstate.run_dir(parse_spec(spec)))
+    _, metrics = latest_committed(str(run_dir))
+    assert 10 <= metrics["step"] <= 30  # committed before the bad step
+    # and no checkpoint was even written after it (committed or not)
+    written = [json.loads(meta.read_text())["step"] for meta in run_dir.glob(f"*/{META_FILE}")]
+    assert written and max(written) <= 30
+    state = runstate.load(parse_spec(spec))
+    run = MlflowClient(spec["tracking"]["mlflow"]["tracking_uri"]).get_run(state.mlflow_run_id)
+    assert run.info.status == "FAILED"
