@@ -71,22 +71,68 @@ def images_to_pixels(batch: dict) -> dict:
     return batch
 
 
-class KillOnceCNN(DigitsCNN):
-    """SIGKILLs its own worker process (rank ``rank``) when ``global_step`` reaches
-    ``at_step``, once per ``marker`` file: a worker lost mid-epoch."""
+class KillAtStepsCNN(DigitsCNN):
+    """SIGKILLs its own worker process (rank ``rank``) when ``global_step`` reaches each of
+    ``at_steps``, once each: workers lost mid-epoch. Appends what happens to
+    ``out_dir/events.jsonl`` with wall-clock times: each kill, and (rank 0) each start of
+    training and the first step it finishes (after a restore: the checkpoint's step + 1).
 
-    def __init__(self, marker: str, at_step: int = 30, rank: int = 1, **kwargs):
+    With ``run_dir`` (a local run folder) it kills only once Ray Train has committed the
+    last checkpoint the worker took (its snapshot names it): a kill right after a report
+    would otherwise race the controller's poll, and the run restore from an older one."""
+
+    def __init__(self, out_dir: str, at_steps: tuple[int, ...] = (30,), rank: int = 1,
+                 run_dir: str | None = None, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
-        self.marker, self.at_step, self.kill_rank = marker, at_step, rank
+        self.out_dir, self.at_steps, self.kill_rank = out_dir, tuple(at_steps), rank
+        self.run_dir = run_dir
+        self._first_step_pending = False
+
+    def _record(self, event: str, **fields: float) -> None:
+        import json
+        import time
+
+        line = json.dumps({"event": event, "at": time.time(), **fields})
+        with open(f"{self.out_dir}/events.jsonl", "a") as handle:
+            handle.write(line + "\n")
+
+    def on_train_start(self) -> None:
+        if self.global_rank == 0:
+            self._record("start")
+            self._first_step_pending = True
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        if self._first_step_pending:
+            self._record("first_step", step=self.global_step)
+            self._first_step_pending = False
+
+    def _wait_for_commit(self) -> None:
+        import json
+        import time
+
+        taken = max(getattr(cb, "_last_ckpt_step", 0) or 0 for cb in self.trainer.callbacks)
+        deadline = time.monotonic() + 60
+        while self.run_dir and taken and time.monotonic() < deadline:
+            try:
+                with open(f"{self.run_dir}/checkpoint_manager_snapshot.json") as handle:
+                    latest = json.load(handle)["latest_checkpoint_result"]
+                if latest and latest["metrics"]["step"] >= taken:
+                    return
+            except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+                pass
+            time.sleep(0.05)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         import os
         import signal
 
-        if (self.global_step == self.at_step and self.global_rank == self.kill_rank
-                and not os.path.exists(self.marker)):  # fmt: skip
-            with open(self.marker, "w") as handle:
-                handle.write(str(self.global_step))
+        step = self.global_step
+        marker = f"{self.out_dir}/killed-{step}"
+        mine = step in self.at_steps and self.global_rank == self.kill_rank
+        if mine and not os.path.exists(marker):
+            self._wait_for_commit()
+            open(marker, "w").close()
+            self._record("kill", step=step)
             os.kill(os.getpid(), signal.SIGKILL)
         return super().training_step(batch, batch_idx)
 
