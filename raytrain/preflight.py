@@ -189,8 +189,9 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
 
     # data.prepare runs when the train set is missing, and writes the val set too
     def will_prepare() -> bool:
-        train = storage.resolve(spec.data.train.uri)
-        return allow_prepare and spec.data.prepare is not None and _missing(train, options)
+        if not allow_prepare or spec.data.prepare is None:
+            return False
+        return _missing(storage.resolve(spec.data.train.uri), options) is not None
 
     sources = {"data.train": spec.data.train, "data.val": spec.data.val}
     for field, source in sources.items():

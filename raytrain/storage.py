@@ -70,15 +70,15 @@ def filesystem(location: str, options: StorageSpec | None = None) -> tuple[pafs.
         return pafs.LocalFileSystem(), location
     parsed = urlparse(location)
     scheme, key = parsed.scheme.lower(), parsed.path.lstrip("/")
-    opts = _options_key(options)
+    opts = options or _default_options()
     try:
         if scheme in S3_SCHEMES:
-            fs, root = _s3(parsed.netloc, opts, _env(_S3_ENV)), parsed.netloc
+            fs, root = _s3(parsed.netloc, *_s3_settings(opts)), parsed.netloc
         elif scheme in GCS_SCHEMES:
-            fs, root = _gcs(opts, _env(_GCS_ENV)), parsed.netloc
+            fs, root = _gcs(*_gcs_settings(opts)), parsed.netloc
         elif scheme in AZURE_SCHEMES:
             container, _, host = parsed.netloc.partition("@")
-            fs, root = _azure(host, opts, _env(_AZURE_ENV)), container
+            fs, root = _azure(*_azure_settings(opts, host)), container
         else:
             return pafs.FileSystem.from_uri(location)
     except StorageError:
@@ -88,45 +88,26 @@ def filesystem(location: str, options: StorageSpec | None = None) -> tuple[pafs.
     return fs, posixpath.join(root, key) if key else root
 
 
-def _options_key(options: StorageSpec | None) -> tuple:
-    """The options as a hashable key, so one filesystem per store is built and reused."""
-    if options is None:
-        from raytrain.spec import StorageSpec
+def _default_options() -> StorageSpec:
+    from raytrain.spec import StorageSpec
 
-        options = StorageSpec()
-    s3, gcs, az = options.s3, options.gcs, options.azure
-    return (
-        options.max_attempts,
-        s3.endpoint_url,
-        s3.region,
-        gcs.endpoint_url,
-        gcs.project_id,
-        az.account_name,
-        az.endpoint_url,
-    )
+    return StorageSpec()
 
 
-_S3_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
-_GCS_ENV = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS")
-_AZURE_ENV = (
-    "AZURE_STORAGE_ACCOUNT_NAME",
-    "AZURE_STORAGE_ACCOUNT_KEY",
-    "AZURE_STORAGE_KEY",
-    "AZURE_STORAGE_CONNECTION_STRING",
-)
+# Each store's settings: the spec's, else the provider's standard variables. They are read
+# on every call (tests and pipelines change the environment) and key the cache of built
+# filesystems, so one filesystem per store and settings is built and reused.
 
 
-def _env(names: tuple[str, ...]) -> tuple[str | None, ...]:
-    """The standard variables a store reads, part of the cache key (tests change them)."""
-    return tuple(os.environ.get(name) or None for name in names)
+def _s3_settings(opts: StorageSpec) -> tuple[int, str | None, str | None]:
+    env = os.environ.get
+    endpoint = opts.s3.endpoint_url or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL")
+    region = opts.s3.region or env("AWS_REGION") or env("AWS_DEFAULT_REGION")
+    return opts.max_attempts, endpoint or None, region or None
 
 
 @functools.lru_cache(maxsize=32)
-def _s3(bucket: str, opts: tuple, env: tuple) -> pafs.FileSystem:
-    attempts, endpoint, region = opts[0], opts[1], opts[2]
-    env_endpoint = env[0] or env[1]
-    endpoint = endpoint or env_endpoint
-    region = region or env[2] or env[3]
+def _s3(bucket: str, attempts: int, endpoint: str | None, region: str | None) -> pafs.FileSystem:
     if region is None and endpoint is None:
         region = pafs.resolve_s3_region(bucket)  # a missing bucket fails here, clearly
     return pafs.S3FileSystem(
@@ -137,11 +118,17 @@ def _s3(bucket: str, opts: tuple, env: tuple) -> pafs.FileSystem:
     )
 
 
+def _gcs_settings(opts: StorageSpec) -> tuple[int, str | None, str | None, bool]:
+    endpoint = opts.gcs.endpoint_url or os.environ.get("STORAGE_EMULATOR_HOST") or None
+    # An emulator takes no credentials; a private endpoint uses the standard chain.
+    anonymous = endpoint is not None and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    return opts.max_attempts, endpoint, opts.gcs.project_id, anonymous
+
+
 @functools.lru_cache(maxsize=8)
-def _gcs(opts: tuple, env: tuple) -> pafs.FileSystem:
-    attempts, endpoint, project = opts[0], opts[3], opts[4]
-    emulator, credentials = env
-    endpoint = endpoint or emulator
+def _gcs(
+    attempts: int, endpoint: str | None, project: str | None, anonymous: bool
+) -> pafs.FileSystem:
     kwargs: dict = {
         # GCS retries transient faults for a time, not a count; it may overrun it up to 2x.
         "retry_time_limit": datetime.timedelta(seconds=attempts * GCS_SECONDS_PER_ATTEMPT),
@@ -149,27 +136,29 @@ def _gcs(opts: tuple, env: tuple) -> pafs.FileSystem:
     }
     if endpoint:
         parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-        kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme)
-        # An emulator takes no credentials; a private endpoint uses the standard chain.
-        kwargs["anonymous"] = credentials is None
+        kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme, anonymous=anonymous)
     return pafs.GcsFileSystem(**{k: v for k, v in kwargs.items() if v is not None})
 
 
-@functools.lru_cache(maxsize=8)
-def _azure(host: str, opts: tuple, env: tuple) -> pafs.FileSystem:
-    account, endpoint = opts[5], opts[6]
-    env_account, env_key, env_key2, connection = env
-    conn = _connection_string(connection)
+def _azure_settings(opts: StorageSpec, host: str) -> tuple[str, str | None, str | None]:
+    env = os.environ.get
+    conn = _connection_string(env("AZURE_STORAGE_CONNECTION_STRING"))
     uri_account = host.split(".", 1)[0] if host.endswith(".core.windows.net") else None
-    account = uri_account or account or env_account or conn.get("AccountName")
+    account = (uri_account or opts.azure.account_name or env("AZURE_STORAGE_ACCOUNT_NAME")
+               or conn.get("AccountName"))  # fmt: skip
     if not account:
         raise StorageError(
             "abfs:// needs a storage account: abfs://container@ACCOUNT.dfs.core.windows.net/"
             "path, storage.azure.account_name, or AZURE_STORAGE_ACCOUNT_NAME"
         )
-    key = env_key or env_key2 or conn.get("AccountKey")
+    key = env("AZURE_STORAGE_ACCOUNT_KEY") or env("AZURE_STORAGE_KEY") or conn.get("AccountKey")
+    endpoint = opts.azure.endpoint_url or conn.get("BlobEndpoint")
+    return account, key or None, endpoint or None
+
+
+@functools.lru_cache(maxsize=8)
+def _azure(account: str, key: str | None, endpoint: str | None) -> pafs.FileSystem:
     kwargs: dict = {"account_name": account, "account_key": key}
-    endpoint = endpoint or conn.get("BlobEndpoint")
     if endpoint and urlparse(endpoint).scheme == "http" and not key:
         # pyarrow's Azure client aborts the whole process on a token over plain http.
         raise StorageError(
