@@ -238,6 +238,12 @@ class CachedBatches:
     rank (no shuffle: the stored order). ``step_slices`` cuts it into steps and each step
     into one batch per rank. So every row is seen exactly once per epoch, by one rank; every
     epoch reshuffles globally; and a rerun of an epoch repeats it exactly.
+
+    It is resumable (Lightning's ``state_dict``/``load_state_dict`` loader protocol): its
+    state is the epoch and how far into that epoch's order training got, in rows. Restored
+    mid-epoch, it yields the rest of that epoch's order, cut into steps for the current
+    world size (which may differ from the one that saved it: elastic runs), and its length
+    is the steps already done plus those left, as Lightning's restored loop counts them.
     """
 
     def __init__(
@@ -250,13 +256,39 @@ class CachedBatches:
         shuffle_seed: int | None = None,
     ):
         self._table = table
+        self._batch_size = batch_size
         self._rank = rank
-        self._slices = [step[rank] for step in step_slices(table.num_rows, batch_size, world_size)]
+        self._world = world_size
         self._seed = shuffle_seed
         self.epoch = 0
+        # Lightning's count of this epoch's batches begun (set by ``LoaderPosition``).
+        self.position = 0
+        # A mid-epoch restore: (epoch, steps done, rows of its order done) until it is used.
+        self._resume: tuple[int, int, int] | None = None
+        # The pass under way: its epoch and schedule.
+        self._pass: tuple[int, tuple[int, int, list[list[tuple[int, int]]]]] | None = None
+
+    def _schedule(self) -> tuple[int, int, list[list[tuple[int, int]]]]:
+        """This epoch's (steps already done, first row, steps left as slices of the order)."""
+        if self._pass is not None and self._pass[0] == self.epoch:
+            return self._pass[1]
+        n = self._table.num_rows
+        done, start = 0, 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            _, done, start = self._resume
+        left = n - start
+        if left == 0:
+            return done, start, []
+        if left < self._world:  # only after a resize: too few rows left to give each rank one
+            logger.warning("%d rows left in epoch %d for %d workers: skipped", left, self.epoch,
+                           self._world)  # fmt: skip
+            return done, n, []
+        steps = step_slices(left, self._batch_size, self._world)
+        return done, start, [[(lo + start, hi + start) for lo, hi in step] for step in steps]
 
     def __len__(self) -> int:
-        return len(self._slices)
+        done, _, steps = self._schedule()
+        return done + len(steps)
 
     def order(self) -> Any:
         """The current epoch's order of all rows (the same on every rank)."""
@@ -267,19 +299,45 @@ class CachedBatches:
             return np.arange(n)
         return np.random.default_rng(_epoch_seed(self._seed, self.epoch)).permutation(n)
 
+    def rows_done(self) -> int:
+        """How many rows of this epoch's order the first ``position`` steps cover."""
+        done, start, steps = self._schedule()
+        if self.position <= done:
+            return start
+        return steps[min(self.position - done, len(steps)) - 1][-1][1]
+
+    def state_dict(self) -> dict[str, int]:
+        """Where training is in the data: saved in every Lightning checkpoint."""
+        return {"epoch": self.epoch, "steps": self.position, "rows": self.rows_done()}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume from ``state``: the next pass over its epoch starts at the row it reached."""
+        self.epoch = int(state["epoch"])
+        self._resume = (self.epoch, int(state["steps"]), int(state["rows"]))
+        self.position = int(state["steps"])
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from ray.data.util.torch_utils import arrow_batch_to_tensors
 
         order = self.order()
-        for lo, hi in self._slices:
-            batch = self._table.take(order[lo:hi])
-            yield arrow_batch_to_tensors(batch, combine_chunks=True)
+        self._pass = None
+        schedule = self._schedule()
+        self._pass, self._resume = (self.epoch, schedule), None  # later passes: whole epochs
+        for step in schedule[2]:
+            lo, hi = step[self._rank]
+            yield arrow_batch_to_tensors(self._table.take(order[lo:hi]), combine_chunks=True)
 
 
 class ShardBatches:
     """This worker's shard of a streamed set: one pass per epoch, as dicts of tensors.
 
     The local shuffle is seeded by (seed, epoch, rank), so each epoch has its own order.
+
+    Resumable like ``CachedBatches``, by count: restored mid-epoch, it skips as many rows of
+    its shard as the ranks had trained in that epoch (read and dropped: a stream cannot seek).
+    Ray Data hands out a stream's blocks to the shards as they ask, so after a restart a
+    shard need not hold the same rows as before: the epoch trains the right number of rows,
+    not necessarily the same ones. Exactly-once per row holds for cached sets.
     """
 
     def __init__(
@@ -290,17 +348,34 @@ class ShardBatches:
         shuffle_seed: int | None = None,
         shuffle_buffer: int = 0,
         rank: int = 0,
+        world_size: int = 1,
     ):
         self._shard = shard
         self._batch_size = batch_size
         self._seed = shuffle_seed
         self._buffer = shuffle_buffer
         self._rank = rank
+        self._world = world_size
         self.epoch = 0
+        self.position = 0  # Lightning's count of this epoch's batches begun
+        self._skip: tuple[int, int] | None = None  # (epoch, batches to skip) after a restore
+
+    def state_dict(self) -> dict[str, int]:
+        """Where training is in the data: saved in every Lightning checkpoint."""
+        return {"epoch": self.epoch, "steps": self.position, "world_size": self._world}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume from ``state``: the next pass over its epoch skips what was trained."""
+        self.epoch = int(state["epoch"])
+        rows = int(state["steps"]) * self._batch_size * int(state.get("world_size", self._world))
+        self._skip = (self.epoch, math.ceil(rows / (self._batch_size * self._world)))
+        self.position = int(state["steps"])
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from ray.data.util.torch_utils import arrow_batch_to_tensors
 
+        skip = self._skip[1] if self._skip is not None and self._skip[0] == self.epoch else 0
+        self._skip = None
         kwargs: dict[str, Any] = {}
         if self._seed is not None:
             kwargs = {
@@ -310,9 +385,10 @@ class ShardBatches:
         # Arrow batches, made tensors here as the cached path does: Ray Data's numpy
         # format turns list columns (a feature vector per row) into object arrays, which
         # cost a Python loop per row to become a tensor.
-        for batch in self._shard.iter_batches(
+        batches = self._shard.iter_batches(
             batch_size=self._batch_size, batch_format="pyarrow", prefetch_batches=2, **kwargs
-        ):
+        )
+        for batch in itertools.islice(batches, skip, None):
             yield arrow_batch_to_tensors(batch, combine_chunks=True)
 
 
@@ -338,6 +414,7 @@ def worker_loaders(
         return ShardBatches(
             ray.train.get_dataset_shard(name), spec.data.batch_size, shuffle_seed=seed,
             shuffle_buffer=shuffle.buffer_size if shuffle else 0, rank=rank,
+            world_size=world_size,
         )  # fmt: skip
 
     train = loader("train", shuffle.seed if shuffle else None)

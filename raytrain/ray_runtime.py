@@ -116,6 +116,9 @@ def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: object) 
     os.environ.setdefault(_TRAIN_METRICS_ENV, "0")
     env = dict(os.environ)
     ray.init(
+        # a new cluster here even when `ray start` left one on this machine: joining a
+        # cluster is what RAY_ADDRESS asks for
+        address="local",
         num_cpus=num_cpus,
         include_dashboard=False,
         log_to_driver=verbose,

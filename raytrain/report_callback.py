@@ -211,11 +211,42 @@ def _batch_rows(batch: Any) -> int:
         return 0
 
 
-class EpochSetter(pl.Callback):
-    """Tells the train loader which epoch starts, so its shuffle order is (seed, epoch)."""
+class LoaderPosition(pl.Callback):
+    """Keeps the train loader told where training is: which epoch starts (its shuffle order
+    is (seed, epoch)) and how many of the epoch's batches have begun, which is the data
+    position its ``state_dict`` saves in each checkpoint (Lightning's own batch count, so a
+    prefetched batch is not counted as trained)."""
 
     def __init__(self, loader: Any):
         self.loader = loader
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.loader.epoch = trainer.current_epoch
+        _refit_epoch_length(trainer, self.loader)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.loader.position = batch_idx + 1
+
+
+def _refit_epoch_length(trainer: pl.Trainer, loader: Any) -> None:
+    """Give Lightning this epoch's length when it differs from the one it read at setup.
+
+    Lightning reads a loader's length once, when fit starts. A loader restored mid-epoch
+    reports that epoch's length (steps done plus steps left); if the world size changed
+    since the checkpoint (an elastic restart), later epochs have another length, and
+    Lightning would end them early or validate at the wrong batch.
+    """
+    try:
+        length = len(loader)
+    except TypeError:  # a streamed set: Lightning runs each epoch to the end of the data
+        return
+    fit_loop = trainer.fit_loop
+    combined = fit_loop._combined_loader
+    if combined is None or length == fit_loop.max_batches:
+        return
+    combined.limits = [length]
+    fit_loop.max_batches = length
+    if isinstance(trainer.val_check_interval, float) and trainer.val_check_batch != float("inf"):
+        trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))

@@ -87,7 +87,7 @@ def train_loop(config: dict[str, Any]) -> None:
     from raytrain.checkpoint import restore_path
     from raytrain.data import worker_loaders
     from raytrain.preflight import import_object
-    from raytrain.report_callback import EpochSetter, ReportCallback  # imports Lightning
+    from raytrain.report_callback import LoaderPosition, ReportCallback  # imports Lightning
 
     imported = time.time()
     _quiet_lightning()
@@ -122,7 +122,7 @@ def train_loop(config: dict[str, Any]) -> None:
     )
     from raytrain.guards import FiniteGuard
 
-    trainer = build_trainer(spec, [FiniteGuard(), report, EpochSetter(train_loader)])
+    trainer = build_trainer(spec, [FiniteGuard(), report, LoaderPosition(train_loader)])
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:

@@ -170,3 +170,27 @@ class NaNAtStepCNN(DigitsCNN):
         if self.global_step >= self.at_step and self.global_rank == self.nan_rank:
             return loss * float("nan")
         return loss
+
+
+class SeenCountCNN(KillAtStepsCNN):
+    """``KillAtStepsCNN`` that counts, in a buffer saved with its weights, how many times
+    each training row (by ``id``, below ``num_ids``) went into a step: the counts are summed
+    over the ranks every step, so a checkpoint holds exactly what the model trained on up to
+    it. Each rank also appends ``{"pid", "step", "ids"}`` lines to ``out_dir/ids.jsonl``."""
+
+    def __init__(self, out_dir: str, num_ids: int, **kwargs):
+        super().__init__(out_dir=out_dir, **kwargs)
+        self.register_buffer("seen", torch.zeros(num_ids, dtype=torch.int64))
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import json
+        import os
+
+        ids = batch["id"]
+        line = json.dumps({"pid": os.getpid(), "step": self.global_step, "ids": ids.tolist()})
+        with open(f"{self.out_dir}/ids.jsonl", "a") as handle:
+            handle.write(line + "\n")
+        loss = super().training_step(batch, batch_idx)  # may kill this worker first
+        counts = torch.bincount(ids, minlength=len(self.seen))
+        self.seen += self.trainer.strategy.reduce(counts, reduce_op="sum")
+        return loss

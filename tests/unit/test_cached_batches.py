@@ -80,3 +80,57 @@ def test_without_seed_the_order_is_the_file_order() -> None:
     assert shards[0][:16] == list(range(8)) + list(range(16, 24))
     assert shards[1][:8] == list(range(8, 16))
     assert shards[0][-3:] == [96, 97, 98] and shards[1][-4:] == [99, 100, 101, 102]
+
+
+def _trained_before(world: int, steps: int, epoch: int, seed: int = 0) -> tuple[list[int], dict]:
+    """The ids the first ``steps`` steps of ``epoch`` trained (all ranks), and the state
+    rank 0's loader would save in a checkpoint taken then."""
+    ids, state = [], {}
+    for rank in range(world):
+        loader = CachedBatches(_table(), 8, rank=rank, world_size=world, shuffle_seed=seed)
+        loader.epoch = epoch
+        for position, batch in enumerate(loader, start=1):
+            if position > steps:
+                break
+            loader.position = position  # as LoaderPosition sets it when a batch begins
+            ids.extend(int(i) for i in batch["id"])
+        if rank == 0:
+            state = loader.state_dict()
+    return ids, state
+
+
+@pytest.mark.parametrize(("world", "new_world"), [(2, 2), (2, 1), (2, 3), (3, 2)])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_mid_epoch_restore_trains_the_rest_of_the_epoch_once(
+    world: int, new_world: int, steps: int
+) -> None:
+    """Restored mid-epoch, even on another number of workers: the steps before the
+    checkpoint and the steps after it cover every row of the epoch exactly once."""
+    before, state = _trained_before(world, steps, epoch=1)
+    assert state == {"epoch": 1, "steps": steps, "rows": len(before)}
+    after, lengths = [], set()
+    for rank in range(new_world):
+        loader = CachedBatches(_table(), 8, rank=rank, world_size=new_world, shuffle_seed=0)
+        loader.load_state_dict(state)
+        lengths.add(len(loader))  # what Lightning reads: steps done plus steps left
+        batches = list(loader)
+        after.extend(int(i) for b in batches for i in b["id"])
+        assert steps + len(batches) == len(loader)
+    assert len(lengths) == 1  # every rank the same number of steps
+    assert sorted(before + after) == list(range(ROWS))
+    # the next epoch is whole again, with the new world's length
+    loader = CachedBatches(_table(), 8, rank=0, world_size=new_world, shuffle_seed=0)
+    loader.load_state_dict(state)
+    list(loader)
+    loader.epoch = 2
+    assert len(loader) == len(step_slices(ROWS, 8, new_world))
+
+
+def test_a_restore_at_an_epoch_end_starts_the_next_epoch_whole() -> None:
+    whole = len(CachedBatches(_table(), 8, rank=0, world_size=2))
+    _, state = _trained_before(2, whole, epoch=0)
+    assert state["rows"] == ROWS
+    loader = CachedBatches(_table(), 8, rank=0, world_size=2, shuffle_seed=0)
+    loader.load_state_dict(state)
+    loader.epoch = 1  # Lightning starts the next epoch
+    assert len(list(loader)) == whole
