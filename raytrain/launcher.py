@@ -258,7 +258,10 @@ def _train(
         name=job.name,
         storage_path=storage_path,
         storage_filesystem=storage_fs,
-        failure_config=FailureConfig(max_failures=job.failure.max_failures),
+        failure_config=FailureConfig(
+            max_failures=job.failure.max_failures,
+            max_preemption_failures=job.failure.max_preemptions,
+        ),
         checkpoint_config=CheckpointConfig(
             num_to_keep=ckpt.keep,
             checkpoint_score_attribute=SCORE_KEY if ckpt.monitor else None,

@@ -29,6 +29,7 @@ import ray
 from ray.train.torch import TorchTrainer
 
 from raytrain.errors import NonFiniteLossError
+from raytrain.preemption import NoticeCallback, PreemptedError
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class RaytrainTorchTrainer(TorchTrainer):
 
     def _create_default_callbacks(self) -> list[Any]:
         callbacks = super()._create_default_callbacks()
+        if _INTERNALS:
+            callbacks.append(NoticeCallback())  # a SIGTERM to a worker: a preemption notice
         if not self.trimmed:
             return callbacks
         drop: tuple[type, ...] = (PlacementGroupCleanerCallback,)
@@ -139,19 +142,30 @@ if _INTERNALS:
 
     class RaytrainFailurePolicy(DefaultFailurePolicy):
         """Ray Train's policy, except that a non-finite loss is never retried (see
-        ``raytrain.guards``)."""
+        ``raytrain.guards``), and that workers stopped by a SIGTERM notice (they raise
+        ``PreemptedError`` once their checkpoint is committed) are a preemption: retried
+        against ``max_preemption_failures``, as Ray does for a node drained for preemption,
+        not against ``max_failures``."""
 
         def make_decision(self, training_failed_error: Any) -> Any:
             failures = getattr(training_failed_error, "worker_failures", None) or {}
-            if any(_is_non_finite(error) for error in failures.values()):
+            if any(_wraps(error, NonFiniteLossError) for error in failures.values()):
                 return FailureDecision.RAISE
+            if failures and all(_wraps(e, PreemptedError) for e in failures.values()):
+                self._preemption_failures += 1
+                limit = self.failure_config.max_preemption_failures
+                if limit != -1 and self._preemption_failures > limit:
+                    return FailureDecision.RAISE
+                logger.warning("preempted (%d so far): restarting from its checkpoint",
+                               self._preemption_failures)  # fmt: skip
+                return FailureDecision.RETRY
             return super().make_decision(training_failed_error)
 
-    def _is_non_finite(error: BaseException | None) -> bool:
-        """Whether a worker's error is (or wraps) ``NonFiniteLossError``."""
+    def _wraps(error: BaseException | None, kind: type[BaseException]) -> bool:
+        """Whether a worker's error is (or wraps) an error of type ``kind``."""
         seen = 0
         while error is not None and seen < 10:
-            if type(error).__name__ == NonFiniteLossError.__name__:
+            if type(error).__name__ == kind.__name__:
                 return True
             error, seen = getattr(error, "cause", None) or error.__cause__, seen + 1
         return False

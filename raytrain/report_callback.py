@@ -170,7 +170,19 @@ class ReportCallback(pl.Callback):
         if self.publish is not None:
             self.publish(metrics)
 
-    def _checkpoint(self, trainer: pl.Trainer, kind: str) -> None:
+    def checkpoint_now(self, trainer: pl.Trainer, kind: str) -> None:
+        """Checkpoint this step (unless it just was), and return once Ray Train's controller
+        has taken the checkpoint: a report taken survives the worker group failing next,
+        one still in the worker's queue is dropped with it."""
+        import ray.train
+
+        if trainer.global_step != self._last_ckpt_step:
+            self._checkpoint(trainer, kind, upload="sync")
+        # Ray's report queue holds one report: this one waits until the checkpoint's is taken.
+        mode = ray.train.CheckpointUploadMode.SYNC
+        ray.train.report({"step": trainer.global_step}, checkpoint_upload_mode=mode)
+
+    def _checkpoint(self, trainer: pl.Trainer, kind: str, upload: str | None = None) -> None:
         import ray.train
 
         metrics = self._metrics(trainer, kind)
@@ -194,7 +206,7 @@ class ReportCallback(pl.Callback):
         ray.train.report(
             metrics,
             checkpoint=ckpt,
-            checkpoint_upload_mode=mode.ASYNC if self.upload == "async" else mode.SYNC,
+            checkpoint_upload_mode=mode.ASYNC if (upload or self.upload) == "async" else mode.SYNC,
             delete_local_checkpoint_after_upload=ckpt is not None,
         )
         self._last_ckpt_step = trainer.global_step

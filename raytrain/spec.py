@@ -169,6 +169,18 @@ class FailureSpec(_Section):
     max_failures: int = Field(
         default=0, ge=-1, description="Worker-group restarts allowed; -1: unlimited."
     )
+    max_preemptions: int = Field(
+        default=-1,
+        ge=-1,
+        description="Restarts after a preemption (a SIGTERM to a worker, a node drained for "
+        "preemption), counted apart from max_failures; -1: unlimited.",
+    )
+    preemption_check_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="How often, in seconds of training, the workers agree on whether a "
+        "preemption notice came (one small all-reduce); 0: every step.",
+    )
 
 
 class MlflowSpec(_Section):

@@ -54,28 +54,22 @@ def build_trainer(spec: JobSpec, callbacks: list[Any]) -> Any:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    _check_sigterm_every(trainer, t.log_every_n_steps)
+    _skip_lightning_sigterm_check(trainer)
     return prepare_trainer(trainer)
 
 
-def _check_sigterm_every(trainer: Any, n: int) -> None:
-    """Have Lightning agree across ranks on a SIGTERM every ``n`` batches, not every batch.
+def _skip_lightning_sigterm_check(trainer: Any) -> None:
+    """Drop the collective Lightning runs before every batch to agree on a SIGTERM.
 
     Under DDP, Lightning broadcasts rank 0's "received SIGTERM" flag before every training
-    batch: a collective (and a sync point) per step, for a signal that Ray Train handles by
-    itself. Every rank counts the same batches, so all still take part in the same
-    broadcasts; a SIGTERM is acted on up to ``n`` batches later.
+    batch: a collective (and a sync point) per step. Its flag is never set here: Lightning
+    installs its handler only from the main thread, and Ray Train runs the train loop in
+    another. SIGTERM is a preemption notice that ``raytrain.preemption`` records and
+    ``guards.PreemptionGuard`` agrees on, about once a second of training.
     """
     loop = trainer.fit_loop.epoch_loop
-    broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
-    if broadcast is None or n <= 1:  # another Lightning version, or asked for every batch
-        return
-
-    def every_n() -> None:
-        if loop.total_batch_idx % n == 0:
-            broadcast()
-
-    loop._broadcast_sigterm_tensor = every_n
+    if hasattr(loop, "_broadcast_sigterm_tensor"):
+        loop._broadcast_sigterm_tensor = lambda: None
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -120,9 +114,11 @@ def train_loop(config: dict[str, Any]) -> None:
             "_lightning_imported_at": imported,
         },
     )
-    from raytrain.guards import FiniteGuard
+    from raytrain.guards import FiniteGuard, PreemptionGuard
 
-    trainer = build_trainer(spec, [FiniteGuard(), report, LoaderPosition(train_loader)])
+    preemption = PreemptionGuard(report, spec.failure.preemption_check_s)  # after report
+    callbacks = [FiniteGuard(), report, preemption, LoaderPosition(train_loader)]
+    trainer = build_trainer(spec, callbacks)
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:

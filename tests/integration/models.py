@@ -72,20 +72,21 @@ def images_to_pixels(batch: dict) -> dict:
 
 
 class KillAtStepsCNN(DigitsCNN):
-    """SIGKILLs its own worker process (rank ``rank``) when ``global_step`` reaches each of
-    ``at_steps``, once each: workers lost mid-epoch. Appends what happens to
-    ``out_dir/events.jsonl`` with wall-clock times: each kill, and (rank 0) each start of
-    training and the first step it finishes (after a restore: the checkpoint's step + 1).
+    """SIGKILLs (or sends ``signal_name`` to) its own worker process (rank ``rank``) when
+    ``global_step`` reaches each of ``at_steps``, once each: workers lost mid-epoch. Appends
+    what happens to ``out_dir/events.jsonl`` with wall-clock times: each kill, and (rank 0)
+    each start of training and the first step it finishes (after a restore: the
+    checkpoint's step + 1).
 
     With ``run_dir`` (a local run folder) it kills only once Ray Train has committed the
     last checkpoint the worker took (its snapshot names it): a kill right after a report
     would otherwise race the controller's poll, and the run restore from an older one."""
 
     def __init__(self, out_dir: str, at_steps: tuple[int, ...] = (30,), rank: int = 1,
-                 run_dir: str | None = None, **kwargs):  # fmt: skip
+                 run_dir: str | None = None, signal_name: str = "SIGKILL", **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.out_dir, self.at_steps, self.kill_rank = out_dir, tuple(at_steps), rank
-        self.run_dir = run_dir
+        self.run_dir, self.signal_name = run_dir, signal_name
         self._first_step_pending = False
 
     def _record(self, event: str, **fields: float) -> None:
@@ -132,8 +133,8 @@ class KillAtStepsCNN(DigitsCNN):
         if mine and not os.path.exists(marker):
             self._wait_for_commit()
             open(marker, "w").close()
-            self._record("kill", step=step)
-            os.kill(os.getpid(), signal.SIGKILL)
+            self._record("kill", step=step, signal=self.signal_name)
+            os.kill(os.getpid(), getattr(signal, self.signal_name))
         return super().training_step(batch, batch_idx)
 
 
