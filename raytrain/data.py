@@ -173,11 +173,11 @@ def build_datasets(
         path = choose_path(spec, source, nbytes, object_store_bytes)
         if path == "driver":
             table = read_table(source, data.columns, options)
-            _check_rows(name, source, table.num_rows, spec.scaling.num_workers)
+            _check_rows(name, source, table.num_rows, spec.scaling.max_workers)
             cached[name] = CachedSet([ray.put(table)])
         elif path == "materialize":
             ds = read_source(source, data.columns, options, data.preprocess).materialize()
-            _check_rows(name, source, ds.count(), spec.scaling.num_workers)
+            _check_rows(name, source, ds.count(), spec.scaling.max_workers)
             cached[name] = CachedSet(ds.to_arrow_refs())
         else:
             logger.info("%s set: streamed from %s every epoch", name, source.uri)

@@ -57,7 +57,7 @@ def validate(
 def _check_before_ray(job: JobSpec) -> JobSpec:
     """Every check that needs no import of the model's code (cheap: a spec, file footers,
     the machine); the model's import is checked while Ray starts (``fit``) or after."""
-    capacity = None if ray_runtime.cluster_address() else preflight.local_capacity(job)
+    capacity = None if ray_runtime.joins_cluster() else preflight.local_capacity(job)
     preflight.raise_if(
         preflight.check_model_located(job)
         + preflight.check_strategy(job)
@@ -275,6 +275,7 @@ def _train(
         torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=job.scaling.num_workers,
+            elastic_resize_monitor_interval_s=job.scaling.resize_check_s,
             use_gpu=job.scaling.use_gpu,
             resources_per_worker=job.scaling.worker_resources(),
         ),

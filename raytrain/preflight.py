@@ -85,10 +85,11 @@ def local_capacity(spec: JobSpec) -> dict[str, float]:
 
 
 def check_capacity(spec: JobSpec, capacity: dict[str, float]) -> list[str]:
-    """``num_workers`` workers of ``resources_per_worker`` each fit into ``capacity``."""
+    """``num_workers`` workers (the minimum, if a range) of ``resources_per_worker`` each
+    fit into ``capacity``."""
     problems = []
     per_worker = spec.scaling.worker_resources()
-    workers = spec.scaling.num_workers
+    workers = spec.scaling.min_workers
     for resource, amount in per_worker.items():
         if amount <= 0:
             continue

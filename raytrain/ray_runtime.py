@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 from raytrain.spec import JobSpec
@@ -75,6 +76,16 @@ def cluster_address() -> str | None:
     return os.environ.get("RAY_ADDRESS") or None
 
 
+def joins_cluster() -> bool:
+    """Whether a run will join a cluster rather than this machine's embedded one:
+    ``RAY_ADDRESS`` is set, or this process is already connected to a cluster that
+    ``start_local`` did not start (a pipeline's own ``ray.init``)."""
+    if cluster_address():
+        return True
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized() and _started_env is None)
+
+
 # Logical CPUs to give an embedded cluster instead of the workers' plus DATA_CPUS.
 LOCAL_CPUS_ENV = "RAYTRAIN_LOCAL_CPUS"
 
@@ -82,7 +93,7 @@ LOCAL_CPUS_ENV = "RAYTRAIN_LOCAL_CPUS"
 def workers_cpus(spec: JobSpec) -> int:
     """Logical CPUs the training workers reserve."""
     per_worker = spec.scaling.worker_resources().get("CPU", 1.0)
-    return math.ceil(per_worker * spec.scaling.num_workers)
+    return math.ceil(per_worker * spec.scaling.max_workers)
 
 
 def local_cpus(spec: JobSpec) -> int:

@@ -117,8 +117,8 @@ class RaytrainTorchTrainer(TorchTrainer):
         # The cluster's processes already have these variables when they are the ones this
         # process started the cluster with; then no runtime environment is needed.
         inherited = self.trimmed and all(self._embedded_env.get(k) == v for k, v in env.items())
-        if inherited:
-            policy = controller_kwargs["scaling_policy"]
+        policy = controller_kwargs["scaling_policy"]
+        if inherited and isinstance(policy, FixedScalingPolicy):  # elastic stays Ray's own
             controller_kwargs["scaling_policy"] = LocalScalingPolicy(policy.scaling_config)
         else:
             options["runtime_env"] = {"env_vars": env}

@@ -232,6 +232,10 @@ class LoaderPosition(pl.Callback):
     def __init__(self, loader: Any):
         self.loader = loader
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A restore mid-epoch skips on_train_epoch_start; the restored loader knows its epoch.
+        _refit_epoch_length(trainer, self.loader)
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.loader.epoch = trainer.current_epoch
         _refit_epoch_length(trainer, self.loader)
@@ -245,10 +249,11 @@ class LoaderPosition(pl.Callback):
 def _refit_epoch_length(trainer: pl.Trainer, loader: Any) -> None:
     """Give Lightning this epoch's length when it differs from the one it read at setup.
 
-    Lightning reads a loader's length once, when fit starts. A loader restored mid-epoch
-    reports that epoch's length (steps done plus steps left); if the world size changed
-    since the checkpoint (an elastic restart), later epochs have another length, and
-    Lightning would end them early or validate at the wrong batch.
+    Lightning reads a loader's length once, when fit starts, and before it restores the
+    loader's state. A loader restored mid-epoch reports that epoch's length (steps done
+    plus steps left), which differs from a whole epoch's when the world size changed since
+    the checkpoint (an elastic restart); later epochs are whole again. Lightning would end
+    such epochs early (dropping rows) or validate at the wrong batch.
     """
     try:
         length = len(loader)
@@ -260,5 +265,8 @@ def _refit_epoch_length(trainer: pl.Trainer, loader: Any) -> None:
         return
     combined.limits = [length]
     fit_loop.max_batches = length
+    fetcher = fit_loop._data_fetcher
+    if fetcher is not None and fetcher.length is not None:  # already iterating this epoch
+        fetcher.length = length
     if isinstance(trainer.val_check_interval, float) and trainer.val_check_batch != float("inf"):
         trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))

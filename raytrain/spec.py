@@ -102,11 +102,47 @@ class DataSpec(_Section):
 
 
 class ScalingSpec(_Section):
-    num_workers: int = Field(default=2, ge=1, description="Ray Train workers (one per GPU/slot).")
+    num_workers: int | tuple[int, int] = Field(
+        default=2,
+        description="Ray Train workers (one per GPU/slot), or [min, max]: elastic, as many as "
+        "the cluster holds between the two; each keeps data.batch_size (the global batch "
+        "grows and shrinks with the workers).",
+    )
+    resize_check_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Elastic runs: how often a healthy run checks whether more workers fit "
+        "(growing restarts the workers from the latest checkpoint).",
+    )
     use_gpu: bool = Field(default=False, description="Give each worker one GPU.")
     resources_per_worker: dict[str, float] | None = Field(
         default=None, description="Ray resources per worker; default {CPU: 1} (+ GPU: 1)."
     )
+
+    @field_validator("num_workers")
+    @classmethod
+    def _worker_range(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
+        low, high = (value, value) if isinstance(value, int) else value
+        if low < 1:
+            raise ValueError(f"must be at least 1, got {low}")
+        if high < low:
+            raise ValueError(f"[min, max] needs max >= min, got [{low}, {high}]")
+        return value
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the worker count is a range."""
+        return not isinstance(self.num_workers, int)
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers the run trains on."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers the run trains on."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
 
     @field_validator("resources_per_worker")
     @classmethod

@@ -31,7 +31,9 @@ def version_tags(spec: JobSpec) -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     tags = {
-        "raytrain.world_size": str(spec.scaling.num_workers),
+        "raytrain.world_size": str(spec.scaling.num_workers)
+        if not spec.scaling.elastic
+        else f"{spec.scaling.min_workers}-{spec.scaling.max_workers}",
         "raytrain.strategy": spec.strategy.name,
         "raytrain.python": platform.python_version(),
     }

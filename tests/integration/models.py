@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import lightning.pytorch as pl
 import torch
 
@@ -195,3 +197,70 @@ class SeenCountCNN(KillAtStepsCNN):
         counts = torch.bincount(ids, minlength=len(self.seen))
         self.seen += self.trainer.strategy.reduce(counts, reduce_op="sum")
         return loss
+
+
+class NodeEventsCNN(SeenCountCNN):
+    """``SeenCountCNN`` for multi-node runs. Every rank records where it starts (``worker``:
+    rank, node, world size, step). Rank ``rank`` announces ``doomed`` (with its node) at
+    step ``doomed_at`` once its last checkpoint is committed, then waits to be taken down:
+    the test removes or drains its node. With ``notice_wait``, it instead waits only until
+    its worker has Ray's preemption notice, then trains on. With ``grow_at``, a run on
+    fewer than ``grow_to`` workers announces ``shrunk`` at that step (after the commit) and
+    waits to be restarted bigger. With ``hold_at``, every rank of the first group that gets
+    there waits at that step (after the commit) to be taken down: a preemption's deadline.
+    Each wait gives up after ``patience`` seconds."""
+
+    def __init__(self, out_dir: str, num_ids: int, *, doomed_at: int | None = None,
+                 rank: int = 1, grow_at: int | None = None, grow_to: int = 2,
+                 notice_wait: bool = False, hold_at: int | None = None,
+                 patience: float = 120, **kwargs):  # fmt: skip
+        super().__init__(out_dir=out_dir, num_ids=num_ids, at_steps=(), rank=rank, **kwargs)
+        self.doomed_at, self.grow_at, self.grow_to = doomed_at, grow_at, grow_to
+        self.notice_wait, self.patience, self.hold_at = notice_wait, patience, hold_at
+        self._group_started_at: int | None = None
+
+    def on_train_start(self) -> None:
+        import ray
+
+        super().on_train_start()
+        self._group_started_at = self.global_step
+        self._record("worker", rank=self.global_rank, node=ray.get_runtime_context().get_node_id(),
+                     world_size=self.trainer.world_size, step=self.global_step)  # fmt: skip
+
+    def _wait_until(self, done: Callable[[], bool]) -> None:
+        import time
+
+        deadline = time.monotonic() + self.patience
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import os
+
+        import ray
+
+        step, world = self.global_step, self.trainer.world_size
+        marker = f"{self.out_dir}/doomed-{step}"
+        if (
+            step == self.doomed_at
+            and self.global_rank == self.kill_rank
+            and not os.path.exists(marker)
+        ):
+            self._wait_for_commit()
+            open(marker, "w").close()
+            self._record("doomed", step=step, node=ray.get_runtime_context().get_node_id())
+            if self.notice_wait:
+                from raytrain.preemption import ray_preemption_info
+
+                self._wait_until(lambda: ray_preemption_info() is not None)
+            else:
+                self._wait_until(lambda: False)  # taken down with its node
+        if step == self.hold_at and self._group_started_at == 0:
+            self._wait_for_commit()
+            self._wait_until(lambda: False)  # taken down at the preemption's deadline
+        if step == self.grow_at and world < self.grow_to:
+            self._wait_for_commit()
+            if self.global_rank == 0:
+                self._record("shrunk", step=step, world_size=world)
+            self._wait_until(lambda: False)  # the resize restarts this group
+        return super().training_step(batch, batch_idx)

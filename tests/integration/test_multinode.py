@@ -1,0 +1,182 @@
+"""Node failures on a multi-node Ray cluster on this machine: a node holding a worker is
+removed (its raylet, object store and workers killed), or drained for a preemption, or
+nodes come and go under an elastic worker range. Each run must finish having trained on
+every row exactly once per epoch (counted in a buffer saved with the model), on the nodes
+that were left, with a metric history that only moves forward."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import raytrain
+from raytrain.checkpoint import CKPT_FILE, META_FILE
+from tests.conftest import digits_spec
+from tests.integration.multinode import (
+    WORKER_RESOURCES,
+    add_slot_node,
+    multinode_cluster,
+    node_by_id,
+    read_events,
+    run_with_actions,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+EPOCHS = 2
+
+
+def _spec(digits_dir: Path, tmp_path: Path, name: str, **init_args: Any) -> dict[str, Any]:
+    ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
+    val = pq.read_table(digits_dir / "val", columns=["id"]).column("id").to_pylist()
+    return digits_spec(
+        digits_dir, tmp_path, name=name,
+        model={"class_path": "tests.integration.models:NodeEventsCNN",
+               "init_args": {"out_dir": str(tmp_path), "num_ids": max(ids + val) + 1,
+                             "run_dir": str(tmp_path / "runs" / name), **init_args}},
+        data={"columns": ["id", "pixels", "label"], "shuffle": {"seed": 5}},
+        scaling={"num_workers": 2, "resources_per_worker": WORKER_RESOURCES},
+        trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5},
+        checkpoint={"every_n_steps": 10, "keep": 20},
+        failure={"max_failures": 1},
+    )  # fmt: skip
+
+
+def _assert_every_row_once_per_epoch(digits_dir: Path, result: Any) -> None:
+    ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
+
+    def step(checkpoint: str) -> int:
+        return json.loads((Path(checkpoint) / META_FILE).read_text())["step"]
+
+    final = max(result.checkpoints, key=step)
+    seen = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)[
+        "state_dict"
+    ]["seen"]
+    assert seen[ids].tolist() == [EPOCHS] * len(ids)
+    assert int(seen.sum()) == EPOCHS * len(ids)
+
+
+def _assert_history_forward(result: Any) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(result.tracking_uri)
+    assert client.get_run(result.mlflow_run_id).info.status == "FINISHED"
+    for key in ("train_loss", "val_acc"):
+        logged = [m.step for m in client.get_metric_history(result.mlflow_run_id, key)]
+        assert logged == sorted(set(logged)), (key, logged)
+    # and nothing lost with the nodes: every log_every_n_steps step is there
+    logged = {m.step for m in client.get_metric_history(result.mlflow_run_id, "train_loss")}
+    assert set(range(5, result.metrics["step"] + 1, 5)) <= logged
+
+
+def _groups(out_dir: Path) -> list[dict[int, str]]:
+    """Each worker group's {rank: node}, in start order (a group: its world size and the
+    step it started from; no test here restarts twice from one checkpoint)."""
+    groups: dict[tuple[int, int], dict[int, str]] = {}
+    for event in read_events(out_dir):
+        if event["event"] == "worker":
+            key = (event["world_size"], event["step"])
+            groups.setdefault(key, {})[event["rank"]] = event["node"]
+    return list(groups.values())
+
+
+def test_a_removed_node_restarts_the_workers_on_the_nodes_left(
+    digits_dir: Path, tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with multinode_cluster(monkeypatch, worker_nodes=3) as cluster:
+
+        def remove(event: dict[str, Any]) -> None:
+            cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
+
+        spec = _spec(digits_dir, tmp_path, "node-lost", doomed_at=35)
+        result, done = run_with_actions(
+            tmp_path, lambda: raytrain.fit(spec, progress=False), {"doomed": remove}
+        )
+        assert done == ["doomed"]
+
+    lost = next(e["node"] for e in read_events(tmp_path) if e["event"] == "doomed")
+    groups = _groups(tmp_path)
+    assert len(groups) == 2 and all(len(g) == 2 for g in groups)
+    assert groups[0][1] == lost and lost not in groups[1].values()
+    restarts = [e["step"] for e in read_events(tmp_path) if e["event"] == "worker"]
+    assert restarts == [0, 0, 30, 30]  # resumed from the step-30 checkpoint, mid-epoch
+    assert result.metrics["step"] == EPOCHS * 23
+    _assert_every_row_once_per_epoch(digits_dir, result)
+    _assert_history_forward(result)
+
+
+def drain_for_preemption(node_id: str, deadline_s: int) -> None:
+    """Ask the GCS to drain a node for a preemption with a deadline, as a cloud autoscaler
+    does when a spot node is reclaimed (`ray drain-node --reason
+    DRAIN_NODE_REASON_PREEMPTION`). Nothing kills the node: Ray Train acts on the notice."""
+    import time
+
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    deadline_ms = time.time_ns() // 1_000_000 + deadline_s * 1000
+    accepted, why = ray._private.worker.global_worker.gcs_client.drain_node(
+        node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        "spot instance reclaimed (test)", deadline_ms,
+    )  # fmt: skip
+    assert accepted, why
+
+
+def test_a_node_drained_for_preemption_checkpoints_and_moves_uncharged(
+    digits_dir: Path, tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with multinode_cluster(monkeypatch, worker_nodes=3):
+        spec = _spec(
+            digits_dir, tmp_path, "node-drained", doomed_at=35, notice_wait=True, hold_at=40
+        )
+        spec["failure"] = {"max_failures": 0, "preemption_check_s": 0}  # a restart is uncharged
+        actions = {"doomed": lambda event: drain_for_preemption(event["node"], deadline_s=6)}
+        result, done = run_with_actions(
+            tmp_path, lambda: raytrain.fit(spec, progress=False), actions
+        )
+        assert done == ["doomed"]
+
+    drained = next(e["node"] for e in read_events(tmp_path) if e["event"] == "doomed")
+    groups = _groups(tmp_path)
+    assert len(groups) == 2
+    assert groups[0][1] == drained and drained not in groups[1].values()
+    metas = [json.loads((Path(c) / META_FILE).read_text()) for c in result.checkpoints]
+    noticed = [m["step"] for m in metas if m["kind"] == "preemption (node drain)"]
+    assert len(noticed) == 1 and noticed[0] > 35  # saved once the notice came, then trained on
+    restarted = [e["step"] for e in read_events(tmp_path) if e["event"] == "worker"][2:]
+    assert restarted == [40, 40]  # from the last checkpoint before the deadline
+    assert result.metrics["step"] == EPOCHS * 23
+    _assert_every_row_once_per_epoch(digits_dir, result)
+    _assert_history_forward(result)
+
+
+def test_elastic_range_shrinks_on_a_lost_node_and_grows_back(
+    digits_dir: Path, tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """num_workers [1, 2]: a node lost → the run goes on with 1 worker; a node added → it
+    grows back to 2. Each worker keeps batch_size, so an epoch takes 45 steps on 1 worker
+    and 23 on 2; every row is still trained on exactly once per epoch across the resizes."""
+    with multinode_cluster(monkeypatch, worker_nodes=2) as cluster:
+
+        def remove(event: dict[str, Any]) -> None:
+            cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
+
+        spec = _spec(digits_dir, tmp_path, "elastic", doomed_at=15, grow_at=40)
+        spec["scaling"] = {**spec["scaling"], "num_workers": [1, 2], "resize_check_s": 1}
+        actions = {"doomed": remove, "shrunk": lambda event: add_slot_node(cluster)}
+        result, done = run_with_actions(
+            tmp_path, lambda: raytrain.fit(spec, progress=False), actions
+        )
+        assert done == ["doomed", "shrunk"]
+
+    groups = _groups(tmp_path)
+    assert [len(g) for g in groups] == [2, 1, 2]
+    starts = [e["step"] for e in read_events(tmp_path) if e["event"] == "worker"]
+    assert starts == [0, 0, 10, 40, 40]  # from the step-10, then the step-40 checkpoint
+    _assert_every_row_once_per_epoch(digits_dir, result)
+    _assert_history_forward(result)
