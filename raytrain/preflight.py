@@ -62,9 +62,12 @@ def check_model(spec: JobSpec) -> list[str]:
 
 
 def check_strategy(spec: JobSpec) -> list[str]:
-    """The strategy is one this version can run."""
-    if spec.strategy.name != "ddp":
-        return [f"strategy.name: {spec.strategy.name!r} is not supported yet (supported: ddp)"]
+    """FSDP options only come with the FSDP strategy (they would silently do nothing)."""
+    from raytrain.spec import FsdpSpec
+
+    if spec.strategy.name != "fsdp" and spec.strategy.fsdp != FsdpSpec():
+        return [f"strategy.fsdp: options for the fsdp strategy, but strategy.name is "
+                f"{spec.strategy.name!r}"]  # fmt: skip
     return []
 
 

@@ -49,6 +49,7 @@ class ReportCallback(pl.Callback):
         monitor: str | None = None,
         mode: str = "min",
         upload: str = "async",
+        sharded: bool = False,
         publish: Callable[[dict[str, Any]], None] | None = None,
         startup: dict[str, float] | None = None,
     ):
@@ -62,6 +63,7 @@ class ReportCallback(pl.Callback):
         self.monitor = monitor
         self.mode = mode
         self.upload = upload
+        self.sharded = sharded
         self.publish = publish
         # How long the last checkpoint held training up (saving, and a sync upload); sent
         # with the next metrics as ``checkpoint_blocked_s``.
@@ -182,22 +184,48 @@ class ReportCallback(pl.Callback):
         mode = ray.train.CheckpointUploadMode.SYNC
         ray.train.report({"step": trainer.global_step}, checkpoint_upload_mode=mode)
 
+    def _save(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> Any:
+        """Save the Lightning state into a local folder; returns the checkpoint this rank
+        reports (None: nothing of this rank's to upload).
+
+        DDP, or FSDP gathering a full state dict: rank 0 writes the one file. Sharded FSDP:
+        every rank writes its own shard (torch distributed checkpoint) into rank 0's folder
+        path, which Lightning broadcasts; on each node the ranks share that local folder and
+        its local rank 0 reports it, so Ray uploads every node's shards into the one
+        checkpoint folder (a folder reported by two ranks of a node would be deleted under
+        the other's upload).
+        """
+        import ray.train
+
+        tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
+        if self.sharded:
+            shared = trainer.strategy.broadcast(tmp)
+            if shared != tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp = shared
+        # A collective: every rank calls it.
+        trainer.save_checkpoint(os.path.join(tmp, CKPT_FILE))
+        if self.sharded:
+            trainer.strategy.barrier()  # every shard of this node is written
+        if trainer.global_rank == 0:
+            with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as handle:
+                json.dump(metrics, handle)
+        reports = trainer.global_rank == 0 or (
+            self.sharded and ray.train.get_context().get_local_rank() == 0
+        )
+        if reports:
+            return ray.train.Checkpoint.from_directory(tmp)
+        if not self.sharded:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return None
+
     def _checkpoint(self, trainer: pl.Trainer, kind: str, upload: str | None = None) -> None:
         import ray.train
 
         metrics = self._metrics(trainer, kind)
         self._publish(metrics)
         began = time.perf_counter()
-        tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
-        # A collective: every rank calls it; rank 0 writes the file under DDP.
-        trainer.save_checkpoint(os.path.join(tmp, CKPT_FILE))
-        ckpt = None
-        if trainer.global_rank == 0:
-            with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as handle:
-                json.dump(metrics, handle)
-            ckpt = ray.train.Checkpoint.from_directory(tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        ckpt = self._save(trainer, metrics)
         # async: uploaded in the background, training goes on while Ray copies the folder
         # and waits for the controller to take the report. Either way Ray commits the
         # checkpoint (and deletes the local copy) only once the upload is complete, and

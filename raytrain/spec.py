@@ -161,8 +161,34 @@ class ScalingSpec(_Section):
         return resources
 
 
+class FsdpSpec(_Section):
+    sharding: Literal["full", "grad_op", "no_shard", "hybrid"] = Field(
+        default="full",
+        description="What is sharded across workers: full (parameters, gradients, optimizer "
+        "state), grad_op (gradients and optimizer state), no_shard (DDP-like), hybrid (full "
+        "within a node, replicated across nodes).",
+    )
+    auto_wrap: list[str] = Field(
+        default_factory=list,
+        description="Module class names (or package.module:Class) each wrapped as its own "
+        "FSDP unit, e.g. a transformer block; empty: the whole model is one unit.",
+    )
+    activation_checkpointing: list[str] = Field(
+        default_factory=list,
+        description="Module class names whose activations are recomputed in the backward "
+        "pass instead of kept (less memory, more compute).",
+    )
+    cpu_offload: bool = Field(default=False, description="Keep parameters on the CPU.")
+    state_dict: Literal["sharded", "full"] = Field(
+        default="sharded",
+        description="Checkpoints: sharded (each worker writes its own shard, torch "
+        "distributed checkpoint) or full (gathered on rank 0 into one file).",
+    )
+
+
 class StrategySpec(_Section):
     name: Literal["ddp", "fsdp"] = Field(default="ddp", description="Distributed strategy.")
+    fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP options (name: fsdp).")
 
 
 Precision = Literal[

@@ -27,8 +27,9 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*Total length of `.*` across ranks is zero.*")
 
 
-def build_trainer(spec: JobSpec, callbacks: list[Any]) -> Any:
-    """A Lightning Trainer with the spec's options, prepared to run under Ray Train."""
+def build_trainer(spec: JobSpec, callbacks: list[Any], model: Any = None) -> Any:
+    """A Lightning Trainer with the spec's options, prepared to run under Ray Train
+    (``model``: what FSDP's module class names refer to)."""
     import lightning.pytorch as pl
     from ray.train.lightning import prepare_trainer
 
@@ -38,7 +39,7 @@ def build_trainer(spec: JobSpec, callbacks: list[Any]) -> Any:
     trainer = pl.Trainer(
         accelerator="gpu" if spec.scaling.use_gpu else "cpu",
         devices="auto",
-        strategy=build_strategy(spec),
+        strategy=build_strategy(spec, model),
         plugins=build_plugins(spec),
         callbacks=callbacks,
         max_epochs=t.max_epochs,
@@ -107,6 +108,7 @@ def train_loop(config: dict[str, Any]) -> None:
         monitor=ckpt.monitor,
         mode=ckpt.mode,
         upload=ckpt.upload,
+        sharded=spec.strategy.name == "fsdp" and spec.strategy.fsdp.state_dict == "sharded",
         publish=(lambda event: sink.put.remote(event)) if sink is not None else None,
         startup={
             "_worker_started_at": _process_started_at(entered),
@@ -118,7 +120,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
     preemption = PreemptionGuard(report, spec.failure.preemption_check_s)  # after report
     callbacks = [FiniteGuard(), report, preemption, LoaderPosition(train_loader)]
-    trainer = build_trainer(spec, callbacks)
+    trainer = build_trainer(spec, callbacks, model)
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:

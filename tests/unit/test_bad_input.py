@@ -29,7 +29,7 @@ CASES = {
     "column_missing": (["data.columns=[pixels, colour]"], "data.columns"),
     "too_many_workers": (["scaling.num_workers=4096"], "scaling.num_workers"),
     "gpu_without_gpus": (["scaling.use_gpu=true"], "scaling.use_gpu"),
-    "strategy_not_supported": (["strategy.name=fsdp"], "strategy.name"),
+    "fsdp_options_without_fsdp": (["strategy.fsdp.sharding=grad_op"], "strategy.fsdp"),
 }
 
 

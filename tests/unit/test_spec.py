@@ -73,9 +73,7 @@ def test_out_of_range_numbers_are_rejected() -> None:
     with pytest.raises(SpecError) as excinfo:
         load_spec("jobs/digits.yaml", ["scaling.num_workers=0", "trainer.max_epochs=-1"])
     problems = excinfo.value.problems
-    assert any(
-        p.startswith("scaling.num_workers:") and "greater than or equal to 1" in p for p in problems
-    )
+    assert any(p.startswith("scaling.num_workers:") and "at least 1" in p for p in problems)
     assert any(p.startswith("trainer.max_epochs:") for p in problems)
     assert len(problems) == 2  # every problem, not just the first
 
@@ -159,3 +157,14 @@ def test_storage_options_and_image_size() -> None:
     assert spec.digest() == load_spec("jobs/digits.yaml", ["data.cache=never"]).digest()
     with pytest.raises(SpecError, match=r"data\.train\.image_size: Value error, height and width"):
         load_spec("jobs/digits.yaml", ["data.train.format=images", "data.train.image_size=[0, 8]"])
+
+
+def test_an_elastic_worker_range() -> None:
+    spec = load_spec("jobs/digits.yaml", ["scaling.num_workers=[1, 3]"])
+    assert spec.scaling.elastic
+    assert (spec.scaling.min_workers, spec.scaling.max_workers) == (1, 3)
+    with pytest.raises(SpecError) as excinfo:
+        load_spec("jobs/digits.yaml", ["scaling.num_workers=[3, 1]"])
+    assert any(
+        p.startswith("scaling.num_workers:") and "max >= min" in p for p in excinfo.value.problems
+    )
