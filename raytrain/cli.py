@@ -2,6 +2,7 @@
 
     raytrain run SPEC [a.b=value ...] [--fresh] [--resume-anyway] [--verbose]
     raytrain validate SPEC [a.b=value ...]
+    raytrain export CHECKPOINT OUT
 
 Exit codes: 0 done, 1 training failed, 2 bad input (every problem printed, one per line).
 """
@@ -35,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="print the resolved spec, or every problem")
     validate.add_argument("spec", help="path to a job spec (YAML)")
     validate.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
+
+    export = sub.add_parser(
+        "export", help="write a checkpoint's model weights (sharded or not) as one state dict"
+    )
+    export.add_argument("checkpoint", help="a checkpoint folder or URI (checkpoint_...)")
+    export.add_argument("out", help="the file to write: .pt (torch) or .safetensors")
     return parser
 
 
@@ -60,8 +67,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [arg for arg in extra if arg.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    args.overrides = [*args.overrides, *extra]
+    if extra and not hasattr(args, "overrides"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
+        if args.command == "export":
+            from raytrain.export import export_checkpoint
+
+            state = export_checkpoint(args.checkpoint, args.out)
+            count = sum(v.numel() for v in state.values())
+            print(f"raytrain: wrote {args.out}: {len(state)} tensors, {count:,} values")
+            return EXIT_OK
         if args.command == "validate":
             from raytrain.launcher import validate
             from raytrain.spec import dump_spec

@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import torch
 
 from raytrain.models.digits import DigitsCNN
+from raytrain.models.tinygpt import TinyGPT
 
 
 class ExplodingCNN(DigitsCNN):
@@ -264,3 +265,47 @@ class NodeEventsCNN(SeenCountCNN):
                 self._record("shrunk", step=step, world_size=world)
             self._wait_until(lambda: False)  # the resize restarts this group
         return super().training_step(batch, batch_idx)
+
+
+PROBE_TEXT = b"def probe(x):\n    return [i * x for i in range(10) if i % 2]\n" * 4
+
+
+def probe_tokens(block: int) -> torch.Tensor:
+    """A fixed batch of text, the same for every run: one row of ``block + 1`` bytes."""
+    data = (PROBE_TEXT * (block // len(PROBE_TEXT) + 2))[: block + 1]
+    return torch.tensor(list(data), dtype=torch.long).unsqueeze(0)
+
+
+def probe_loss(model: torch.nn.Module, block: int) -> float:
+    """``model``'s next-byte loss on the probe text (a plain model, or the FSDP root)."""
+    tokens = probe_tokens(block)
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])
+    return float(torch.nn.functional.cross_entropy(logits.reshape(-1, 256).float(),
+                                                   tokens[:, 1:].reshape(-1)))  # fmt: skip
+
+
+class ProbedGPT(TinyGPT):
+    """``TinyGPT`` that measures its loss on a fixed text when training starts (after a
+    restore: with the restored weights) and when it ends, through the sharded model, and
+    appends ``{"when", "step", "world_size", "loss"}`` to ``out_dir/probes.jsonl``."""
+
+    def __init__(self, out_dir: str, **kwargs):
+        super().__init__(**kwargs)
+        self.out_dir = out_dir
+
+    def _probe(self, when: str) -> None:
+        import json
+
+        loss = probe_loss(self.trainer.model, self.hparams.block)  # a collective under FSDP
+        if self.global_rank == 0:
+            line = {"when": when, "step": self.global_step, "loss": loss,
+                    "world_size": self.trainer.world_size}  # fmt: skip
+            with open(f"{self.out_dir}/probes.jsonl", "a") as handle:
+                handle.write(json.dumps(line) + "\n")
+
+    def on_train_start(self) -> None:
+        self._probe("start")
+
+    def on_train_end(self) -> None:
+        self._probe("end")

@@ -21,29 +21,44 @@ WORKER_RESOURCES = {"CPU": 1, SLOT: 1}
 
 
 @contextmanager
-def multinode_cluster(monkeypatch: pytest.MonkeyPatch, worker_nodes: int) -> Iterator[Any]:
+def multinode_cluster(worker_nodes: int) -> Iterator[Any]:
     """A head (2 CPUs, no slot) and ``worker_nodes`` nodes of one slot each; this process
     is connected to it. Ray Train's preemption watcher is on (an embedded cluster turns it
     off in this process's environment) and polls every 0.5 s; a worker group that cannot
-    be placed is given up after 10 s."""
+    be placed is given up after 10 s.
+
+    A process connects to one cluster at a time: the session's embedded Ray, if running,
+    is stopped for the block and started again after it, with the environment it had."""
     import ray
     from ray.cluster_utils import Cluster
 
-    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
-    monkeypatch.setenv("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "0.5")
-    # After a node dies, Ray Train's view of the cluster lags up to 20 s: a restart at the
-    # old size waits this long for workers that cannot be placed, then tries again.
-    monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "10")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    try:
-        for _ in range(worker_nodes):
-            add_slot_node(cluster)
-        ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
+    from raytrain import ray_runtime
+
+    embedded_cpus = None
+    if ray.is_initialized():
+        embedded_cpus = int(ray.cluster_resources().get("CPU", 0)) or None
         ray.shutdown()
-        cluster.shutdown()
+        ray_runtime._started_env = None
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
+            env.setenv("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "0.5")
+            # After a node dies, Ray Train's view of the cluster lags up to 20 s: a restart
+            # at the old size waits this long for workers it cannot place, then tries again.
+            env.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "10")
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+            try:
+                for _ in range(worker_nodes):
+                    add_slot_node(cluster)
+                ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+                cluster.wait_for_nodes()
+                yield cluster
+            finally:
+                ray.shutdown()
+                cluster.shutdown()
+    finally:
+        if embedded_cpus:
+            ray_runtime.start_local(embedded_cpus)
 
 
 def add_slot_node(cluster: Any) -> Any:

@@ -86,9 +86,9 @@ def _groups(out_dir: Path) -> list[dict[int, str]]:
 
 
 def test_a_removed_node_restarts_the_workers_on_the_nodes_left(
-    digits_dir: Path, tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch
+    digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:
-    with multinode_cluster(monkeypatch, worker_nodes=3) as cluster:
+    with multinode_cluster(worker_nodes=3) as cluster:
 
         def remove(event: dict[str, Any]) -> None:
             cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
@@ -128,9 +128,9 @@ def drain_for_preemption(node_id: str, deadline_s: int) -> None:
 
 
 def test_a_node_drained_for_preemption_checkpoints_and_moves_uncharged(
-    digits_dir: Path, tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch
+    digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:
-    with multinode_cluster(monkeypatch, worker_nodes=3):
+    with multinode_cluster(worker_nodes=3):
         spec = _spec(
             digits_dir, tmp_path, "node-drained", doomed_at=35, notice_wait=True, hold_at=40
         )
@@ -156,12 +156,12 @@ def test_a_node_drained_for_preemption_checkpoints_and_moves_uncharged(
 
 
 def test_elastic_range_shrinks_on_a_lost_node_and_grows_back(
-    digits_dir: Path, tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch
+    digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:
     """num_workers [1, 2]: a node lost → the run goes on with 1 worker; a node added → it
     grows back to 2. Each worker keeps batch_size, so an epoch takes 45 steps on 1 worker
     and 23 on 2; every row is still trained on exactly once per epoch across the resizes."""
-    with multinode_cluster(monkeypatch, worker_nodes=2) as cluster:
+    with multinode_cluster(worker_nodes=2) as cluster:
 
         def remove(event: dict[str, Any]) -> None:
             cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
