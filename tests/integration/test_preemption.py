@@ -37,7 +37,9 @@ def test_a_sigterm_checkpoints_and_resumes_without_a_failure(
     metas = [json.loads((Path(c) / META_FILE).read_text()) for c in result.checkpoints]
     by_kind = {m["kind"]: m["step"] for m in metas}
     preempted_at = by_kind["preemption (SIGTERM)"]
-    assert preempted_at == 31  # the step the notice came in
+    # Python runs the handler when the worker's main thread next checks for signals, so
+    # the notice lands in a step or two after the signal; the checkpoint is of that step.
+    assert 30 < preempted_at < 2 * STEPS_PER_EPOCH
     assert sorted(m["step"] for m in metas) == sorted([23, preempted_at, 46, 69])
 
     # The restart began at the preemption checkpoint: no step was trained twice.
