@@ -68,6 +68,10 @@ def check_strategy(spec: JobSpec) -> list[str]:
     if spec.strategy.name != "fsdp" and spec.strategy.fsdp != FsdpSpec():
         return [f"strategy.fsdp: options for the fsdp strategy, but strategy.name is "
                 f"{spec.strategy.name!r}"]  # fmt: skip
+    if spec.strategy.fsdp.sharding == "hybrid" and not spec.scaling.use_gpu:
+        # Lightning builds the hybrid (nodes x workers) device mesh on CUDA devices
+        return ["strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true); "
+                "on CPU workers use full"]  # fmt: skip
     return []
 
 

@@ -51,7 +51,7 @@ def write_splits(train_uri: str, val_uri: str | None, max_bytes: int = MAX_BYTES
             text = handle.read()
         parts["val" if i % VAL_EVERY == VAL_EVERY - 1 else "train"].append(text)
         total += len(text)
-        if total >= max_bytes:
+        if total >= max_bytes and parts["val"]:  # a small corpus still gets a val file
             break
     for name, uri in (("train", train_uri), ("val", val_uri)):
         if uri is None:

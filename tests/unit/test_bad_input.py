@@ -30,6 +30,10 @@ CASES = {
     "too_many_workers": (["scaling.num_workers=4096"], "scaling.num_workers"),
     "gpu_without_gpus": (["scaling.use_gpu=true"], "scaling.use_gpu"),
     "fsdp_options_without_fsdp": (["strategy.fsdp.sharding=grad_op"], "strategy.fsdp"),
+    "hybrid_sharding_on_cpu": (
+        ["strategy.name=fsdp", "strategy.fsdp.sharding=hybrid"],
+        "strategy.fsdp.sharding",
+    ),
 }
 
 
