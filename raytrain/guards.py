@@ -43,6 +43,10 @@ class FiniteGuard(pl.Callback):
         )
 
 
+# The notices, by the code the ranks all-reduce (MAX: a SIGTERM wins over a node drain).
+NOTICES = (None, "node drain", "SIGTERM")
+
+
 class PreemptionGuard(pl.Callback):
     """Acts on a preemption notice (``raytrain.preemption``) within its grace window.
 
@@ -108,8 +112,7 @@ class PreemptionGuard(pl.Callback):
         now = time.perf_counter()
         per_step = (now - began) / max(steps, 1)
         proposal = max(1, min(1000, math.ceil(self.check_s / max(per_step, 1e-6))))
-        local = preemption.notice()
-        code = {None: 0, "node drain": 1, "SIGTERM": 2}[local]
+        code = NOTICES.index(preemption.notice())
         # one all-reduce (MAX) agrees on the notice and on the smallest proposed interval
         device = trainer.strategy.root_device  # a GPU under NCCL
         values = torch.tensor([code, -proposal], dtype=torch.int64, device=device)
@@ -118,4 +121,4 @@ class PreemptionGuard(pl.Callback):
         code, interval = int(values[0]), -int(values[1])
         self._since = (step, now)
         self._next_check = step + interval
-        return {0: None, 1: "node drain", 2: "SIGTERM"}[code]
+        return NOTICES[code]

@@ -37,7 +37,7 @@ def build_strategy(spec: JobSpec, model: Any = None) -> Any:
     kwargs: dict[str, Any] = {}
     if fsdp.sharding == "hybrid":
         # shard within a node, replicate across nodes: a (nodes, workers per node) mesh
-        kwargs["device_mesh"] = _hybrid_mesh(spec)
+        kwargs["device_mesh"] = _hybrid_mesh()
     return _fsdp_strategy_class()(
         sharding_strategy=SHARDING[fsdp.sharding],
         auto_wrap_policy=set(wrap) or None,
@@ -95,7 +95,7 @@ def _fsdp_strategy_class() -> type:
     return RaytrainFSDPStrategy
 
 
-def _hybrid_mesh(spec: JobSpec) -> tuple[int, int]:
+def _hybrid_mesh() -> tuple[int, int]:
     import ray.train
 
     context = ray.train.get_context()
