@@ -1,6 +1,7 @@
 """raytrain: train PyTorch Lightning modules on Ray, from a job spec.
 
-The public surface: load and validate a spec, train it, and the errors it may raise.
+The public surface: load and validate a spec, train it here (``fit``) or on a cluster
+(``submit``, a ``JobHandle`` to follow it), and the errors it may raise.
 """
 
 from raytrain.errors import (
@@ -11,19 +12,25 @@ from raytrain.errors import (
     TrackingError,
     TrainingFailed,
 )
+from raytrain.jobs_client import JobHandle, JobsError, attach, list_jobs, submit
 from raytrain.spec import JobSpec, load_spec
 
 __all__ = [
     "FitResult",
+    "JobHandle",
     "JobSpec",
+    "JobsError",
     "RaytrainError",
     "RunStateError",
     "SpecError",
     "StorageError",
     "TrackingError",
     "TrainingFailed",
+    "attach",
     "fit",
+    "list_jobs",
     "load_spec",
+    "submit",
     "validate",
 ]
 

@@ -3,8 +3,11 @@
     raytrain run SPEC [a.b=value ...] [--fresh] [--resume-anyway] [--verbose]
     raytrain validate SPEC [a.b=value ...]
     raytrain export CHECKPOINT OUT
+    raytrain submit SPEC [a.b=value ...] --address URL [--follow] [--working-dir DIR] ...
+    raytrain status|logs|stop JOB_ID [--address URL]      raytrain list [--address URL]
 
-Exit codes: 0 done, 1 training failed, 2 bad input (every problem printed, one per line).
+Exit codes: 0 done, 1 training (or the submitted job) failed, 2 bad input: a spec, a file, an
+address, a token, a job id (every problem printed, one per line).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import sys
 from collections.abc import Sequence
 
 from raytrain.errors import EXIT_OK, RaytrainError
+
+JOB_COMMANDS = ("submit", "status", "logs", "stop", "list")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +47,51 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("checkpoint", help="a checkpoint folder or URI (checkpoint_...)")
     export.add_argument("out", help="the file to write: .pt (torch) or .safetensors")
+    _add_job_commands(sub)
     return parser
+
+
+def _add_address(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument(
+        "--address",
+        help="the cluster's job server, http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS); "
+        "its token comes from $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token",
+    )
+
+
+def _add_job_commands(sub) -> None:
+    submit = sub.add_parser("submit", help="run a job spec on a Ray cluster, as a Ray job")
+    submit.add_argument("spec", help="path to a job spec (YAML) inside the working dir")
+    submit.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
+    _add_address(submit)
+    submit.add_argument("--follow", action="store_true", help="stream the logs to the end")
+    submit.add_argument(
+        "--working-dir", default=".", help="folder to upload (honours .gitignore; default: .)"
+    )
+    submit.add_argument(
+        "--pip", action="append", default=[], metavar="REQ", help="a package to install for it"
+    )
+    submit.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="a job env variable"
+    )
+    submit.add_argument("--job-id", help="the submission id (default: Ray picks one)")
+    submit.add_argument("--fresh", action="store_true", help="delete the run's checkpoints first")
+    submit.add_argument(
+        "--resume-anyway", action="store_true", help="resume even though the spec changed"
+    )
+    for name, text in (
+        ("status", "a job's status and message"),
+        ("logs", "a job's driver output"),
+        ("stop", "stop a job"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("job_id")
+        _add_address(cmd)
+        if name == "logs":
+            cmd.add_argument("--follow", action="store_true", help="stream until the job ends")
+        if name == "stop":
+            cmd.add_argument("--wait", action="store_true", help="wait until it has stopped")
+    _add_address(sub.add_parser("list", help="the cluster's jobs"))
 
 
 def _print_summary(result) -> None:
@@ -71,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
+        if args.command in JOB_COMMANDS:
+            from raytrain.cli_jobs import run_job_command
+
+            return run_job_command(args)
         if args.command == "export":
             from raytrain.export import export_checkpoint
 
@@ -107,14 +160,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def run() -> None:
+def run(argv: Sequence[str] | None = None) -> None:
     """The ``raytrain`` console script: ``main``, then exit without tearing the interpreter
     down. Everything the run writes is written and closed by then; what is left is freeing
     torch's, Lightning's and MLflow's modules one by one, 2-3 s measured on 2 cores."""
     import logging
     import os
 
-    code = main()
+    code = main(argv)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

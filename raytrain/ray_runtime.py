@@ -86,6 +86,22 @@ def joins_cluster() -> bool:
     return bool(ray is not None and ray.is_initialized() and _started_env is None)
 
 
+# Ray's job server gives a job's driver its submission id in this variable (JSON metadata).
+_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def submission_id() -> str | None:
+    """The Ray job id (``raysubmit_...`` or the ``--job-id`` given) when this process is a
+    submitted job's driver; None for a run started by hand."""
+    import json
+
+    try:
+        metadata = json.loads(os.environ.get(_JOB_CONFIG_ENV, "{}")).get("metadata") or {}
+    except ValueError:
+        return None
+    return metadata.get("job_submission_id") or None
+
+
 # Logical CPUs to give an embedded cluster instead of the workers' plus DATA_CPUS.
 LOCAL_CPUS_ENV = "RAYTRAIN_LOCAL_CPUS"
 

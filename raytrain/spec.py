@@ -248,7 +248,8 @@ class FailureSpec(_Section):
 class MlflowSpec(_Section):
     tracking_uri: str | None = Field(
         default=None,
-        description="MLflow tracking URI; default: a local store under the checkpoint storage.",
+        description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI, else mlflow.db in the "
+        "current folder.",
     )
     experiment: str | None = Field(default=None, description="Experiment name; default: `name`.")
     tags: dict[str, str] = Field(default_factory=dict, description="Extra tags on the run.")

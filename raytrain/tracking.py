@@ -45,6 +45,15 @@ def version_tags(spec: JobSpec) -> dict[str, str]:
     return tags
 
 
+def attempt_tags() -> dict[str, str]:
+    """Tags of this attempt at the run: the Ray job it runs as, when it was submitted (a
+    resumed run records its latest job)."""
+    from raytrain.ray_runtime import submission_id
+
+    job = submission_id()
+    return {"raytrain.ray_job_id": job} if job else {}
+
+
 def _last_steps(client: Any, run_id: str) -> dict[str, int]:
     """The last step logged for each metric of the run: MLflow's latest value per key is
     the one at the highest step."""
@@ -84,7 +93,9 @@ class MlflowTracker:
             try:
                 client.get_run(run_id)
                 client.update_run(run_id, status="RUNNING")
-                return cls(client, run_id, tracking_uri), True
+                tracker = cls(client, run_id, tracking_uri)
+                tracker.set_tags(attempt_tags())
+                return tracker, True
             except MlflowException:
                 pass
         name = spec.tracking.mlflow.experiment or spec.name
@@ -95,7 +106,12 @@ class MlflowTracker:
             experiment_id = client.create_experiment(
                 name, artifact_location=_artifacts(tracking_uri, name)
             )
-        tags = {**version_tags(spec), **spec.tracking.mlflow.tags, "raytrain.job": spec.name}
+        tags = {
+            **version_tags(spec),
+            **attempt_tags(),
+            **spec.tracking.mlflow.tags,
+            "raytrain.job": spec.name,
+        }
         run = client.create_run(experiment_id, run_name=spec.name, tags=tags)
         return cls(client, run.info.run_id, tracking_uri), False
 
@@ -141,6 +157,8 @@ class MlflowTracker:
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
+        if not tags:
+            return
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def finish(self, status: str, error: str | None = None) -> None:

@@ -1,0 +1,310 @@
+"""Sending a job spec to a Ray cluster's job server, and following it there.
+
+``submit`` checks the spec here (its schema: nothing on the cluster is touched for a typo),
+uploads the working directory (Ray's runtime environment: it honours ``.gitignore``), and
+starts ``python -m raytrain run SPEC ...`` as a Ray job; the job's driver joins the cluster
+through the ``RAY_ADDRESS`` Ray sets for it. The returned ``JobHandle`` follows the job by id,
+so a pipeline step can submit in one task and wait or stop in another.
+
+The cluster's token (Ray token authentication) comes from ``token=``, ``$RAY_AUTH_TOKEN``,
+the file ``$RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, in that order. It travels in the
+HTTP ``Authorization`` header only: it is never printed, logged, or put in the job's
+runtime environment (the job's driver gets the cluster's own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raytrain.errors import EXIT_BAD_INPUT, RaytrainError
+
+# Where a job server is found when no address is given: Ray's own variables for its CLI.
+ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+DEFAULT_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+# Never sent with a working directory, on top of what its .gitignore leaves out.
+WORKING_DIR_EXCLUDES = [".git", ".venv", "__pycache__", "*.egg-info"]
+
+
+class JobsError(RaytrainError):
+    """The job server cannot be reached or used: address, token, job id (bad input)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+def resolve_address(address: str | None) -> str:
+    """The job server's URL: ``address``, else ``$RAY_API_SERVER_ADDRESS`` or
+    ``$RAY_ADDRESS`` when it is an http(s) URL; a bare ``host:port`` gets ``http://``."""
+    if not address:
+        for name in ADDRESS_ENVS:
+            value = os.environ.get(name, "")
+            if value.startswith(("http://", "https://")):
+                address = value
+                break
+    if not address:
+        raise JobsError(
+            "no cluster address: pass --address http://HEAD:8265 (the head's dashboard "
+            "and job server) or set RAY_API_SERVER_ADDRESS"
+        )
+    if "://" not in address:
+        address = f"http://{address}"
+    if not address.startswith(("http://", "https://")):
+        raise JobsError(f"--address {address}: the job server is an http:// or https:// URL")
+    return address.rstrip("/")
+
+
+def resolve_token(token: str | None = None) -> str | None:
+    """The cluster's token, from ``token``, ``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH`` or
+    ``~/.ray/auth_token``; None when there is none (a cluster without authentication)."""
+    if token:
+        return token.strip()
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV].strip()
+    path = os.environ.get(TOKEN_PATH_ENV)
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise JobsError(
+                f"{TOKEN_PATH_ENV}={path}: cannot read the token file ({exc.strerror})"
+            ) from None
+    if DEFAULT_TOKEN_FILE.is_file():
+        return DEFAULT_TOKEN_FILE.read_text().strip()
+    return None
+
+
+def _refused(exc: Exception, address: str) -> JobsError | None:
+    """Our message for the job server's 'no token' (401) and 'wrong token' (403); Ray's
+    own names neither the address nor where raytrain looks for the token."""
+    from ray.exceptions import AuthenticationError
+
+    text = str(exc)
+    if not isinstance(exc, AuthenticationError) and "status code 40" not in text:
+        return None
+    where = f"{TOKEN_ENV}, the file {TOKEN_PATH_ENV} names, or {DEFAULT_TOKEN_FILE}"
+    if "Missing" in text or "required" in text:
+        return JobsError(f"{address}: the cluster requires a token; none was found in {where}")
+    if "Invalid" in text or "failed" in text or "403" in text:
+        return JobsError(f"{address}: the cluster refused the token from {where}")
+    return None
+
+
+class JobServer:
+    """A connection to one cluster's job server (``ray.job_submission.JobSubmissionClient``
+    with the token in its headers), translating its failures into ``JobsError``."""
+
+    def __init__(self, address: str | None = None, *, token: str | None = None):
+        from ray.job_submission import JobSubmissionClient
+
+        self.address = resolve_address(address)
+        secret = resolve_token(token)
+        headers = {"Authorization": f"Bearer {secret}"} if secret else None
+        try:
+            self.client = JobSubmissionClient(self.address, headers=headers)
+            # the version check above is open to all; this call needs the token
+            self.client.list_jobs()
+        except ConnectionError:
+            raise JobsError(
+                f"{self.address}: no Ray job server answers there (is the head up, and "
+                "is this its dashboard port, 8265 by default?)"
+            ) from None
+        except Exception as exc:
+            raise (_refused(exc, self.address) or JobsError(f"{self.address}: {exc}")) from None
+
+    def call(self, what: str, job_id: str | None, fn, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args)`` on the client; an unknown job id or a refusal is a ``JobsError``."""
+        try:
+            return fn(*args, **kwargs)
+        except ConnectionError:
+            raise JobsError(f"{self.address}: the job server stopped answering") from None
+        except Exception as exc:
+            if job_id and "404" in str(exc):
+                raise JobsError(f"job {job_id}: no such job on {self.address}") from None
+            refused = _refused(exc, self.address)
+            if refused:
+                raise refused from None
+            raise JobsError(f"{what} on {self.address}: {exc}") from None
+
+    def handle(self, job_id: str) -> JobHandle:
+        """The handle of an existing job; an unknown id is a ``JobsError``."""
+        self.call("status", job_id, self.client.get_job_status, job_id)
+        return JobHandle(job_id, self)
+
+    def jobs(self) -> list[Any]:
+        """Every job the server knows, oldest first (Ray's ``JobDetails``)."""
+        found = self.call("list", None, self.client.list_jobs)
+        return sorted(found, key=lambda j: j.start_time or 0)
+
+
+@dataclass
+class JobHandle:
+    """A job on a cluster, by id: what a pipeline keeps between steps."""
+
+    job_id: str
+    server: JobServer
+
+    def _call(self, what: str, fn, *args: Any) -> Any:
+        return self.server.call(what, self.job_id, fn, self.job_id, *args)
+
+    def status(self) -> str:
+        """PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
+        return str(self._call("status", self.server.client.get_job_status).value)
+
+    def info(self) -> Any:
+        """Ray's ``JobDetails``: status, message, entrypoint, times, metadata."""
+        return self._call("info", self.server.client.get_job_info)
+
+    def logs(self) -> str:
+        """The job's driver output so far."""
+        return self._call("logs", self.server.client.get_job_logs)
+
+    def follow(self) -> Iterator[str]:
+        """The driver's output as it comes, until the job ends."""
+        stream = self._call("logs", self.server.client.tail_job_logs)
+        loop = asyncio.new_event_loop()
+        try:
+            while True:
+                try:
+                    yield loop.run_until_complete(stream.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            loop.run_until_complete(stream.aclose())
+            loop.close()
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 1.0) -> str:
+        """Block until the job ends and return its final status; ``TimeoutError`` after
+        ``timeout_s`` (the job keeps running)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while (status := self.status()) not in TERMINAL:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.job_id} still {status} after {timeout_s}s")
+            time.sleep(poll_s)
+        return status
+
+    def stop(self) -> bool:
+        """Ask the cluster to stop the job (SIGTERM to its driver, then SIGKILL); False
+        when it had already ended."""
+        return bool(self._call("stop", self.server.client.stop_job))
+
+
+def entrypoint(spec_path: str, overrides: Iterable[str], flags: Sequence[str] = ()) -> str:
+    """The job's command: raytrain's own CLI, from the working directory's copy or the
+    cluster's install."""
+    return shlex.join(["python", "-m", "raytrain", "run", spec_path, *overrides, *flags])
+
+
+def _spec_in_working_dir(spec: str | os.PathLike[str], working_dir: Path) -> str:
+    """``spec`` relative to ``working_dir``: the job reads it from the uploaded copy."""
+    path = Path(spec).resolve()
+    try:
+        return path.relative_to(working_dir).as_posix()
+    except ValueError:
+        raise JobsError(
+            f"{spec}: the spec is outside the working directory {working_dir}; the cluster "
+            "only gets that directory (move the spec there or pass --working-dir)"
+        ) from None
+
+
+def _warnings(job: Any, env: Mapping[str, str]) -> list[str]:
+    """What a run on a cluster keeps only until its job's working dir is deleted."""
+    notes = []
+    if "://" not in job.checkpoint.storage and not os.path.isabs(job.checkpoint.storage):
+        notes.append(
+            f"checkpoint.storage {job.checkpoint.storage!r} is a relative path: on the "
+            "cluster it lands in the job's copy of the working dir and goes with it; use "
+            "s3://, gs://, abfs:// or a path every node shares"
+        )
+    if not job.tracking.mlflow.tracking_uri and "MLFLOW_TRACKING_URI" not in env:
+        notes.append(
+            "no tracking.mlflow.tracking_uri and no --env MLFLOW_TRACKING_URI: the run's "
+            "MLflow record lands in the job's working dir; point it at an MLflow server"
+        )
+    return notes
+
+
+def submit(
+    spec: str | os.PathLike[str],
+    overrides: Iterable[str] = (),
+    *,
+    address: str | None = None,
+    token: str | None = None,
+    working_dir: str | os.PathLike[str] | None = ".",
+    pip: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    job_id: str | None = None,
+    fresh: bool = False,
+    resume_anyway: bool = False,
+    warn: bool = True,
+) -> JobHandle:
+    """Submit the job spec at ``spec`` (with dotted ``overrides``) to the cluster at
+    ``address`` and return its handle at once.
+
+    ``working_dir`` (uploaded; the spec must be inside it) carries the job's code, raytrain's
+    too when it is a raytrain checkout; with ``working_dir=None`` the spec path is taken as
+    it is on the cluster. ``pip`` installs packages for the job (``["raytrain==0.3"]`` on a
+    cluster without it). ``env`` sets the job's environment (an MLflow server's URI, ...).
+    """
+    from raytrain.spec import load_spec
+
+    overrides = list(overrides)
+    env = dict(env or {})
+    if TOKEN_ENV in env:
+        raise JobsError(
+            f"--env {TOKEN_ENV}: the job's driver uses the cluster's own token; sending it "
+            "would put it in the job's recorded runtime environment"
+        )
+    runtime_env: dict[str, Any] = {}
+    if working_dir is not None:
+        root = Path(working_dir).resolve()
+        if not root.is_dir():
+            raise JobsError(f"--working-dir {working_dir}: not a directory")
+        spec_path = _spec_in_working_dir(spec, root)
+        runtime_env["working_dir"] = str(root)
+        runtime_env["excludes"] = WORKING_DIR_EXCLUDES
+    else:
+        spec_path = str(spec)
+    # checked here when it is here: a typo fails before anything reaches the cluster
+    job = load_spec(spec, overrides) if working_dir is not None or Path(spec).is_file() else None
+    if job is not None and warn:
+        for line in _warnings(job, env):
+            print(f"raytrain: warning: {line}", file=sys.stderr)
+    if pip:
+        runtime_env["pip"] = list(pip)
+    if env:
+        runtime_env["env_vars"] = env
+    flags = [*(["--fresh"] if fresh else []), *(["--resume-anyway"] if resume_anyway else [])]
+    server = JobServer(address, token=token)
+    submitted = server.call(
+        "submit",
+        None,
+        server.client.submit_job,
+        entrypoint=entrypoint(spec_path, overrides, flags),
+        runtime_env=runtime_env or None,
+        submission_id=job_id,
+        metadata={"raytrain_job": job.name if job else spec_path},
+    )
+    return JobHandle(submitted, server)
+
+
+def attach(job_id: str, *, address: str | None = None, token: str | None = None) -> JobHandle:
+    """The handle of a job submitted earlier (a pipeline's later step); ``JobsError`` for an
+    unknown id."""
+    return JobServer(address, token=token).handle(job_id)
+
+
+def list_jobs(*, address: str | None = None, token: str | None = None) -> list[Any]:
+    """Every job on the cluster's job server, oldest first (Ray's ``JobDetails``)."""
+    return JobServer(address, token=token).jobs()

@@ -1,0 +1,182 @@
+"""A real Ray cluster started as users start one: ``ray start --head`` with its dashboard and
+job server on loopback, token authentication on, and worker nodes joined with ``ray start
+--address``. Every process it starts is stopped at the end, and only those: ``ray stop``
+would kill every Ray on the machine, the tests' embedded one too."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.integration.servers import _die_with_parent, free_port
+
+
+@dataclass
+class RayHead:
+    """A running head: where its job server answers, and the token it wants."""
+
+    dashboard_url: str
+    gcs_address: str
+    token: str
+    temp_dir: Path
+    env: dict[str, str]
+    nodes: list[subprocess.Popen] = field(default_factory=list)
+
+    def request(self, path: str, *, token: str | None = None) -> dict:
+        """GET a dashboard API path as JSON, with ``token`` (the head's by default)."""
+        req = urllib.request.Request(
+            self.dashboard_url + path,
+            headers={"Authorization": f"Bearer {self.token if token is None else token}"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def alive_nodes(self) -> int:
+        summary = self.request("/nodes?view=summary")["data"]["summary"]
+        return sum(1 for node in summary if node["raylet"]["state"] == "ALIVE")
+
+
+def _node_ports() -> list[str]:
+    """Ports a node on this machine must not share with another node here."""
+    return [
+        "--dashboard-agent-listen-port", str(free_port()),
+        "--metrics-export-port", str(free_port()),
+        "--runtime-env-agent-port", str(free_port()),
+    ]  # fmt: skip
+
+
+def _answers(url: str) -> bool:
+    """Whether an HTTP server answers at ``url`` (401 is an answer: it wants a token)."""
+    try:
+        urllib.request.urlopen(url, timeout=2)
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _wait(what: str, ready, procs: list[subprocess.Popen], logs: list[Path]) -> None:
+    deadline = time.monotonic() + 90
+    while not ready():
+        died = [p for p in procs if p.poll() is not None]
+        if died or time.monotonic() > deadline:
+            text = "\n".join(log.read_text()[-3000:] for log in logs if log.exists())
+            raise RuntimeError(f"{what} did not start:\n{text}")
+        time.sleep(0.5)
+
+
+def _processes_under(marker: str) -> set[int]:
+    """Pids whose command line names ``marker`` (the cluster's temp dir), and all their
+    descendants (Ray's agents rename themselves and lose it)."""
+    table: dict[int, tuple[int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with suppress(OSError):
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            table[int(entry)] = (ppid, cmd)
+    found = {pid for pid, (_, cmd) in table.items() if marker in cmd}
+    grew = True
+    while grew:
+        children = {pid for pid, (ppid, _) in table.items() if ppid in found} - found
+        found |= children
+        grew = bool(children)
+    return found
+
+
+def stop_cluster(temp_dir: Path, procs: list[subprocess.Popen]) -> None:
+    """SIGTERM the ``ray start`` processes and everything of this cluster, then SIGKILL
+    whatever is left after a grace period."""
+    for proc in procs:
+        with suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=20)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _processes_under(str(temp_dir))
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while pids and time.monotonic() < deadline:
+            pids = {pid for pid in pids if os.path.exists(f"/proc/{pid}")}
+            time.sleep(0.2)
+
+
+def start_node(head: RayHead, log: Path, *, num_cpus: int) -> subprocess.Popen:
+    """Join a worker node with ``num_cpus`` CPUs to ``head`` and wait until it is alive."""
+    before = head.alive_nodes()
+    # a temp dir of its own (named after the head's, for stop_cluster): nodes sharing one
+    # would share runtime_resources, and one node's agent deletes what another's job runs in
+    temp_dir = f"{head.temp_dir}-n{len(head.nodes) + 1}"
+    cmd = ["ray", "start", "--block", "--address", head.gcs_address,
+           "--num-cpus", str(num_cpus), "--temp-dir", temp_dir, *_node_ports()]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=head.env, start_new_session=True,
+                            preexec_fn=_die_with_parent)  # fmt: skip
+    head.nodes.append(proc)
+    _wait("a Ray worker node", lambda: head.alive_nodes() > before, [proc], [log])
+    return proc
+
+
+@contextmanager
+def ray_head(
+    work: Path, *, num_cpus: int = 2, env: dict[str, str] | None = None, args: tuple = ()
+) -> Iterator[RayHead]:
+    """Start ``ray start --head`` with token authentication on, the dashboard (and its job
+    server) on a free loopback port, state under a short temp dir in ``work``'s name."""
+    token = secrets.token_hex(16)
+    token_file = work / "auth_token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    # unix socket paths must stay under 108 bytes: the temp dir is short
+    temp_dir = Path(f"/tmp/rth-{os.getpid()}-{secrets.token_hex(3)}")
+    head_env = {
+        **os.environ,
+        **(env or {}),
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_file),
+    }
+    head_env.pop("RAY_ADDRESS", None)
+    head_env.pop("RAY_AUTH_TOKEN", None)
+    gcs_port, dash_port = free_port(), free_port()
+    cmd = ["ray", "start", "--head", "--block", "--port", str(gcs_port),
+           "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
+           "--include-dashboard", "true", "--num-cpus", str(num_cpus),
+           "--temp-dir", str(temp_dir), "--disable-usage-stats",
+           "--ray-client-server-port", str(free_port()), *_node_ports(), *args]  # fmt: skip
+    log = work / "ray-head.log"
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=head_env, start_new_session=True,
+                            preexec_fn=_die_with_parent)  # fmt: skip
+    head = RayHead(
+        dashboard_url=f"http://127.0.0.1:{dash_port}",
+        gcs_address=f"127.0.0.1:{gcs_port}",
+        token=token,
+        temp_dir=temp_dir,
+        env=head_env,
+    )
+    try:
+        _wait("the Ray head", lambda: _answers(head.dashboard_url + "/api/version"), [proc], [log])
+        _wait("the Ray head's node", lambda: head.alive_nodes() >= 1, [proc], [log])
+        yield head
+    finally:
+        stop_cluster(temp_dir, [*head.nodes, proc])
+        for path in Path("/tmp").glob(f"{temp_dir.name}*"):
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,164 @@
+"""Jobs sent to a real Ray head, as users send them: ``raytrain submit``, ``ray job submit``
+and the Python API, against ``ray start --head`` with token authentication on and a second
+node. Each job records its run in MLflow, found by the Ray job id it ran as."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import raytrain
+from tests.conftest import digits_spec, write_spec
+from tests.integration.cli_runs import ROOT
+from tests.integration.ray_head import RayHead, ray_head, start_node
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
+    """A head with 2 CPUs and a worker node with 2: room for 2 workers and Ray Data."""
+    work = tmp_path_factory.mktemp("head")
+    with ray_head(work, num_cpus=2) as cluster:
+        start_node(cluster, work / "node.log", num_cpus=2)
+        yield cluster
+
+
+def job_dir(tmp_path: Path, digits_dir: Path, **sections) -> Path:
+    """A working dir to upload: the spec (absolute data, storage and tracking paths: the
+    nodes share this machine's disk) and the ``ray job submit`` entrypoint."""
+    wd = tmp_path / "wd"
+    (wd / "jobs").mkdir(parents=True)
+    shutil.copy(ROOT / "jobs" / "train.py", wd / "jobs" / "train.py")
+    write_spec(wd / "spec.yaml", digits_spec(digits_dir, tmp_path, **sections))
+    return wd
+
+
+def client_env(head: RayHead, **extra: str) -> dict[str, str]:
+    """A client machine's environment: the head's token in RAY_AUTH_TOKEN, no cluster."""
+    env = dict(os.environ)
+    for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        env.pop(name, None)
+    return {**env, "RAY_AUTH_TOKEN": head.token, **extra}
+
+
+def raytrain_cli(env: dict[str, str], *args: str, cwd: Path | None = None):
+    return subprocess.run([sys.executable, "-m", "raytrain", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=600)  # fmt: skip
+
+
+def run_of_job(tmp_path: Path, job_id: str):
+    """The MLflow run the job recorded, by its ``raytrain.ray_job_id`` tag (None: none)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`raytrain.ray_job_id` = '{job_id}'",
+    )
+    return (client, runs[0]) if runs else (client, None)
+
+
+def test_raytrain_submit_follows_the_job_to_success_and_records_it(
+    head: RayHead, digits_dir: Path, tmp_path: Path
+) -> None:
+    wd = job_dir(tmp_path, digits_dir, name="submitted")
+    env = client_env(head)
+    proc = raytrain_cli(env, "submit", "spec.yaml", "trainer.max_epochs=2",
+                        "--address", head.dashboard_url, "--follow", cwd=wd)  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    job_id = proc.stdout.splitlines()[0]
+    assert job_id.startswith("raysubmit_")
+    assert f"job {job_id} SUCCEEDED" in proc.stderr
+    assert "finished in" in proc.stdout  # the job's own summary, streamed
+    client, run = run_of_job(tmp_path, job_id)
+    assert run is not None and run.info.status == "FINISHED"
+    assert run.data.params["trainer.max_epochs"] == "2"  # the override reached the cluster
+    assert len(client.get_metric_history(run.info.run_id, "val_acc")) == 2
+    assert run.data.metrics["val_acc"] > 0.5
+
+    status = raytrain_cli(env, "status", job_id, "--address", head.dashboard_url)
+    assert status.returncode == 0 and status.stdout.split()[0] == "SUCCEEDED"
+    listing = raytrain_cli(env, "list", "--address", head.dashboard_url)
+    assert any(job_id in line and "submitted" in line for line in listing.stdout.splitlines())
+    logs = raytrain_cli(env, "logs", job_id, "--address", head.dashboard_url)
+    assert "finished in" in logs.stdout
+    # the token went in a header only: not printed, not in the job's recorded runtime env
+    job_record = str(head.request(f"/api/jobs/{job_id}"))
+    for text in (output, status.stdout, listing.stdout, logs.stdout, job_record):
+        assert head.token not in text
+
+
+def test_ray_job_submit_runs_the_train_entrypoint(
+    head: RayHead, digits_dir: Path, tmp_path: Path
+) -> None:
+    wd = job_dir(tmp_path, digits_dir, name="ray-job-submit")
+    env = client_env(head, RAY_AUTH_MODE="token")
+    proc = subprocess.run(
+        ["ray", "job", "submit", "--address", head.dashboard_url, "--working-dir", ".",
+         "--", "python", "jobs/train.py", "spec.yaml", "trainer.max_epochs=1"],
+        capture_output=True, text=True, env=env, cwd=wd, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "succeeded" in (proc.stdout + proc.stderr).lower()
+    words = [word.strip("'") for word in proc.stdout.split()]
+    job_id = next(word for word in words if word.startswith("raysubmit_"))
+    _, run = run_of_job(tmp_path, job_id)
+    assert run is not None and run.info.status == "FINISHED"
+    assert "val_acc" in run.data.metrics
+
+
+def test_the_python_api_stops_a_running_job(
+    head: RayHead, digits_dir: Path, tmp_path: Path
+) -> None:
+    wd = job_dir(tmp_path, digits_dir, name="stopped", trainer={"max_epochs": 200})
+    handle = raytrain.submit(
+        wd / "spec.yaml", address=head.dashboard_url, token=head.token, working_dir=wd
+    )
+    # running means training: the run's MLflow record exists once the driver has started it
+    deadline = time.monotonic() + 300
+    while run_of_job(tmp_path, handle.job_id)[1] is None:
+        assert handle.status() in ("PENDING", "RUNNING"), handle.logs()
+        assert time.monotonic() < deadline, handle.logs()
+        time.sleep(1)
+    assert handle.status() == "RUNNING"
+    assert handle.stop() is True
+    assert handle.wait(timeout_s=120) == "STOPPED"
+    again = raytrain.attach(handle.job_id, address=head.dashboard_url, token=head.token)
+    assert again.status() == "STOPPED"
+    listed = raytrain.list_jobs(address=head.dashboard_url, token=head.token)
+    assert handle.job_id in [job.submission_id for job in listed]
+
+
+def test_a_wrong_or_missing_token_and_an_unknown_job_are_refused_clearly(
+    head: RayHead, tmp_path: Path
+) -> None:
+    wrong = "not-the-token-0123"
+    proc = raytrain_cli(client_env(head, RAY_AUTH_TOKEN=wrong), "list",
+                        "--address", head.dashboard_url)  # fmt: skip
+    assert proc.returncode == 2
+    assert "refused the token" in proc.stderr and head.dashboard_url in proc.stderr
+    assert wrong not in proc.stdout + proc.stderr
+
+    no_token = client_env(head, HOME=str(tmp_path))  # no ~/.ray/auth_token there
+    no_token.pop("RAY_AUTH_TOKEN")
+    proc = raytrain_cli(no_token, "status", "raysubmit_x", "--address", head.dashboard_url)
+    assert proc.returncode == 2 and "requires a token" in proc.stderr
+
+    token_file = tmp_path / "token"
+    token_file.write_text(head.token + "\n")
+    by_file = {**no_token, "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    proc = raytrain_cli(by_file, "status", "raysubmit_nope", "--address", head.dashboard_url)
+    assert proc.returncode == 2
+    assert "job raysubmit_nope: no such job" in proc.stderr
+
+    with pytest.raises(raytrain.JobsError, match="refused the token"):
+        raytrain.attach("raysubmit_nope", address=head.dashboard_url, token=wrong)
