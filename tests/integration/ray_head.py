@@ -137,10 +137,16 @@ def start_node(head: RayHead, log: Path, *, num_cpus: int) -> subprocess.Popen:
 
 @contextmanager
 def ray_head(
-    work: Path, *, num_cpus: int = 2, env: dict[str, str] | None = None, args: tuple = ()
+    work: Path,
+    *,
+    num_cpus: int = 2,
+    gcs_port: int | None = None,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> Iterator[RayHead]:
-    """Start ``ray start --head`` with token authentication on, the dashboard (and its job
-    server) on a free loopback port, state under a short temp dir in ``work``'s name."""
+    """Start ``ray start --head`` (plus ``args``) with token authentication on, the GCS on
+    ``gcs_port`` (default: a free one), the dashboard and its job server on a free loopback
+    port, and its state under a short temp dir of its own."""
     token = secrets.token_hex(16)
     token_file = work / "auth_token"
     token_file.write_text(token)
@@ -155,7 +161,7 @@ def ray_head(
     }
     head_env.pop("RAY_ADDRESS", None)
     head_env.pop("RAY_AUTH_TOKEN", None)
-    gcs_port, dash_port = free_port(), free_port()
+    gcs_port, dash_port = gcs_port or free_port(), free_port()
     cmd = ["ray", "start", "--head", "--block", "--port", str(gcs_port),
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
            "--include-dashboard", "true", "--num-cpus", str(num_cpus),
