@@ -15,6 +15,7 @@ runtime environment (the job's driver gets the cluster's own).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 import sys
@@ -286,6 +287,8 @@ def submit(
     if env:
         runtime_env["env_vars"] = env
     flags = [*(["--fresh"] if fresh else []), *(["--resume-anyway"] if resume_anyway else [])]
+    # Ray warns on every upload that it leaves .git and .venv out; so does WORKING_DIR_EXCLUDES
+    logging.getLogger("ray._private.runtime_env.working_dir").setLevel(logging.ERROR)
     server = JobServer(address, token=token)
     submitted = server.call(
         "submit",
