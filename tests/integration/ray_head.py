@@ -11,6 +11,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.integration.servers import _die_with_parent, free_port
+
+# Ray's CLI from the environment running the tests, whatever PATH says.
+RAY_CLI = str(Path(sys.executable).parent / "ray")
 
 
 @dataclass
@@ -125,7 +129,7 @@ def start_node(head: RayHead, log: Path, *, num_cpus: int) -> subprocess.Popen:
     # a temp dir of its own (named after the head's, for stop_cluster): nodes sharing one
     # would share runtime_resources, and one node's agent deletes what another's job runs in
     temp_dir = f"{head.temp_dir}-n{len(head.nodes) + 1}"
-    cmd = ["ray", "start", "--block", "--address", head.gcs_address,
+    cmd = [RAY_CLI, "start", "--block", "--address", head.gcs_address,
            "--num-cpus", str(num_cpus), "--temp-dir", temp_dir, *_node_ports()]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env=head.env, start_new_session=True,
@@ -162,7 +166,7 @@ def ray_head(
     head_env.pop("RAY_ADDRESS", None)
     head_env.pop("RAY_AUTH_TOKEN", None)
     gcs_port, dash_port = gcs_port or free_port(), free_port()
-    cmd = ["ray", "start", "--head", "--block", "--port", str(gcs_port),
+    cmd = [RAY_CLI, "start", "--head", "--block", "--port", str(gcs_port),
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
            "--include-dashboard", "true", "--num-cpus", str(num_cpus),
            "--temp-dir", str(temp_dir), "--disable-usage-stats",

@@ -17,7 +17,7 @@ import pytest
 import raytrain
 from tests.conftest import digits_spec, write_spec
 from tests.integration.cli_runs import ROOT
-from tests.integration.ray_head import RayHead, ray_head, start_node
+from tests.integration.ray_head import RAY_CLI, RayHead, ray_head, start_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -103,7 +103,7 @@ def test_ray_job_submit_runs_the_train_entrypoint(
     wd = job_dir(tmp_path, digits_dir, name="ray-job-submit")
     env = client_env(head, RAY_AUTH_MODE="token")
     proc = subprocess.run(
-        ["ray", "job", "submit", "--address", head.dashboard_url, "--working-dir", ".",
+        [RAY_CLI, "job", "submit", "--address", head.dashboard_url, "--working-dir", ".",
          "--", "python", "jobs/train.py", "spec.yaml", "trainer.max_epochs=1"],
         capture_output=True, text=True, env=env, cwd=wd, timeout=600,
     )  # fmt: skip
