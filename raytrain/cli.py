@@ -3,6 +3,7 @@
     raytrain run SPEC [a.b=value ...] [--fresh] [--resume-anyway] [--verbose]
     raytrain validate SPEC [a.b=value ...]
     raytrain export CHECKPOINT OUT
+    raytrain report RUN_ID... [--tracking-uri URI] [--out report.png] [--html report.html]
     raytrain submit SPEC [a.b=value ...] --address URL [--follow] [--working-dir DIR] ...
     raytrain status|logs|stop JOB_ID [--address URL]      raytrain list [--address URL]
 
@@ -47,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("checkpoint", help="a checkpoint folder or URI (checkpoint_...)")
     export.add_argument("out", help="the file to write: .pt (torch) or .safetensors")
+    report = sub.add_parser("report", help="curves (PNG) and a table comparing MLflow runs")
+    report.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    report.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else mlflow.db")
+    report.add_argument("--out", default="report.png", help="the PNG (default: report.png)")
+    report.add_argument("--html", help="also write one self-contained HTML page here")
     _add_job_commands(sub)
     return parser
 
@@ -95,7 +101,8 @@ def _add_job_commands(sub) -> None:
 
 
 def _print_summary(result) -> None:
-    metrics = {k: v for k, v in result.metrics.items() if k not in ("kind",)}
+    # system/... metrics (step time, data wait, CPU, memory) are in MLflow, not the summary
+    metrics = {k: v for k, v in result.metrics.items() if k != "kind" and "/" not in k}
     shown = ", ".join(
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items())
     )
@@ -105,6 +112,23 @@ def _print_summary(result) -> None:
         print(f"  val_acc: {result.metrics['val_acc']:.4f}")
     print(f"  best checkpoint: {result.best_checkpoint_uri}")
     print(f"  mlflow run id: {result.mlflow_run_id} ({result.tracking_uri})")
+    if result.model_uri:
+        print(f"  model: {result.model_uri}")
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from raytrain.report import build_report, html_page, text_table
+
+    report = build_report(args.run_ids, args.tracking_uri)
+    Path(args.out).write_bytes(report.png)
+    print(text_table(report.columns, report.rows), end="")
+    print(f"raytrain: wrote {args.out}", file=sys.stderr)
+    if args.html:
+        Path(args.html).write_text(html_page(report), encoding="utf-8")
+        print(f"raytrain: wrote {args.html}", file=sys.stderr)
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from raytrain.cli_jobs import run_job_command
 
             return run_job_command(args)
+        if args.command == "report":
+            return _report(args)
         if args.command == "export":
             from raytrain.export import export_checkpoint
 

@@ -18,6 +18,7 @@ from typing import Any
 from raytrain import storage
 from raytrain.checkpoint import CKPT_FILE
 from raytrain.errors import StorageError
+from raytrain.spec import JobSpec, StorageSpec
 
 # Prefixes Lightning's strategy wrappers may leave on state dict keys.
 _PREFIXES = ("_forward_module.", "_fsdp_wrapped_module.", "module.")
@@ -48,9 +49,9 @@ def _strip(key: str) -> str:
     return key
 
 
-def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
-    """Write ``checkpoint``'s model weights (a local folder or URI) to the file ``out``;
-    returns the state dict written."""
+def checkpoint_weights(checkpoint: str, options: StorageSpec | None = None) -> dict[str, Any]:
+    """``checkpoint``'s model weights (a local folder or URI; shards merged), as tensors;
+    ``options`` is the spec's ``storage`` section (endpoints) for a URI."""
     import torch
 
     local = checkpoint
@@ -58,11 +59,29 @@ def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
         if storage.is_uri(checkpoint):
             import pyarrow.fs as pafs
 
-            fs, path = storage.filesystem(checkpoint)
+            fs, path = storage.filesystem(checkpoint, options)
             local = os.path.join(tmp, "checkpoint")
             pafs.copy_files(path, local, source_filesystem=fs)
         state = model_state_dict(local)
-    state = {k: v.detach().contiguous() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return {k: v.detach().contiguous() for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def trained_model(job: JobSpec, checkpoint: str) -> Any:
+    """The spec's model class with ``checkpoint``'s weights (strict), in eval mode, on CPU:
+    what MLflow logs and serving loads."""
+    from raytrain.preflight import import_object
+
+    model = import_object(job.model.class_path)(**job.model.init_args)
+    model.load_state_dict(checkpoint_weights(checkpoint, job.storage), strict=True)
+    return model.eval()
+
+
+def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
+    """Write ``checkpoint``'s model weights (a local folder or URI) to the file ``out``;
+    returns the state dict written."""
+    import torch
+
+    state = checkpoint_weights(checkpoint)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     if out.endswith(".safetensors"):
         try:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain.errors import EXIT_BAD_INPUT, RaytrainError
+from raytrain.tracking import GIT_COMMIT_ENV, git_commit
 
 # Where a job server is found when no address is given: Ray's own variables for its CLI.
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
@@ -282,6 +283,11 @@ def submit(
     if job is not None and warn:
         for line in _warnings(job, env):
             print(f"raytrain: warning: {line}", file=sys.stderr)
+    if working_dir is not None and GIT_COMMIT_ENV not in env:
+        # the job's copy has no .git: the run's MLflow record gets the commit from here
+        found = git_commit(str(working_dir))
+        if found:
+            env[GIT_COMMIT_ENV] = found[0] + ("+dirty" if found[1] else "")
     if pip:
         runtime_env["pip"] = list(pip)
     if env:

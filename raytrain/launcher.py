@@ -21,6 +21,7 @@ from raytrain.checkpoint import SCORE_KEY, latest_committed, uncommitted
 from raytrain.errors import TrainingFailed
 from raytrain.run_record import RunRecord
 from raytrain.spec import JobSpec, load_spec
+from raytrain.tracking import redact
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class FitResult:
     timings: dict[str, float] = field(default_factory=dict)
     # how each split reached the workers: "cached" (object store, read once) or "streamed"
     data_paths: dict[str, str] = field(default_factory=dict)
+    # the trained model in MLflow (runs:/... or models:/...), when it was logged
+    model_uri: str | None = None
 
 
 def validate(
@@ -168,7 +171,7 @@ def fit(
         mark("model_checked")
         _prepare_data(job)
         record = RunRecord(job, _open_run(job, state, fresh))
-        resumed_from = _resume_point(job)
+        resumed_from = record.resumed_from = _resume_point(job)
         result, last, data_paths = _train(job, ray_handle, record, progress, mark)
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
@@ -187,6 +190,7 @@ def fit(
     _drop_uncommitted(job)  # left by attempts that failed during this run
     metrics = _final_metrics(result, last, job)
     best = _best_checkpoint(job, result)
+    model_uri = record.log_model(best)
     record.finish("FINISHED", best=best or "")
     return FitResult(
         name=job.name,
@@ -194,13 +198,14 @@ def fit(
         best_checkpoint_uri=best,
         latest_checkpoint_uri=_checkpoint_uri(job, result.checkpoint),
         mlflow_run_id=record.state.mlflow_run_id,
-        tracking_uri=record.tracking_uri,
+        tracking_uri=redact(record.tracking_uri),  # no user info: results get printed
         run_dir=runstate.run_dir(job),
         resumed_from=resumed_from,
         wall_time_s=time.time() - start,
         timings=timings,
         data_paths=data_paths,
         checkpoints=[_checkpoint_uri(job, c) for c, _ in result.best_checkpoints or []],
+        model_uri=model_uri,
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from raytrain.checkpoint import CKPT_FILE, META_FILE, SCORE_KEY
+from raytrain.system_metrics import SystemMetrics
 
 
 def _scalar_metrics(trainer: pl.Trainer) -> dict[str, float]:
@@ -52,8 +53,10 @@ class ReportCallback(pl.Callback):
         sharded: bool = False,
         publish: Callable[[dict[str, Any]], None] | None = None,
         startup: dict[str, float] | None = None,
+        system: SystemMetrics | None = None,
     ):
         """``publish`` receives rank 0's metric events; None on the other ranks.
+        ``system`` adds its ``system/...`` metrics to each report of training steps.
 
         ``startup`` holds wall-clock times of the worker's startup phases; they go out with
         the first event, beside the fit's start and the first step's end."""
@@ -80,6 +83,8 @@ class ReportCallback(pl.Callback):
         self._val_fresh = False
         self._score: float | None = None
         self._startup: dict[str, float] | None = dict(startup or {})
+        self.system = system
+        self._window_step = 0
 
     # -- Lightning hooks -------------------------------------------------------------------
 
@@ -91,6 +96,7 @@ class ReportCallback(pl.Callback):
         self._last_ckpt_step = trainer.global_step
         self._last_step = trainer.global_step
         self._window_start = time.perf_counter()
+        self._window_step = trainer.global_step
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -142,7 +148,10 @@ class ReportCallback(pl.Callback):
             elapsed = max(now - self._window_start, 1e-9)
             metrics.update({k: v for k, v in values.items() if k not in self._val_keys})
             metrics["samples_per_s"] = self._samples * trainer.world_size / elapsed
+            if self.system is not None:
+                metrics.update(self.system.sample(trainer.global_step - self._window_step))
             self._samples, self._window_start = 0, now
+            self._window_step = trainer.global_step
             self._last_report_step = trainer.global_step
         if self._val_fresh:
             metrics.update({k: values[k] for k in self._val_keys if k in values})

@@ -8,6 +8,7 @@ instead of before. Events that arrive first wait for it. If it fails, ``on_error
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,9 @@ class RunRecord:
         self.state = state or runstate.new_state(job)
         self.tracking_uri = ""
         self.opened_at: float | None = None  # wall clock, once open
+        self.resumed_from: str | None = None  # the checkpoint this attempt starts from
         self._opening: Background | None = None
+        self._group_starts = 0  # worker groups started in this attempt (restarts + 1)
 
     def start(self, on_error: Callable[[BaseException], None] | None = None) -> None:
         """Start opening the run's records in the background; see :meth:`tracker`."""
@@ -34,7 +37,7 @@ class RunRecord:
 
     def _open(self, on_error: Callable[[BaseException], None] | None) -> Any:
         try:
-            from raytrain.tracking import MlflowTracker, default_tracking_uri
+            from raytrain.tracking import MlflowTracker, default_tracking_uri, redacted_params
 
             job, state = self.job, self.state
             state.attempts += 1
@@ -55,8 +58,15 @@ class RunRecord:
                 "RUNNING",
             )
             runstate.save(job, state)
-            tracker.log_params(job.flat())
-            tracker.set_tags({"raytrain.attempts": str(state.attempts)})
+            tracker.log_params(redacted_params(job.flat()))
+            started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            tracker.set_tags(
+                {
+                    "raytrain.attempts": str(state.attempts),
+                    f"raytrain.attempt.{state.attempts}": f"started {started}, "
+                    f"from {self.resumed_from or 'the start'}",
+                }
+            )
             tracker.log_text(dump_spec(job), "spec.yaml")
             self.opened_at = time.time()
             return tracker
@@ -71,7 +81,48 @@ class RunRecord:
         return self._opening.result()
 
     def log_metrics(self, event: dict[str, Any]) -> None:
-        self.tracker().log_metrics(event, step=int(event.get("step", 0)))
+        """Log a report's metrics at its step. A report that opens a worker group (rank 0's
+        startup times ride on its first report) after the first is a restart: it is
+        counted on the run (``raytrain.restarts``, across attempts) and described."""
+        tracker = self.tracker()
+        step = int(event.get("step", 0))
+        if "_worker_started_at" in event:
+            self._group_starts += 1
+            if self._group_starts > 1:
+                self.state.restarts += 1
+                tracker.set_tags(
+                    {
+                        "raytrain.restarts": str(self.state.restarts),
+                        f"raytrain.restart.{self.state.restarts}": (
+                            f"attempt {self.state.attempts}: workers restarted, "
+                            f"{event.get('world_size', '?')} of them, first report at step {step}"
+                        ),
+                    }
+                )
+        tracker.log_metrics(event, step=step)
+
+    def log_model(self, checkpoint: str | None) -> str | None:
+        """Log the model with ``checkpoint``'s weights to the run (and the registry, with
+        ``tracking.mlflow.register_as``); returns its URI. A failure here does not undo the
+        training: it is printed and tagged (``raytrain.model_error``), and None returned."""
+        mlflow_spec = self.job.tracking.mlflow
+        if not mlflow_spec.log_model or not checkpoint:
+            return None
+        tracker = self.tracker()
+        try:
+            from raytrain.export import trained_model
+
+            uri = tracker.log_model(
+                trained_model(self.job, checkpoint), register_as=mlflow_spec.register_as
+            )
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            print(f"raytrain: warning: the model was not logged to MLflow: {message}",
+                  file=sys.stderr)  # fmt: skip
+            tracker.set_tags({"raytrain.model_error": message[:5000]})
+            return None
+        tracker.set_tags({"raytrain.model_uri": uri, "raytrain.model_checkpoint": checkpoint})
+        return uri
 
     def finish(self, status: str, *, error: str | None = None, best: str | None = None) -> None:
         """Close the MLflow run with ``status`` and save the state; nothing if opening failed

@@ -27,6 +27,7 @@ class RunState:
     mlflow_run_id: str | None = None
     tracking_uri: str | None = None
     attempts: int = 0
+    restarts: int = 0  # worker-group restarts within attempts, all attempts together
     created_at: float = field(default_factory=time.time)
     status: str = "CREATED"
 

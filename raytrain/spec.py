@@ -253,6 +253,16 @@ class MlflowSpec(_Section):
     )
     experiment: str | None = Field(default=None, description="Experiment name; default: `name`.")
     tags: dict[str, str] = Field(default_factory=dict, description="Extra tags on the run.")
+    log_model: bool = Field(
+        default=True,
+        description="Log the trained model (the best checkpoint's weights) with mlflow.pytorch "
+        "at the end, with a signature and input example from the model's example_input_array.",
+    )
+    register_as: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Register the logged model under this name in MLflow's model registry.",
+    )
 
 
 class TrackingSpec(_Section):

@@ -6,9 +6,12 @@ store works on a multi-node cluster and tracking credentials live only on the dr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
+import re
+import subprocess
 import time
 from typing import Any
 
@@ -24,6 +27,57 @@ def default_tracking_uri() -> str:
     That is the store a plain ``mlflow ui`` started in the same folder shows.
     """
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath('mlflow.db')}"
+
+
+# A URI's user info (``https://user:secret@host``) and fields that name a credential.
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+_SECRET_KEY = re.compile(
+    r"^(.*_)?(password|passwd|secret|api_?key|access_key|auth_token|credentials?)$|^token$",
+    re.IGNORECASE,
+)
+REDACTED = "***"
+
+# Set by ``raytrain submit``: the working dir's commit, which the job's copy (no .git) lacks.
+GIT_COMMIT_ENV = "RAYTRAIN_GIT_COMMIT"
+
+
+def redact(text: str) -> str:
+    """``text`` with any URI's user info replaced: what may be shown or logged."""
+    return _USERINFO.sub(f"{REDACTED}@", text)
+
+
+def redacted_params(flat: dict[str, Any]) -> dict[str, Any]:
+    """The flattened spec as params: values of credential-like keys hidden, URIs' user info
+    removed (a spec refuses credentials in storage URIs; a tracking URI could carry one)."""
+    return {
+        key: REDACTED if _SECRET_KEY.search(key.rsplit(".", 1)[-1]) else redact(str(value))
+        for key, value in flat.items()
+    }
+
+
+def git_commit(folder: str = ".") -> tuple[str, bool] | None:
+    """(commit, dirty) of the git checkout ``folder`` is in; None outside one (or no git)."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        commit, _, dirty = os.environ[GIT_COMMIT_ENV].partition("+")
+        return commit, dirty == "dirty"
+    try:
+        commit = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+        status = subprocess.run(["git", "-C", folder, "status", "--porcelain",
+                                 "--untracked-files=no"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (commit, bool(status.strip())) if commit else None
+
+
+def git_tags() -> dict[str, str]:
+    """MLflow's own source tag for the commit (its UI shows it), and whether the working
+    tree had uncommitted changes."""
+    found = git_commit()
+    if found is None:
+        return {}
+    return {"mlflow.source.git.commit": found[0], "raytrain.git_dirty": str(found[1]).lower()}
 
 
 def version_tags(spec: JobSpec) -> dict[str, str]:
@@ -94,7 +148,7 @@ class MlflowTracker:
                 client.get_run(run_id)
                 client.update_run(run_id, status="RUNNING")
                 tracker = cls(client, run_id, tracking_uri)
-                tracker.set_tags(attempt_tags())
+                tracker.set_tags({**git_tags(), **attempt_tags()})
                 return tracker, True
             except MlflowException:
                 pass
@@ -108,6 +162,7 @@ class MlflowTracker:
             )
         tags = {
             **version_tags(spec),
+            **git_tags(),
             **attempt_tags(),
             **spec.tracking.mlflow.tags,
             "raytrain.job": spec.name,
@@ -161,10 +216,63 @@ class MlflowTracker:
             return
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    def log_model(self, model: Any, *, register_as: str | None = None) -> str:
+        """Log ``model`` (a torch module, on CPU) with ``mlflow.pytorch`` under ``model``,
+        with a signature and input example from its ``example_input_array`` when it has one
+        (Lightning's convention), registered as ``register_as`` when given. Returns the
+        model's URI. The model's own package (its class's top-level package, raytrain's for
+        the bundled models) travels with it as code, so loading needs only the pinned pip
+        requirements, which come from this environment rather than MLflow's inference (a
+        subprocess that imports the model: slow, and it may guess wrong)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        import mlflow
+        import mlflow.pytorch
+        import torch
+
+        example = getattr(model, "example_input_array", None)
+        signature = input_example = None
+        if isinstance(example, torch.Tensor):
+            from mlflow.models import infer_signature
+
+            with torch.no_grad():
+                output = model(example)
+            input_example = example.numpy()
+            signature = infer_signature(input_example, output.numpy())
+        requirements = []
+        for package in ("torch", "lightning", "torchmetrics"):
+            with contextlib.suppress(PackageNotFoundError):
+                requirements.append(f"{package}=={version(package)}")
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.tracking_uri)
+        try:
+            with mlflow.start_run(run_id=self.run_id, nested=mlflow.active_run() is not None):
+                info = mlflow.pytorch.log_model(
+                    model,
+                    name="model",
+                    signature=signature,
+                    input_example=input_example,
+                    registered_model_name=register_as,
+                    pip_requirements=requirements,
+                    code_paths=[_package_of(type(model))],
+                )
+        finally:
+            mlflow.set_tracking_uri(previous)
+        return info.model_uri
+
     def finish(self, status: str, error: str | None = None) -> None:
         if error:
             self.set_tags({"raytrain.error": error[:5000]})
         self.client.set_terminated(self.run_id, status=status)
+
+
+def _package_of(cls: type) -> str:
+    """The folder of ``cls``'s top-level package, or its module's file if it has none."""
+    import sys
+
+    top = sys.modules[cls.__module__.split(".")[0]]
+    path = top.__file__ or ""
+    return os.path.dirname(path) if path.endswith("__init__.py") else path
 
 
 def _artifacts(tracking_uri: str, experiment: str) -> str | None:
@@ -173,3 +281,38 @@ def _artifacts(tracking_uri: str, experiment: str) -> str | None:
         folder = os.path.join(os.path.dirname(tracking_uri[len("sqlite:///") :]), "mlartifacts")
         return f"file://{os.path.join(folder, experiment)}"
     return None
+
+
+def fetch_runs(tracking_uri: str, run_ids: list[str]) -> list[dict[str, Any]]:
+    """What ``raytrain report`` shows of each run: its name, params, latest metrics and every
+    metric's history as (step, value) pairs, by step. An unknown run id is a
+    ``TrackingError`` naming it."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from raytrain.errors import TrackingError
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    runs = []
+    for run_id in run_ids:
+        try:
+            run = client.get_run(run_id)
+        except MlflowException as exc:
+            raise TrackingError(
+                f"run {run_id}: not found at {redact(tracking_uri)} ({exc.error_code})"
+            ) from None
+        histories = {
+            key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+            for key in run.data.metrics
+        }
+        runs.append(
+            {
+                "run_id": run_id,
+                "name": run.info.run_name or run_id[:8],
+                "status": run.info.status,
+                "params": dict(run.data.params),
+                "metrics": dict(run.data.metrics),
+                "histories": histories,
+            }
+        )
+    return runs

@@ -83,6 +83,7 @@ def train_loop(config: dict[str, Any]) -> None:
     from raytrain.data import worker_loaders
     from raytrain.preflight import import_object
     from raytrain.report_callback import LoaderPosition, ReportCallback  # imports Lightning
+    from raytrain.system_metrics import SystemMetrics
 
     imported = time.time()
     _quiet_lightning()
@@ -101,6 +102,8 @@ def train_loop(config: dict[str, Any]) -> None:
     )
     ckpt = spec.checkpoint
     sink = config.get("sink") if context.get_world_rank() == 0 else None
+    # rank 0's loop, timed: it reports; it runs before ReportCallback, which samples it
+    system = SystemMetrics() if sink is not None else None
     report = ReportCallback(
         every_n_steps=ckpt.every_n_steps,
         every_n_epochs=ckpt.every_n_epochs,
@@ -115,11 +118,13 @@ def train_loop(config: dict[str, Any]) -> None:
             "_loop_entered_at": entered,
             "_lightning_imported_at": imported,
         },
+        system=system,
     )
     from raytrain.guards import FiniteGuard, PreemptionGuard
 
     preemption = PreemptionGuard(report, spec.failure.preemption_check_s)  # after report
-    callbacks = [FiniteGuard(), report, preemption, LoaderPosition(train_loader)]
+    callbacks = [FiniteGuard(), *([system] if system else []), report, preemption,
+                 LoaderPosition(train_loader)]  # fmt: skip
     trainer = build_trainer(spec, callbacks, model)
 
     checkpoint = ray.train.get_checkpoint()

@@ -31,6 +31,8 @@ class DigitsCNN(pl.LightningModule):
             nn.ReLU(),
             nn.Linear(hidden, 10),
         )
+        # Lightning's convention for a model's input: MLflow's signature and input example
+        self.example_input_array = torch.zeros(2, 64)
         self.val_acc = MulticlassAccuracy(num_classes=10, average="micro")
         self.val_loss = MeanMetric()
 

@@ -76,6 +76,8 @@ class TinyGPT(pl.LightningModule):
         self.norm = nn.LayerNorm(dim)
         self.val_loss = MeanMetric()
         self._byte_counts = torch.zeros(VOCAB, dtype=torch.float64)
+        # Lightning's convention for a model's input: MLflow's signature and input example
+        self.example_input_array = torch.zeros(1, block, dtype=torch.long)
         self.apply(_init_weights)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

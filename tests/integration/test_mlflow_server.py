@@ -1,0 +1,256 @@
+"""What a run records in MLflow, read back through ``MlflowClient`` from a real tracking
+server (SQLite backend, artifacts on the S3 test server): params, metrics at their global
+steps, system metrics, tags, the spec, the best checkpoint, the logged and registered model;
+the run's lifecycle; a server behind basic auth; and ``raytrain report``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+import raytrain
+from tests.conftest import digits_spec
+from tests.integration.mlflow_server import MlflowServer, mlflow_server
+from tests.integration.s3_server import s3_client
+from tests.integration.test_worker_failure import STEPS_PER_EPOCH
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+BUCKET = "mlflow-artifacts"
+
+
+@pytest.fixture(scope="module")
+def server(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    s3_client(s3_endpoint).create_bucket(Bucket=BUCKET)
+    with mlflow_server(tmp_path_factory.mktemp("mlflow"), s3_endpoint, BUCKET) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server: MlflowServer, monkeypatch: pytest.MonkeyPatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return MlflowClient(tracking_uri=server.uri)
+
+
+def _git_head() -> str | None:
+    proc = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    return proc.stdout.strip() or None
+
+
+def test_a_run_records_everything_on_the_server(
+    ray_cluster: None, server: MlflowServer, client, digits_dir: Path, tmp_path: Path,
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import mlflow
+    import mlflow.pytorch
+    import pyarrow.parquet as pq
+    import torch
+
+    from raytrain.export import trained_model
+    from raytrain.spec import load_spec
+
+    monkeypatch.chdir(ROOT)  # a git checkout: the run records its commit
+    spec = digits_spec(digits_dir, tmp_path, name="on-server",
+                       trainer={"max_epochs": 2, "log_every_n_steps": 5},
+                       checkpoint={"monitor": "val_acc", "mode": "max"},
+                       tracking={"mlflow": {"tracking_uri": server.uri,
+                                            "register_as": "digits-on-server"}})  # fmt: skip
+    result = raytrain.fit(spec, progress=False)
+    run = client.get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+
+    # params: the whole flattened spec
+    job = load_spec(spec)
+    assert run.data.params == {k: str(v) for k, v in job.flat().items()}
+
+    # per-step and per-epoch metrics at their global steps, each step once
+    last = 2 * STEPS_PER_EPOCH
+    history = {k: [m.step for m in client.get_metric_history(run.info.run_id, k)]
+               for k in run.data.metrics}  # fmt: skip
+    assert history["val_acc"] == [STEPS_PER_EPOCH, last]
+    assert set(range(5, last + 1, 5)) <= set(history["train_loss"])
+    for key, steps in history.items():
+        assert steps == sorted(set(steps)) and steps[-1] <= last, key
+
+    # system metrics, from rank 0's training loop
+    system = {k: [m.value for m in client.get_metric_history(run.info.run_id, k)]
+              for k in run.data.metrics if k.startswith("system/")}  # fmt: skip
+    assert {"system/step_time_s", "system/data_wait_fraction", "system/cpu_percent",
+            "system/memory_rss_mb"} <= set(system)  # fmt: skip
+    assert all(0 <= v <= 1 for v in system["system/data_wait_fraction"])
+    assert all(v > 0 for v in system["system/step_time_s"] + system["system/cpu_percent"])
+    assert all(v > 50 for v in system["system/memory_rss_mb"])  # torch alone is more
+    assert all(v > 0 for v in (m.value for m in
+               client.get_metric_history(run.info.run_id, "samples_per_s")))  # fmt: skip
+
+    tags = run.data.tags
+    assert tags["raytrain.world_size"] == "2" and tags["raytrain.strategy"] == "ddp"
+    assert tags["raytrain.attempts"] == "1" and "raytrain.restarts" not in tags
+    assert tags["raytrain.version.ray"].startswith("2.60")
+    assert tags["raytrain.version.torch"] == version("torch")
+    if _git_head():
+        assert tags["mlflow.source.git.commit"] == _git_head()
+    assert tags["raytrain.best_checkpoint"] == result.best_checkpoint_uri
+
+    # the resolved spec and the model are artifacts, and they are in the S3 bucket
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "spec.yaml" in artifacts
+    spec_text = Path(client.download_artifacts(run.info.run_id, "spec.yaml", str(tmp_path)))
+    assert load_spec(spec_text).model_dump() == job.model_dump()
+    keys = [o["Key"] for o in s3_client(s3_endpoint).list_objects_v2(Bucket=BUCKET)["Contents"]]
+    assert any(k.endswith(f"{run.info.run_id}/artifacts/spec.yaml") for k in keys)
+    assert any(k.endswith("MLmodel") for k in keys)
+
+    # the registered model loads and predicts as the best checkpoint's weights do
+    versions = client.search_model_versions("name='digits-on-server'")
+    assert [v.run_id for v in versions] == [run.info.run_id]
+    mlflow.set_tracking_uri(server.uri)
+    try:
+        served = mlflow.pytorch.load_model("models:/digits-on-server/1")
+        info = mlflow.models.get_model_info("models:/digits-on-server/1")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert info.signature is not None and info.signature.inputs.to_dict()[0]["type"] == "tensor"
+    pixels = torch.tensor(pq.read_table(digits_dir / "val").column("pixels").to_pylist()[:64],
+                          dtype=torch.float32)  # fmt: skip
+    trained = trained_model(job, result.best_checkpoint_uri)
+    with torch.no_grad():
+        assert torch.equal(served(pixels).argmax(1), trained(pixels).argmax(1))
+        assert torch.allclose(served(pixels), trained(pixels), atol=1e-6)
+    assert result.model_uri and tags["raytrain.model_uri"] == result.model_uri
+
+
+def test_restarts_and_failures_are_recorded_in_the_run(
+    ray_cluster: None, server: MlflowServer, client, digits_dir: Path, tmp_path: Path
+) -> None:
+    tracking = {"mlflow": {"tracking_uri": server.uri, "log_model": False}}
+    spec = digits_spec(
+        digits_dir, tmp_path, name="restarted", tracking=tracking,
+        model={"class_path": "tests.integration.models:KillAtStepsCNN",
+               "init_args": {"out_dir": str(tmp_path), "at_steps": [30],
+                             "run_dir": str(tmp_path / "runs" / "restarted")}},
+        trainer={"max_epochs": 2, "log_every_n_steps": 5},
+        failure={"max_failures": 1},
+    )  # fmt: skip
+    result = raytrain.fit(spec, progress=False)
+    run = client.get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["raytrain.restarts"] == "1"
+    assert "attempt 1: workers restarted" in run.data.tags["raytrain.restart.1"]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert steps == sorted(set(steps))  # the retrained steps 24-30 are not logged twice
+
+    # a second attempt (more epochs) continues the same run and says so
+    spec["trainer"]["max_epochs"] = 3
+    again = raytrain.fit(spec, progress=False)
+    assert again.mlflow_run_id == result.mlflow_run_id
+    tags = client.get_run(result.mlflow_run_id).data.tags
+    assert tags["raytrain.attempts"] == "2"
+    assert "from " in tags["raytrain.attempt.2"] and "checkpoint_" in tags["raytrain.attempt.2"]
+
+    failing = digits_spec(
+        digits_dir, tmp_path, name="exploded", tracking=tracking,
+        model={"class_path": "tests.integration.models:ExplodingCNN", "init_args": {}},
+    )  # fmt: skip
+    with pytest.raises(raytrain.TrainingFailed, match="boom at step 3"):
+        raytrain.fit(failing, progress=False)
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("exploded").experiment_id], max_results=1
+    )
+    assert run.info.status == "FAILED" and "boom at step 3" in run.data.tags["raytrain.error"]
+
+
+def test_raytrain_report_draws_and_tabulates_runs(
+    server: MlflowServer, client, tmp_path: Path
+) -> None:
+    from matplotlib.image import imread
+
+    from raytrain.report import build_report
+
+    experiment = client.create_experiment("report-test")
+    run_ids = []
+    for lr, slope in (("0.001", 1.0), ("0.01", 2.0)):
+        run = client.create_run(experiment, run_name=f"lr-{lr}")
+        client.log_param(run.info.run_id, "model.init_args.lr", lr)
+        client.log_param(run.info.run_id, "trainer.max_epochs", "2")
+        for step in range(1, 11):
+            client.log_metric(run.info.run_id, "train_loss", 2.0 / (slope * step), step=step)
+            client.log_metric(run.info.run_id, "samples_per_s", 100.0 * slope, step=step)
+            client.log_metric(run.info.run_id, "system/step_time_s", 0.1, step=step)
+        for step in (5, 10):
+            client.log_metric(run.info.run_id, "val_acc", 0.4 * slope * step / 10, step=step)
+        client.set_terminated(run.info.run_id)
+        run_ids.append(run.info.run_id)
+
+    report = build_report(run_ids, server.uri)
+    # the data handed to matplotlib: per panel, one curve per run and key
+    drawn = {title: sorted((c.key, c.run[:6], len(c.steps)) for c in curves)
+             for title, curves in report.panels.items()}  # fmt: skip
+    assert drawn == {
+        "loss": [("train_loss", "lr-0.0", 10), ("train_loss", "lr-0.0", 10)],
+        "metrics": [("val_acc", "lr-0.0", 2), ("val_acc", "lr-0.0", 2)],
+        "throughput (samples/s)": [("samples_per_s", "lr-0.0", 10)] * 2,
+    }
+    rows = {row[0]: row[1:] for row in report.rows}
+    assert rows["model.init_args.lr"] == ["0.001", "0.01"]  # the param that differs
+    assert "trainer.max_epochs" not in rows  # the same in both
+    assert rows["metric: val_acc"] == ["0.4", "0.8"]
+
+    out, page = tmp_path / "report.png", tmp_path / "report.html"
+    proc = subprocess.run(
+        [sys.executable, "-m", "raytrain", "report", *run_ids, "--tracking-uri", server.uri,
+         "--out", str(out), "--html", str(page)], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width, _ = imread(out).shape
+    assert width > 2 * height  # three panels side by side
+    html = page.read_text()
+    assert html.count("<tr>") == len(report.rows) + 1 and "data:image/png;base64," in html
+    assert "model.init_args.lr" in proc.stdout
+
+    missing = subprocess.run([sys.executable, "-m", "raytrain", "report", "0" * 32,
+                              "--tracking-uri", server.uri, "--out", str(tmp_path / "x.png")],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    assert missing.returncode == 2 and f"run {'0' * 32}: not found" in missing.stderr
+
+
+def test_a_server_behind_basic_auth_works_through_mlflows_variables(
+    ray_cluster: None, s3_endpoint: str, digits_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from mlflow.tracking import MlflowClient
+
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    s3_client(s3_endpoint).create_bucket(Bucket="mlflow-auth-artifacts")
+    with mlflow_server(tmp_path, s3_endpoint, "mlflow-auth-artifacts", auth=True) as secured:
+        spec = digits_spec(digits_dir, tmp_path, name="behind-auth", trainer={"max_epochs": 1},
+                           tracking={"mlflow": {"tracking_uri": secured.uri,
+                                                "log_model": False}})  # fmt: skip
+        # no credentials, then a wrong password: refused, naming the server, not the password
+        with pytest.raises(raytrain.TrackingError, match=secured.uri):
+            raytrain.fit(spec, progress=False)
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", secured.username)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "not-the-password-42")
+        with pytest.raises(raytrain.TrackingError, match=secured.uri) as refused:
+            raytrain.fit(spec, progress=False)
+        assert "not-the-password-42" not in str(refused.value)
+
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", secured.password)
+        result = raytrain.fit(spec, progress=False)
+        run = MlflowClient(tracking_uri=secured.uri).get_run(result.mlflow_run_id)
+        assert run.info.status == "FINISHED" and run.data.metrics["val_acc"] > 0.3
+        printed = capfd.readouterr()
+        recorded = [*run.data.params.values(), *run.data.tags.values(), printed.out,
+                    printed.err, str(result.__dict__)]  # fmt: skip
+        assert not [text for text in recorded if secured.password in text]
