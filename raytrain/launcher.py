@@ -191,6 +191,7 @@ def fit(
     metrics = _final_metrics(result, last, job)
     best = _best_checkpoint(job, result)
     model_uri = record.log_model(best)
+    mark("model_logged")
     record.finish("FINISHED", best=best or "")
     return FitResult(
         name=job.name,

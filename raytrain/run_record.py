@@ -30,6 +30,7 @@ class RunRecord:
         self.resumed_from: str | None = None  # the checkpoint this attempt starts from
         self._opening: Background | None = None
         self._group_starts = 0  # worker groups started in this attempt (restarts + 1)
+        self._preload: Background | None = None
 
     def start(self, on_error: Callable[[BaseException], None] | None = None) -> None:
         """Start opening the run's records in the background; see :meth:`tracker`."""
@@ -86,6 +87,10 @@ class RunRecord:
         counted on the run (``raytrain.restarts``, across attempts) and described."""
         tracker = self.tracker()
         step = int(event.get("step", 0))
+        if self._preload is None and self.job.tracking.mlflow.log_model:
+            # what logging the model at the end imports (mlflow.pytorch alone takes seconds:
+            # it imports Lightning), started once training runs instead of after it
+            self._preload = Background(self._import_for_model)
         if "_worker_started_at" in event:
             self._group_starts += 1
             if self._group_starts > 1:
@@ -101,6 +106,13 @@ class RunRecord:
                 )
         tracker.log_metrics(event, step=step)
 
+    def _import_for_model(self) -> None:
+        import mlflow.pytorch  # noqa: F401
+
+        from raytrain.preflight import import_object
+
+        import_object(self.job.model.class_path)
+
     def log_model(self, checkpoint: str | None) -> str | None:
         """Log the model with ``checkpoint``'s weights to the run (and the registry, with
         ``tracking.mlflow.register_as``); returns its URI. A failure here does not undo the
@@ -110,6 +122,8 @@ class RunRecord:
             return None
         tracker = self.tracker()
         try:
+            if self._preload is not None:
+                self._preload.result()
             from raytrain.export import trained_model
 
             uri = tracker.log_model(

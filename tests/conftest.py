@@ -34,7 +34,10 @@ def digits_spec(digits_dir: Path, work: Path, **sections: Any) -> dict[str, Any]
         "scaling": {"num_workers": 2},
         "trainer": {"max_epochs": 2, "log_every_n_steps": 5},
         "checkpoint": {"storage": str(work / "runs"), "keep": 2},
-        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
+        # logging the model costs each run seconds; the tests of it turn it back on
+        "tracking": {
+            "mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}", "log_model": False}
+        },
     }
     for section, values in sections.items():
         if isinstance(values, dict) and isinstance(spec.get(section), dict):

@@ -35,7 +35,8 @@ def _spec(tmp_path: Path, workers: int, epochs: int) -> dict:
                                               "activation_checkpointing": ["Block"]}},
         "trainer": {"max_epochs": epochs, "log_every_n_steps": 10, "gradient_clip_val": 1.0},
         "checkpoint": {"storage": str(tmp_path / "runs"), "keep": 1},
-        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}},
+        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                                "log_model": False}},
     }  # fmt: skip
 
 

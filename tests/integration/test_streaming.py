@@ -71,7 +71,8 @@ def test_train_set_larger_than_the_object_store_streams_to_the_end(
         "scaling": {"num_workers": 2},
         "trainer": {"max_epochs": EPOCHS, "log_every_n_steps": 10},
         "checkpoint": {"storage": str(tmp_path / "runs")},
-        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}},
+        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                                "log_model": False}},
     }  # fmt: skip
     path = write_spec(tmp_path / "wide.yaml", spec)
     proc = subprocess.run(
