@@ -56,7 +56,9 @@ def _gpu(device: Any) -> dict[str, float]:
 
 
 class SystemMetrics(pl.Callback):
-    """Times steps and data waits; ``sample()`` reports and restarts the window."""
+    """Times steps and data waits; ``sample()`` reports and restarts the window. Put it
+    first among the callbacks and its ``end_marker()`` last: the wait for data is what lies
+    between the marker's batch end and this one's next batch start."""
 
     def __init__(self) -> None:
         self._device: Any = None
@@ -83,12 +85,17 @@ class SystemMetrics(pl.Callback):
             self._loop_time += now - self._batch_end_at
         self._batch_start_at = now
 
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
+    def batch_done(self) -> None:
+        """The batch and every callback after it are done: what follows until the next
+        batch starts is Lightning fetching it."""
         now = time.perf_counter()
         self._loop_time += now - self._batch_start_at
         self._batch_end_at = now
+
+    def end_marker(self) -> pl.Callback:
+        """A callback to put last in the list: it marks the end of each batch's hooks
+        (checkpoints and reports included), which are not waits for data."""
+        return _BatchDone(self)
 
     def _pause(self, *args: Any) -> None:
         # validation and epoch ends are not waits for data
@@ -114,3 +121,13 @@ class SystemMetrics(pl.Callback):
         values.update(_gpu(self._device))
         self._reset(now)
         return values
+
+
+class _BatchDone(pl.Callback):
+    def __init__(self, metrics: SystemMetrics):
+        self.metrics = metrics
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        self.metrics.batch_done()

@@ -123,8 +123,9 @@ def train_loop(config: dict[str, Any]) -> None:
     from raytrain.guards import FiniteGuard, PreemptionGuard
 
     preemption = PreemptionGuard(report, spec.failure.preemption_check_s)  # after report
-    callbacks = [FiniteGuard(), *([system] if system else []), report, preemption,
-                 LoaderPosition(train_loader)]  # fmt: skip
+    timed = ([system], [system.end_marker()]) if system else ([], [])
+    callbacks = [*timed[0], FiniteGuard(), report, preemption, LoaderPosition(train_loader),
+                 *timed[1]]  # fmt: skip
     trainer = build_trainer(spec, callbacks, model)
 
     checkpoint = ray.train.get_checkpoint()
