@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shlex
 import sys
 import time
@@ -220,9 +221,20 @@ def _spec_in_working_dir(spec: str | os.PathLike[str], working_dir: Path) -> str
         ) from None
 
 
+# Environment variable names that hold a credential.
+_SECRET_ENV = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|API_KEY|CREDENTIAL", re.IGNORECASE)
+
+
 def _warnings(job: Any, env: Mapping[str, str]) -> list[str]:
-    """What a run on a cluster keeps only until its job's working dir is deleted."""
-    notes = []
+    """What a run on a cluster keeps only until its job's working dir is deleted, and
+    credentials about to be recorded in the job's runtime environment."""
+    notes = [
+        f"--env {key}: the job's runtime environment is recorded and shown by the dashboard "
+        "and `ray job list`; give the cluster this credential through its own environment "
+        "(the node setup, a Kubernetes Secret)"
+        for key in env
+        if _SECRET_ENV.search(key)
+    ]
     if "://" not in job.checkpoint.storage and not os.path.isabs(job.checkpoint.storage):
         notes.append(
             f"checkpoint.storage {job.checkpoint.storage!r} is a relative path: on the "

@@ -107,3 +107,15 @@ def test_an_address_where_no_job_server_answers_is_named(
     assert f"{CLOSED}: no Ray job server answers there" in capsys.readouterr().err
     with pytest.raises(JobsError, match="no Ray job server"):
         jobs_client.list_jobs(address=CLOSED)
+
+
+def test_credentials_in_env_and_paths_lost_with_the_job_are_warned_about() -> None:
+    from raytrain.spec import load_spec
+
+    job = load_spec({"name": "w", "model": {"class_path": "m:M"},
+                     "data": {"train": {"uri": "s3://b/train"}}})  # fmt: skip
+    notes = jobs_client._warnings(job, {"MLFLOW_TRACKING_PASSWORD": "x", "LOG_LEVEL": "info"})
+    assert any(n.startswith("--env MLFLOW_TRACKING_PASSWORD:") for n in notes)
+    assert not any("LOG_LEVEL" in n for n in notes)
+    assert any(n.startswith("checkpoint.storage 'runs' is a relative path") for n in notes)
+    assert any("MLflow record lands in the job's working dir" in n for n in notes)
