@@ -84,7 +84,6 @@ class ReportCallback(pl.Callback):
         self._score: float | None = None
         self._startup: dict[str, float] | None = dict(startup or {})
         self.system = system
-        self._window_step = 0
 
     # -- Lightning hooks -------------------------------------------------------------------
 
@@ -96,7 +95,6 @@ class ReportCallback(pl.Callback):
         self._last_ckpt_step = trainer.global_step
         self._last_step = trainer.global_step
         self._window_start = time.perf_counter()
-        self._window_step = trainer.global_step
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -149,9 +147,8 @@ class ReportCallback(pl.Callback):
             metrics.update({k: v for k, v in values.items() if k not in self._val_keys})
             metrics["samples_per_s"] = self._samples * trainer.world_size / elapsed
             if self.system is not None:
-                metrics.update(self.system.sample(trainer.global_step - self._window_step))
+                metrics.update(self.system.sample(trainer.global_step))
             self._samples, self._window_start = 0, now
-            self._window_step = trainer.global_step
             self._last_report_step = trainer.global_step
         if self._val_fresh:
             metrics.update({k: values[k] for k in self._val_keys if k in values})

@@ -135,7 +135,7 @@ class RunRecord:
                   file=sys.stderr)  # fmt: skip
             tracker.set_tags({"raytrain.model_error": message[:5000]})
             return None
-        tracker.set_tags({"raytrain.model_uri": uri, "raytrain.model_checkpoint": checkpoint})
+        tracker.set_tags({"raytrain.model_uri": uri})  # its weights: raytrain.best_checkpoint
         return uri
 
     def finish(self, status: str, *, error: str | None = None, best: str | None = None) -> None:

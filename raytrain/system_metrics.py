@@ -66,15 +66,16 @@ class SystemMetrics(pl.Callback):
         self._batch_start_at = self._window_start
         self._batch_end_at: float | None = None
 
-    def _reset(self, now: float) -> None:
+    def _reset(self, now: float, step: int = 0) -> None:
         self._window_start = now
+        self._window_step = step
         self._cpu_start = _cpu_seconds()
         self._data_wait = 0.0
         self._loop_time = 0.0  # wall time inside training batches and the waits between
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._device = pl_module.device
-        self._reset(time.perf_counter())
+        self._reset(time.perf_counter(), trainer.global_step)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
@@ -104,11 +105,12 @@ class SystemMetrics(pl.Callback):
     on_validation_start = _pause
     on_train_epoch_end = _pause
 
-    def sample(self, steps: int) -> dict[str, float]:
-        """Metrics for the window since the last sample, in which ``steps`` optimizer steps
-        ran; empty when none did."""
+    def sample(self, step: int) -> dict[str, float]:
+        """Metrics for the window since the last sample, which ends at global step ``step``;
+        the timing ones only when optimizer steps ran in it."""
         now = time.perf_counter()
         wall = now - self._window_start
+        steps = step - self._window_step
         values: dict[str, float] = {}
         if steps > 0 and wall > 0:
             values[f"{PREFIX}step_time_s"] = wall / steps
@@ -119,7 +121,7 @@ class SystemMetrics(pl.Callback):
         if rss is not None:
             values[f"{PREFIX}memory_rss_mb"] = rss / 2**20
         values.update(_gpu(self._device))
-        self._reset(now)
+        self._reset(now, step)
         return values
 
 

@@ -6,7 +6,6 @@ store works on a multi-node cluster and tracking credentials live only on the dr
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import platform
@@ -80,10 +79,21 @@ def git_tags() -> dict[str, str]:
     return {"mlflow.source.git.commit": found[0], "raytrain.git_dirty": str(found[1]).lower()}
 
 
-def version_tags(spec: JobSpec) -> dict[str, str]:
-    """Tags that say what ran: world size, strategy and the versions of the stack."""
+def _versions(packages: tuple[str, ...]) -> dict[str, str | None]:
+    """Each package's installed version; None when it is not installed."""
     from importlib.metadata import PackageNotFoundError, version
 
+    found: dict[str, str | None] = {}
+    for package in packages:
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def version_tags(spec: JobSpec) -> dict[str, str]:
+    """Tags that say what ran: world size, strategy and the versions of the stack."""
     tags = {
         "raytrain.world_size": str(spec.scaling.num_workers)
         if not spec.scaling.elastic
@@ -91,17 +101,14 @@ def version_tags(spec: JobSpec) -> dict[str, str]:
         "raytrain.strategy": spec.strategy.name,
         "raytrain.python": platform.python_version(),
     }
-    for package in ("raytrain", "ray", "lightning", "torch"):
-        try:
-            tags[f"raytrain.version.{package}"] = version(package)
-        except PackageNotFoundError:
-            tags[f"raytrain.version.{package}"] = "unknown"
+    for package, found in _versions(("raytrain", "ray", "lightning", "torch")).items():
+        tags[f"raytrain.version.{package}"] = found or "unknown"
     return tags
 
 
 def attempt_tags() -> dict[str, str]:
-    """Tags of this attempt at the run: the Ray job it runs as, when it was submitted (a
-    resumed run records its latest job)."""
+    """Tags of this attempt at the run: the Ray job it runs as, when it is a submitted job
+    (a resumed run records its latest job)."""
     from raytrain.ray_runtime import submission_id
 
     job = submission_id()
@@ -224,8 +231,6 @@ class MlflowTracker:
         the bundled models) travels with it as code, so loading needs only the pinned pip
         requirements, which come from this environment rather than MLflow's inference (a
         subprocess that imports the model: slow, and it may guess wrong)."""
-        from importlib.metadata import PackageNotFoundError, version
-
         import mlflow
         import mlflow.pytorch
         import torch
@@ -239,10 +244,8 @@ class MlflowTracker:
                 output = model(example)
             input_example = example.numpy()
             signature = infer_signature(input_example, output.numpy())
-        requirements = []
-        for package in ("torch", "lightning", "torchmetrics"):
-            with contextlib.suppress(PackageNotFoundError):
-                requirements.append(f"{package}=={version(package)}")
+        installed = _versions(("torch", "lightning", "torchmetrics")).items()
+        requirements = [f"{package}=={found}" for package, found in installed if found]
         previous = mlflow.get_tracking_uri()
         mlflow.set_tracking_uri(self.tracking_uri)
         try:

@@ -7,15 +7,13 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.integration.s3_server import S3_ENV
-from tests.integration.servers import free_port, server_process
+from tests.integration.servers import free_port, http_answers, server_process
 
 MLFLOW_CLI = str(Path(sys.executable).parent / "mlflow")
 
@@ -27,14 +25,6 @@ class MlflowServer:
     # the admin's credentials when the server runs the basic-auth app
     username: str | None = None
     password: str | None = None
-
-
-def _answers(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=2)
-    except urllib.error.HTTPError:
-        return True  # 401: up, and wants credentials
-    return True
 
 
 @contextmanager
@@ -61,6 +51,6 @@ def mlflow_server(work: Path, s3_endpoint: str, bucket: str, *, auth: bool = Fal
         env["MLFLOW_AUTH_CONFIG_PATH"] = str(config)
         env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = secrets.token_hex(16)  # its CSRF protection
     uri = f"http://127.0.0.1:{port}"
-    with server_process(cmd, work / "mlflow-server.log", lambda: _answers(f"{uri}/health"),
+    with server_process(cmd, work / "mlflow-server.log", lambda: http_answers(f"{uri}/health"),
                         "mlflow server", env={**os.environ, **env}):  # fmt: skip
         yield MlflowServer(uri, artifacts, username, password)

@@ -13,14 +13,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.integration.servers import _die_with_parent, free_port
+from tests.integration.servers import _die_with_parent, free_port, http_answers
 
 # Ray's CLI from the environment running the tests, whatever PATH says.
 RAY_CLI = str(Path(sys.executable).parent / "ray")
@@ -58,17 +57,6 @@ def _node_ports() -> list[str]:
         "--metrics-export-port", str(free_port()),
         "--runtime-env-agent-port", str(free_port()),
     ]  # fmt: skip
-
-
-def _answers(url: str) -> bool:
-    """Whether an HTTP server answers at ``url`` (401 is an answer: it wants a token)."""
-    try:
-        urllib.request.urlopen(url, timeout=2)
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def _wait(what: str, ready, procs: list[subprocess.Popen], logs: list[Path]) -> None:
@@ -183,7 +171,8 @@ def ray_head(
         env=head_env,
     )
     try:
-        _wait("the Ray head", lambda: _answers(head.dashboard_url + "/api/version"), [proc], [log])
+        version_url = head.dashboard_url + "/api/version"
+        _wait("the Ray head", lambda: http_answers(version_url), [proc], [log])
         _wait("the Ray head's node", lambda: head.alive_nodes() >= 1, [proc], [log])
         yield head
     finally:
