@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from raytrain.redaction import redact
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -20,7 +22,9 @@ class RaytrainError(Exception):
     exit_code: int = EXIT_FAILED
 
     def __init__(self, problems: str | Iterable[str]):
-        self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
+        # every message is printed, and may be logged or recorded: never with a credential
+        lines = [problems] if isinstance(problems, str) else list(problems)
+        self.problems: list[str] = [redact(str(line)) for line in lines]
         super().__init__("\n".join(self.problems))
 
 

@@ -13,10 +13,31 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import yaml
+
 from raytrain import runstate
 from raytrain.background import Background
 from raytrain.errors import TrackingError
-from raytrain.spec import JobSpec, dump_spec
+from raytrain.redaction import redact, redact_tree
+from raytrain.spec import JobSpec
+
+
+def spec_yaml(job: JobSpec) -> str:
+    """The resolved spec as the run's ``spec.yaml`` artifact holds it: credentials masked
+    (a credential-like field keeps its name, its value is ``***``)."""
+    return yaml.safe_dump(redact_tree(job.model_dump(mode="json")), sort_keys=False)
+
+
+def tracking_error(tracking_uri: str, exc: BaseException) -> TrackingError:
+    """The error for a tracking store that cannot be opened: the URI once, redacted (MLflow's
+    own message repeats it, user info and all, in the URL it requested)."""
+    detail = str(exc)
+    for form in {tracking_uri, tracking_uri.rstrip("/")} - {""}:
+        detail = detail.replace(form, "")
+    return TrackingError(
+        "tracking.mlflow.tracking_uri: cannot open an MLflow run at "
+        f"{redact(tracking_uri)}: {type(exc).__name__}: {redact(detail)}"
+    )
 
 
 class RunRecord:
@@ -47,12 +68,7 @@ class RunRecord:
             try:
                 tracker, _ = MlflowTracker.open(job, self.tracking_uri, state.mlflow_run_id)
             except Exception as exc:
-                raise TrackingError(
-                    [
-                        "tracking.mlflow.tracking_uri: cannot open an MLflow run at "
-                        f"{self.tracking_uri}: {type(exc).__name__}: {exc}"
-                    ]
-                ) from exc
+                raise tracking_error(self.tracking_uri, exc) from exc
             state.mlflow_run_id, state.tracking_uri, state.status = (
                 tracker.run_id,
                 self.tracking_uri,
@@ -68,7 +84,7 @@ class RunRecord:
                     f"from {self.resumed_from or 'the start'}",
                 }
             )
-            tracker.log_text(dump_spec(job), "spec.yaml")
+            tracker.log_text(spec_yaml(job), "spec.yaml")
             self.opened_at = time.time()
             return tracker
         except BaseException as exc:
@@ -130,7 +146,7 @@ class RunRecord:
                 trained_model(self.job, checkpoint), register_as=mlflow_spec.register_as
             )
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}"
+            message = redact(f"{type(exc).__name__}: {exc}")
             print(f"raytrain: warning: the model was not logged to MLflow: {message}",
                   file=sys.stderr)  # fmt: skip
             tracker.set_tags({"raytrain.model_error": message[:5000]})

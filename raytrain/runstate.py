@@ -14,6 +14,7 @@ from typing import Any
 
 from raytrain import storage
 from raytrain.errors import RunStateError
+from raytrain.redaction import masked_fields, redact, redact_flat
 from raytrain.spec import RESUMABLE_FIELDS, JobSpec
 
 STATE_FILE = "raytrain-run.json"
@@ -46,25 +47,38 @@ def load(spec: JobSpec) -> RunState | None:
 
 
 def save(spec: JobSpec, state: RunState) -> None:
-    text = json.dumps(asdict(state), indent=2)
+    """Write ``state`` with its spec and tracking URI redacted: the file never holds a
+    credential (a change to one still shows in ``spec_digest``)."""
+    record = asdict(state)
+    record["spec"] = redact_flat(state.spec)
+    record["tracking_uri"] = redact(state.tracking_uri) if state.tracking_uri else None
+    text = json.dumps(record, indent=2)
     storage.write_text(storage.join(run_dir(spec), STATE_FILE), text, spec.storage)
 
 
 def changed_fields(state: RunState, spec: JobSpec) -> list[str]:
-    """Fields that differ from the recorded spec and make this another experiment."""
-    now = spec.flat()
-    keys = set(now) | set(state.spec)
+    """Fields that differ from the recorded spec and make this another experiment. Both
+    sides are compared redacted (the file holds the redacted spec; one written before it
+    did may not): a changed credential is not listed, only seen in the digest."""
+    then, now = redact_flat(state.spec), redact_flat(spec.flat())
+    keys = set(now) | set(then)
     return sorted(
-        k for k in keys if not k.startswith(RESUMABLE_FIELDS) and state.spec.get(k) != now.get(k)
+        k for k in keys if not k.startswith(RESUMABLE_FIELDS) and then.get(k) != now.get(k)
     )
 
 
 def check_resumable(state: RunState, spec: JobSpec) -> None:
-    """Raise when the run was started with a spec this one may not resume."""
+    """Raise when the run was started with a spec this one may not resume. The message
+    shows the old and new values of changed fields, credentials masked."""
     if state.spec_digest == spec.digest():
         return
     changed = changed_fields(state, spec)
-    details = "; ".join(f"{k}: {state.spec.get(k)!r} -> {spec.flat().get(k)!r}" for k in changed)
+    then, now = redact_flat(state.spec), redact_flat(spec.flat())
+    details = "; ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed)
+    if not changed:
+        masked = [k for k in masked_fields(spec.flat()) if not k.startswith(RESUMABLE_FIELDS)]
+        details = "a credential-like value changed, which is never shown or recorded"
+        details += f"; masked fields: {', '.join(masked)}" if masked else ""
     raise RunStateError(
         f"name: run {spec.name!r} in {run_dir(spec)} was started with a different spec "
         f"({details}); pass --fresh to start it over, --resume-anyway to continue it, "

@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import os
 import platform
-import re
 import subprocess
 import time
 from typing import Any
 
+# REDACTED and redact are imported from here too; their home is raytrain.redaction
+from raytrain.redaction import REDACTED, redact, redact_flat, redact_value  # noqa: F401
 from raytrain.spec import JobSpec
 
 _PARAM_BATCH = 100
@@ -28,30 +29,14 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath('mlflow.db')}"
 
 
-# A URI's user info (``https://user:secret@host``) and fields that name a credential.
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-_SECRET_KEY = re.compile(
-    r"^(.*_)?(password|passwd|secret|api_?key|access_key|auth_token|credentials?)$|^token$",
-    re.IGNORECASE,
-)
-REDACTED = "***"
-
 # Set by ``raytrain submit``: the working dir's commit, which the job's copy (no .git) lacks.
 GIT_COMMIT_ENV = "RAYTRAIN_GIT_COMMIT"
 
 
-def redact(text: str) -> str:
-    """``text`` with any URI's user info replaced: what may be shown or logged."""
-    return _USERINFO.sub(f"{REDACTED}@", text)
-
-
-def redacted_params(flat: dict[str, Any]) -> dict[str, Any]:
-    """The flattened spec as params: values of credential-like keys hidden, URIs' user info
-    removed (a spec refuses credentials in storage URIs; a tracking URI could carry one)."""
-    return {
-        key: REDACTED if _SECRET_KEY.search(key.rsplit(".", 1)[-1]) else redact(str(value))
-        for key, value in flat.items()
-    }
+def redacted_params(flat: dict[str, Any]) -> dict[str, str]:
+    """The flattened spec as params (strings), credentials masked by ``raytrain.redaction``:
+    a credential-like field keeps its name with its value masked."""
+    return {key: str(value) for key, value in redact_flat(flat).items()}
 
 
 def git_commit(folder: str = ".") -> tuple[str, bool] | None:
@@ -171,7 +156,7 @@ class MlflowTracker:
             **version_tags(spec),
             **git_tags(),
             **attempt_tags(),
-            **spec.tracking.mlflow.tags,
+            **{k: redact_value(k, v) for k, v in spec.tracking.mlflow.tags.items()},
             "raytrain.job": spec.name,
         }
         run = client.create_run(experiment_id, run_name=spec.name, tags=tags)
@@ -217,11 +202,13 @@ class MlflowTracker:
         self.client.log_text(self.run_id, text, artifact_file)
 
     def set_tags(self, tags: dict[str, str]) -> None:
+        """Set ``tags`` on the run, credentials masked (a user's tag, an error's text)."""
         from mlflow.entities import RunTag
 
         if not tags:
             return
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        masked = [RunTag(k, str(redact_value(k, str(v)))) for k, v in tags.items()]
+        self.client.log_batch(self.run_id, tags=masked)
 
     def log_model(self, model: Any, *, register_as: str | None = None) -> str:
         """Log ``model`` (a torch module, on CPU) with ``mlflow.pytorch`` under ``model``,

@@ -1,0 +1,162 @@
+"""The one redaction for everything raytrain writes or prints: MLflow params and tags, the
+``spec.yaml`` artifact, the run-state file, error messages and printed URIs.
+
+Two kinds of rule, one table each:
+
+* a *name* that holds a credential (a spec field, a query parameter, a connection-string
+  part, an environment variable): ``password``, ``secret_key``, ``hf_token``, ``api_key``,
+  ``AZURE_STORAGE_CONNECTION_STRING``, ... Its value is masked whatever it is;
+* a *value* shaped like one, whatever its name: a URI's user info (``https://user:pass@``),
+  a credential-carrying query parameter (``?sig=``, ``X-Amz-Signature=``, ``token=``), a
+  PEM private key, a cloud or hub token (``AKIA...``, ``hf_...``, ``ghp_...``, a JWT).
+  Only the credential is masked; the rest (the host, the path) stays readable.
+
+A masked field keeps its name, so a record still says which field held a credential.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+REDACTED = "***"
+
+# Words (a name split at _ - . and camelCase, lower-cased) that make a name a credential's.
+_SECRET_WORDS = frozenset(
+    {"password", "passwords", "passwd", "passphrase", "secret", "secrets", "credential",
+     "credentials", "sas", "apikey", "apikeys", "dsn", "pwd"}
+)  # fmt: skip
+# "...key" names that hold one (``secret_key``, ``AZURE_STORAGE_ACCOUNT_KEY``), not every key.
+_KEY_QUALIFIERS = frozenset(
+    {"secret", "private", "api", "access", "account", "storage", "signing", "encryption",
+     "master", "auth", "client", "sas", "shared", "ssh", "gpg", "pgp", "service", "license",
+     "subscription"}
+)  # fmt: skip
+# "...token" names that do not hold one: a tokenizer's special tokens and token counts.
+_TOKEN_NOT_SECRET = frozenset(
+    {"pad", "eos", "bos", "unk", "mask", "sep", "cls", "special", "max", "min", "num", "n",
+     "start", "end", "first", "last", "stop"}
+)  # fmt: skip
+# Query parameters that carry a credential in a URL even though their name alone would not
+# say so: Azure SAS ``sig``, S3/GCS presigned URLs, an API ``key``, an OAuth ``code``.
+_QUERY_SECRETS = frozenset(
+    {"sig", "signature", "key", "code", "x-amz-credential", "x-amz-signature",
+     "x-amz-security-token", "x-goog-credential", "x-goog-signature", "awsaccesskeyid",
+     "access_token", "token", "auth", "authorization"}
+)  # fmt: skip
+
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+
+
+def _words(name: str) -> list[str]:
+    """``name``'s words, lower case: ``hfToken`` and ``HF_TOKEN`` are both [hf, token]."""
+    return [w.lower() for w in _WORD.findall(name)]
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a field, parameter or variable called ``name`` holds a credential. For a
+    dotted spec path only the last part counts (``model.init_args.hf_token``)."""
+    last = name.rsplit(".", 1)[-1]
+    words = _words(last)
+    if not words:
+        return False
+    if _SECRET_WORDS.intersection(words):
+        return True
+    if "connection" in words and "string" in words:  # AZURE_STORAGE_CONNECTION_STRING
+        return True
+    if "service" in words and "account" in words:  # GOOGLE_SERVICE_ACCOUNT_JSON
+        return True
+    if words[-2:] in (["database", "url"], ["db", "url"]):  # DATABASE_URL holds user:pass
+        return True
+    if any(w in ("key", "keys") and i and words[i - 1] in _KEY_QUALIFIERS
+           for i, w in enumerate(words)):  # fmt: skip
+        return True  # secret_key, AZURE_STORAGE_ACCOUNT_KEY, AWS_ACCESS_KEY_ID
+    if words[-1] in ("token", "auth"):
+        return len(words) == 1 or words[-2] not in _TOKEN_NOT_SECRET
+    return False
+
+
+# A URI's user info: from ``://`` to the LAST ``@`` before the host (``user:p@ss@host``), or a
+# ``user:password@`` whose password holds a ``/`` (not a ``host:port/`` path).
+_USERINFO = re.compile(
+    r"(?P<scheme>\b[A-Za-z][\w+.-]*)://"
+    r"(?P<info>[^\s/?#]*@|[^\s/?#@:]+:(?!\d*(?:[/?#\s]|$))[^\s@]*@)"
+)
+# Azure's ``abfs://container@account...``: that user info is a container, not a credential.
+_CONTAINER_SCHEMES = frozenset({"abfs", "abfss", "wasb", "wasbs"})
+# ``name=value`` in a query string, a connection string or a command line.
+_ASSIGNMENT = re.compile(
+    r"(?P<lead>^|[?&;\s,'\"(-])(?P<name>[A-Za-z][\w.-]*)=(?P<value>[^&;#\s,'\")]*)"
+)
+# Values that are credentials by their shape.
+_SHAPES = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)"
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key id
+    r"|\bgh[pousr]_[A-Za-z0-9]{30,}|\bgithub_pat_\w{20,}"  # GitHub
+    r"|\bhf_[A-Za-z0-9]{30,}"  # Hugging Face
+    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"  # Slack
+    r"|\bsk-[\w-]*?[A-Za-z0-9]{20,}"  # OpenAI-style secret keys
+    r"|\bAIza[0-9A-Za-z_-]{35}"  # Google API key
+    r"|\beyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]{8,}"  # a JWT
+    r"|(?<=\bBearer )[^\s'\"]+",  # an Authorization header's token
+    re.DOTALL,
+)
+
+
+def _userinfo(match: re.Match[str]) -> str:
+    scheme, info = match["scheme"], match["info"]
+    if scheme.lower() in _CONTAINER_SCHEMES and ":" not in info:
+        return match[0]
+    return f"{scheme}://{REDACTED}@"
+
+
+def _assignment(match: re.Match[str]) -> str:
+    name, lead = match["name"], match["lead"]
+    query = lead in ("?", "&") and name.lower() in _QUERY_SECRETS
+    if (query or is_secret_name(name)) and match["value"]:
+        return f"{lead}{name}={REDACTED}"
+    return match[0]
+
+
+def redact(text: str) -> str:
+    """``text`` with every credential in it masked (see the module docstring): what may be
+    shown, logged or written."""
+    if not text:
+        return text
+    text = _SHAPES.sub(REDACTED, text)
+    text = _USERINFO.sub(_userinfo, text)
+    return _ASSIGNMENT.sub(_assignment, text)
+
+
+def redact_value(name: str, value: Any) -> Any:
+    """``value`` of the field ``name`` as it may be written: masked whole when the name holds
+    a credential, else with any credential inside it masked; numbers and booleans of other
+    fields stay as they are, lists and mappings are redacted item by item."""
+    if value is None or value == "" or value == [] or value == {}:
+        return value
+    if is_secret_name(name):
+        return REDACTED
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return redact_tree(value)
+    if isinstance(value, list | tuple):
+        return [redact_value(name, item) for item in value]
+    return value
+
+
+def redact_tree(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """A nested mapping (a spec as YAML would hold it) with its credentials masked."""
+    return {key: redact_value(str(key), value) for key, value in tree.items()}
+
+
+def redact_flat(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """A flattened spec (``{"a.b.c": value}``) with its credentials masked."""
+    return {key: redact_value(key, value) for key, value in flat.items()}
+
+
+def masked_fields(flat: Mapping[str, Any]) -> list[str]:
+    """The fields of a flattened spec whose value redaction changes: what a record names
+    as masked."""
+    return sorted(key for key, value in flat.items() if redact_value(key, value) != value)
