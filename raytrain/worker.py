@@ -132,8 +132,15 @@ def train_loop(config: dict[str, Any]) -> None:
     if checkpoint is None:
         trainer.fit(model, train_loader, val_loader)
     else:
-        with checkpoint.as_directory() as directory:
-            trainer.fit(model, train_loader, val_loader, ckpt_path=restore_path(directory))
+        from raytrain.safe_load import lightning_globals, verify_checkpoint
+
+        with checkpoint.as_directory() as directory, lightning_globals():
+            path = restore_path(directory)
+            # Lightning reads FSDP checkpoints with unrestricted unpicklers (its own for a
+            # full state dict, torch's DCP reader for shards): checked first. The rest it
+            # reads with weights_only=True, whatever TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says.
+            verify_checkpoint(path)
+            trainer.fit(model, train_loader, val_loader, ckpt_path=path, weights_only=True)
     if sink is not None:
         ray.get(sink.ping.remote())  # the driver has every event before the run ends
 

@@ -1,0 +1,247 @@
+"""Checkpoints are read without running code from them, and ``raytrain export`` refuses what
+is not a checkpoint with one line naming the file (exit 2), writing nothing. No Ray."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from raytrain import safe_load
+from raytrain.cli import main
+from raytrain.errors import EXIT_BAD_INPUT, EXIT_OK, StorageError
+from raytrain.export import checkpoint_weights, trained_model
+from raytrain.models.digits import DigitsCNN
+from raytrain.spec import JobSpec
+
+
+class Payload:
+    """Unpickled, it would create ``marker``: what an attacker's checkpoint would carry."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _state() -> dict[str, torch.Tensor]:
+    return {f"_forward_module.{k}": v for k, v in DigitsCNN().state_dict().items()}
+
+
+def _checkpoint(folder: Path, content: object) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(content, folder / "checkpoint.ckpt")
+    return folder
+
+
+def _sharded(folder: Path, state: dict) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    shards = folder / "checkpoint.ckpt"
+    dcp.save(state, checkpoint_id=str(shards), no_dist=True)
+    torch.save({"epoch": 0, "global_step": 1}, shards / "meta.pt")
+    return folder
+
+
+def _export(capsys: pytest.CaptureFixture[str], source: Path, out: Path) -> tuple[int, str]:
+    code = main(["export", str(source), str(out)])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    return code, captured.err
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_lightning_checkpoint_exports(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = _checkpoint(tmp_path / "checkpoint_1", {"state_dict": _state(), "epoch": 3,
+                                                     "hyper_parameters": {"lr": 0.1}})  # fmt: skip
+    for source in (folder, folder / "checkpoint.ckpt"):  # the folder, or the file in it
+        out = tmp_path / "out" / "model.pt"
+        code, _ = _export(capsys, source, out)
+        assert code == EXIT_OK
+        DigitsCNN().load_state_dict(torch.load(out, weights_only=True), strict=True)
+
+
+def test_a_checkpoint_carrying_a_payload_is_refused_and_nothing_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "marker"
+    folder = _checkpoint(tmp_path / "checkpoint_1", {"state_dict": _state(), "x": Payload(marker)})
+    out = tmp_path / "model.pt"
+    code, err = _export(capsys, folder, out)
+    assert code == EXIT_BAD_INPUT
+    line = _one_line(err)
+    assert f"{folder / 'checkpoint.ckpt'}: refused" in line
+    assert "system" in line  # what it tried to call is named
+    assert not marker.exists() and not out.exists()
+
+
+def test_the_model_logging_path_refuses_a_payload(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    folder = _checkpoint(tmp_path / "checkpoint_1", {"state_dict": _state(), "x": Payload(marker)})
+    job = JobSpec.model_validate(
+        {
+            "name": "x",
+            "model": {"class_path": "raytrain.models.digits:DigitsCNN"},
+            "data": {"train": {"uri": str(tmp_path)}},
+        }
+    )
+    with pytest.raises(StorageError, match="refused"):
+        trained_model(job, str(folder))
+    with pytest.raises(StorageError, match="refused"):
+        checkpoint_weights(str(folder))
+    assert not marker.exists()
+
+
+def test_a_sharded_checkpoint_exports(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    opt = {"state": {0: {"step": 3, "exp_avg": torch.zeros(2)}}, "param_groups": [{"lr": 0.1}]}
+    folder = _sharded(tmp_path / "checkpoint_1", {"model": _state(), "optimizer_0": opt})
+    code, _ = _export(capsys, folder, tmp_path / "model.pt")
+    assert code == EXIT_OK
+    weights = torch.load(tmp_path / "model.pt", weights_only=True)
+    DigitsCNN().load_state_dict(weights, strict=True)
+    safe_load.verify_dcp(str(folder / "checkpoint.ckpt"))  # what a worker checks at resume
+
+
+def test_sharded_metadata_carrying_a_payload_is_refused_and_nothing_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "marker"
+    folder = _sharded(tmp_path / "checkpoint_1", {"model": _state()})
+    metadata = folder / "checkpoint.ckpt" / ".metadata"
+    metadata.write_bytes(pickle.dumps(Payload(marker)))
+    code, err = _export(capsys, folder, tmp_path / "model.pt")
+    assert code == EXIT_BAD_INPUT
+    assert f"{metadata}: refused" in _one_line(err)
+    with pytest.raises(StorageError, match="refused"):
+        safe_load.verify_dcp(str(folder / "checkpoint.ckpt"))
+    assert not marker.exists() and not (tmp_path / "model.pt").exists()
+
+
+def test_a_sharded_entry_carrying_a_payload_is_refused_and_nothing_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A non-tensor entry: torch's own DCP planner reads it with weights_only=False."""
+    marker = tmp_path / "marker"
+    folder = _sharded(tmp_path / "checkpoint_1", {"model": {**_state(), "x": Payload(marker)}})
+    code, err = _export(capsys, folder, tmp_path / "model.pt")
+    assert code == EXIT_BAD_INPUT
+    assert "refused" in _one_line(err) and "entry model.x" in err
+    with pytest.raises(StorageError, match="refused"):  # the workers' check before a resume
+        safe_load.verify_dcp(str(folder / "checkpoint.ckpt"))
+    assert not marker.exists()
+
+
+def test_lightning_meta_file_carrying_a_payload_is_refused_at_resume(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    folder = _sharded(tmp_path / "checkpoint_1", {"model": _state()})
+    torch.save({"epoch": 0, "x": Payload(marker)}, folder / "checkpoint.ckpt" / "meta.pt")
+    with pytest.raises(StorageError, match=r"meta\.pt: refused"):
+        safe_load.verify_dcp(str(folder / "checkpoint.ckpt"))
+    assert not marker.exists()
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Each case: (what is exported, the file the error must name)."""
+    random = tmp_path / "random" / "checkpoint.ckpt"
+    random.parent.mkdir()
+    random.write_bytes(os.urandom(4096))
+    text = tmp_path / "notes.txt"
+    text.write_text("not a checkpoint\n")
+    empty = tmp_path / "empty_checkpoint"
+    empty.mkdir()
+    (empty / "raytrain.json").write_text("{}")
+    no_state = _checkpoint(tmp_path / "no_state", {"epoch": 1, "weights": _state()})
+    not_dict = _checkpoint(tmp_path / "not_dict", [1, 2, 3])
+    truncated = _checkpoint(tmp_path / "truncated", {"state_dict": _state()})
+    data = (truncated / "checkpoint.ckpt").read_bytes()
+    (truncated / "checkpoint.ckpt").write_bytes(data[: len(data) // 2])
+    return {
+        "random bytes": (random.parent, str(random)),
+        "a text file": (text, str(text)),
+        "a folder without checkpoint.ckpt": (empty, str(empty)),
+        "a checkpoint without state_dict": (no_state, str(no_state / "checkpoint.ckpt")),
+        "a checkpoint that is a list": (not_dict, str(not_dict / "checkpoint.ckpt")),
+        "a truncated checkpoint": (truncated, str(truncated / "checkpoint.ckpt")),
+        "a missing path": (tmp_path / "nowhere", str(tmp_path / "nowhere")),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["random bytes", "a text file", "a folder without checkpoint.ckpt",
+     "a checkpoint without state_dict", "a checkpoint that is a list", "a truncated checkpoint",
+     "a missing path"],
+)  # fmt: skip
+def test_export_of_what_is_not_a_checkpoint_is_one_line_exit_2(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, named = _bad_inputs(tmp_path)[case]
+    out = tmp_path / "out" / "model.pt"
+    code, err = _export(capsys, source, out)
+    assert code == EXIT_BAD_INPUT
+    assert _one_line(err).startswith(f"error: {named}: ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_to_a_folder_or_under_a_file_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _checkpoint(tmp_path / "checkpoint_1", {"state_dict": _state()})
+    target = tmp_path / "target"
+    target.mkdir()
+    code, err = _export(capsys, folder, target)
+    assert code == EXIT_BAD_INPUT
+    assert _one_line(err).startswith(f"error: {target}: is a folder")
+    assert list(target.iterdir()) == []
+    code, err = _export(capsys, folder, tmp_path / "target" / "x" / ".." / "..")
+    assert code == EXIT_BAD_INPUT
+    note = tmp_path / "notes.txt"
+    note.write_text("x")
+    code, err = _export(capsys, folder, note / "model.pt")
+    assert code == EXIT_BAD_INPUT
+    assert _one_line(err).startswith(f"error: {note / 'model.pt'}: ")
+    assert note.read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1", "notes.txt", "target"]
+
+
+def test_a_resume_checks_the_checkpoint_then_lightning_restores_it_weights_only(
+    tmp_path: Path,
+) -> None:
+    """What a worker does (worker.train_loop): ``verify_checkpoint``, then Lightning's
+    restore with ``weights_only=True`` and the allow-list; a real Lightning checkpoint of a
+    model with saved hyperparameters passes both; one with a payload is refused first."""
+    import lightning.pytorch as pl
+
+    rows = [{"pixels": torch.rand(64) * 16, "label": torch.tensor(i % 10)} for i in range(32)]
+    loader = torch.utils.data.DataLoader(rows, batch_size=16)
+
+    def trainer(steps: int) -> pl.Trainer:
+        return pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False,
+                          accelerator="cpu")  # fmt: skip
+
+    first = trainer(2)
+    first.fit(DigitsCNN(lr=0.01), loader)
+    path = tmp_path / "checkpoint.ckpt"
+    first.save_checkpoint(path)
+    safe_load.verify_checkpoint(str(path))
+    second = trainer(3)
+    with safe_load.lightning_globals():
+        second.fit(DigitsCNN(lr=0.01), loader, ckpt_path=path, weights_only=True)
+    assert second.global_step == 3
+
+    marker = tmp_path / "marker"
+    evil = _checkpoint(tmp_path / "evil", {**torch.load(path, weights_only=True),
+                                           "x": Payload(marker)})  # fmt: skip
+    with pytest.raises(StorageError, match="refused"):
+        safe_load.verify_checkpoint(str(evil / "checkpoint.ckpt"))
+    assert not marker.exists()
