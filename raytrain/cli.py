@@ -106,6 +106,12 @@ def _print_summary(result) -> None:
     shown = ", ".join(
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items())
     )
+    if result.already_complete:  # nothing was trained: say what the run had reached
+        print(f"raytrain: run {result.name} was already complete ({result.wall_time_s:.1f}s)")
+        print(f"  metrics: {shown}")
+        print(f"  latest checkpoint: {result.latest_checkpoint_uri}")
+        print(f"  mlflow run id: {result.mlflow_run_id} ({result.tracking_uri})")
+        return
     print(f"raytrain: run {result.name} finished in {result.wall_time_s:.1f}s")
     print(f"  metrics: {shown}")
     if "val_acc" in result.metrics:

@@ -136,11 +136,43 @@ class CachedSet:
 def read_table(
     source: SourceSpec, columns: list[str] | None, options: StorageSpec | None = None
 ) -> Any:
-    """The whole of ``source`` as one pyarrow Table, read here."""
+    """The whole of ``source`` as one pyarrow Table, read here. A file that cannot be read
+    (a corrupt page, a truncated file) is a ``TrainingFailed`` naming it."""
     import pyarrow.dataset as pads
 
     fs, path = storage.filesystem(source.uri, options)
-    return pads.dataset(path, filesystem=fs, format=source.format).to_table(columns=columns)
+    dataset = pads.dataset(path, filesystem=fs, format=source.format)
+    try:
+        return dataset.to_table(columns=columns)
+    except Exception as exc:
+        raise unreadable_data(source, columns, options, exc) from None
+
+
+def unreadable_data(
+    source: SourceSpec, columns: list[str] | None, options: StorageSpec | None, exc: Exception
+) -> Exception:
+    """The error for a split whose read failed with ``exc``: names the first of its files
+    that pyarrow cannot read on its own (the read failed somewhere among them), and the
+    store's words, on one line."""
+    import pyarrow.dataset as pads
+
+    from raytrain.errors import TrainingFailed
+
+    bad, why = source.uri, exc
+    try:
+        fs, path = storage.filesystem(source.uri, options)
+        for fragment in pads.dataset(path, filesystem=fs, format=source.format).get_fragments():
+            try:
+                fragment.to_table(columns=columns)
+            except Exception as fragment_exc:
+                bad, why = fragment.path, fragment_exc
+                break
+    except Exception:
+        pass  # the listing itself fails: the first error says why
+    detail = storage.describe(why).splitlines()[0] if str(why) else type(why).__name__
+    return TrainingFailed(
+        f"data: cannot read {bad} (a file of {source.uri}): {type(why).__name__}: {detail}"
+    )
 
 
 def choose_path(spec: JobSpec, source: SourceSpec, nbytes: int, store_bytes: float) -> str:
@@ -176,7 +208,12 @@ def build_datasets(
             _check_rows(name, source, table.num_rows, spec.scaling.max_workers)
             cached[name] = CachedSet([ray.put(table)])
         elif path == "materialize":
-            ds = read_source(source, data.columns, options, data.preprocess).materialize()
+            try:
+                ds = read_source(source, data.columns, options, data.preprocess).materialize()
+            except Exception as exc:
+                if source.format == "images" or data.preprocess is not None:
+                    raise
+                raise unreadable_data(source, data.columns, options, exc) from None
             _check_rows(name, source, ds.count(), spec.scaling.max_workers)
             cached[name] = CachedSet(ds.to_arrow_refs())
         else:

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from raytrain import preflight, ray_runtime, runstate, source_check, storage
 from raytrain.background import Background
 from raytrain.checkpoint import SCORE_KEY, latest_committed, uncommitted
-from raytrain.errors import TrainingFailed
+from raytrain.errors import RunStateError, TrainingFailed
 from raytrain.run_record import RunRecord
 from raytrain.spec import JobSpec, load_spec
 from raytrain.tracking import redact
@@ -46,6 +46,8 @@ class FitResult:
     data_paths: dict[str, str] = field(default_factory=dict)
     # the trained model in MLflow (runs:/... or models:/...), when it was logged
     model_uri: str | None = None
+    # the run had trained to its limits already: nothing was started, trained or logged
+    already_complete: bool = False
 
 
 def validate(
@@ -86,8 +88,14 @@ def _prepare_data(spec: JobSpec) -> None:
 
 def _check_resumable(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstate.RunState | None:
     """The run's recorded state; refuses, before anything starts, to continue a run whose
-    spec changed."""
-    state = runstate.load(spec)
+    spec changed, or whose state file cannot be read. With ``fresh`` the state file may hold
+    anything: a placeholder state stands for it, so that ``_open_run`` deletes the folder."""
+    try:
+        state = runstate.load(spec)
+    except RunStateError:
+        if not fresh:
+            raise
+        return runstate.new_state(spec)
     if state is not None and not fresh and not resume_anyway:
         runstate.check_resumable(state, spec)
     return state
@@ -102,6 +110,66 @@ def _open_run(
         print(f"raytrain: --fresh: deleted {runstate.run_dir(spec)}", file=sys.stderr)
         return None
     return state
+
+
+def _trained_to_limits(metrics: Mapping[str, Any], job: JobSpec) -> bool:
+    """Whether a checkpoint reported with ``metrics`` is where Lightning's fit loop stops
+    under ``job``'s limits, so that resuming from it trains nothing.
+
+    Lightning stops when ``global_step >= max_steps`` (unless -1), or when the epochs it has
+    processed reach ``max_epochs`` (None: 1000 without max_steps, else unbounded). The
+    checkpoint's ``epoch`` is ``trainer.current_epoch`` when it was taken: at an epoch's
+    end (``kind: epoch``) that epoch is processed but not yet counted, so it is one more;
+    at the end of training (``kind: end``) it counts every epoch; a mid-epoch checkpoint
+    (``kind: step``) has not finished its epoch. Any other report is not called complete.
+    """
+    kind, epoch, step = metrics.get("kind"), metrics.get("epoch"), metrics.get("step")
+    if kind not in ("epoch", "end", "step") or not isinstance(epoch, int | float):
+        return False
+    if not isinstance(step, int | float):
+        return False
+    t = job.trainer
+    if t.max_steps != -1 and step >= t.max_steps:
+        return True
+    max_epochs = t.max_epochs if t.max_epochs is not None else (1000 if t.max_steps == -1 else -1)
+    processed = int(epoch) + 1 if kind == "epoch" else int(epoch)
+    return max_epochs != -1 and processed >= max_epochs
+
+
+def _already_complete(
+    job: JobSpec, state: runstate.RunState | None, start: float
+) -> FitResult | None:
+    """A finished run's command run again, with nothing left to train: say so, and how to
+    train more, before Ray starts (it would start the workers, restore, train nothing and
+    log the model again). None when there is something to train, or the last attempt did
+    not finish (it resumes, and logs the model it may not have logged)."""
+    if state is None or state.status != "FINISHED":
+        return None
+    latest = latest_committed(runstate.run_dir(job), job.storage)
+    if latest is None or not _trained_to_limits(latest[1], job):
+        return None
+    uri, metrics = latest
+    epochs = int(metrics["epoch"]) + (1 if metrics.get("kind") == "epoch" else 0)
+    t = job.trainer
+    print(
+        f"raytrain: run {job.name} is complete: its latest checkpoint {uri} is at epoch "
+        f"{epochs}, step {int(metrics['step'])} (trainer.max_epochs={t.max_epochs}, "
+        f"trainer.max_steps={t.max_steps}); nothing was trained or logged. To train further, "
+        "raise trainer.max_epochs or trainer.max_steps; to start over, pass --fresh",
+        file=sys.stderr,
+    )
+    shown = {k: v for k, v in metrics.items() if k not in (SCORE_KEY, "kind")}
+    return FitResult(
+        name=job.name,
+        metrics=shown,
+        best_checkpoint_uri=None,
+        latest_checkpoint_uri=uri,
+        mlflow_run_id=state.mlflow_run_id,
+        tracking_uri=redact(state.tracking_uri) if state.tracking_uri else None,
+        run_dir=runstate.run_dir(job),
+        wall_time_s=time.time() - start,
+        already_complete=True,
+    )
 
 
 def _drop_uncommitted(spec: JobSpec) -> None:
@@ -157,6 +225,9 @@ def fit(
     job = _check_before_ray(load_spec(spec, overrides))
     state = _check_resumable(job, fresh, resume_anyway)
     mark("validated")
+    done = None if fresh else _already_complete(job, state, start)
+    if done is not None:
+        return done
     # The driver's own modules (torch with Ray Train) are imported while Ray starts: starting
     # Ray is mostly waiting on its daemons. The model's module (Lightning) is imported here
     # only if its source does not show a LightningModule; the workers import it anyway.

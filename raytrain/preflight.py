@@ -129,12 +129,41 @@ def check_local_cpus(spec: JobSpec) -> list[str]:
     return []
 
 
-def dataset_schema_names(uri: str, fmt: str, options: StorageSpec | None = None) -> list[str]:
-    """The column names of the dataset at ``uri`` (read from file footers/headers only)."""
+def dataset_schema(uri: str, fmt: str, options: StorageSpec | None = None) -> Any:
+    """The pyarrow schema of the dataset at ``uri`` (read from file footers/headers only)."""
     import pyarrow.dataset as pads
 
     fs, path = storage.filesystem(uri, options)
-    return list(pads.dataset(path, filesystem=fs, format=fmt).schema.names)
+    return pads.dataset(path, filesystem=fs, format=fmt).schema
+
+
+def dataset_schema_names(uri: str, fmt: str, options: StorageSpec | None = None) -> list[str]:
+    """The column names of the dataset at ``uri`` (read from file footers/headers only)."""
+    return list(dataset_schema(uri, fmt, options).names)
+
+
+def tensor_type_problem(arrow_type: Any) -> str | None:
+    """Why a column of ``arrow_type`` cannot become a tensor in a batch (Arrow -> numpy ->
+    ``torch.as_tensor``, ``data.arrow_batch_to_tensors``), or None when it can: numbers and
+    booleans, lists (fixed or not) of them, and tensor extension types."""
+    import pyarrow as pa
+    import pyarrow.types as pat
+
+    if isinstance(arrow_type, pa.ExtensionType):
+        return tensor_type_problem(arrow_type.storage_type) if not _is_tensor_ext(arrow_type) \
+            else None  # fmt: skip
+    if pat.is_integer(arrow_type) or pat.is_floating(arrow_type) or pat.is_boolean(arrow_type):
+        return None
+    if pat.is_list(arrow_type) or pat.is_large_list(arrow_type) \
+            or pat.is_fixed_size_list(arrow_type):  # fmt: skip
+        return tensor_type_problem(arrow_type.value_type)
+    if pat.is_dictionary(arrow_type):
+        return tensor_type_problem(arrow_type.value_type)
+    return f"{arrow_type}, which cannot become a tensor (numbers, booleans, or lists of them)"
+
+
+def _is_tensor_ext(arrow_type: Any) -> bool:
+    return "Tensor" in type(arrow_type).__name__  # Ray Data's ArrowTensorType(V2), ...
 
 
 # Storage checks (listings, a probe write) get this long in all; a store that has not
@@ -226,7 +255,32 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
                 f"data.columns: {', '.join(map(repr, absent))} not in {field} "
                 f"({uri} has: {', '.join(names)})"
             )
+        elif source.format != "images" and spec.data.preprocess is None:
+            problems += _column_type_problems(spec, field, source, uri, options)
     return problems
+
+
+def _column_type_problems(
+    spec: JobSpec, field: str, source: Any, uri: str, options: Any
+) -> list[str]:
+    """Each column the workers get (the projection, else all) can become a tensor, as the
+    batches need; checked from the schema (a Parquet footer), not in the run. A
+    ``data.preprocess`` step may turn any column into numbers, so it is not checked then."""
+    try:
+        schema = dataset_schema(uri, source.format, options)
+    except Exception:  # read once already (the column names): the run will say
+        return []
+    projected = spec.data.columns
+    out = []
+    for name in projected or schema.names:
+        why = tensor_type_problem(schema.field(name).type)
+        if why is not None:
+            where = "data.columns" if projected else f"{field}.uri"
+            out.append(
+                f"{where}: column {name!r} of {field} ({uri}) is {why}; project it away "
+                "with data.columns, or convert it with data.preprocess"
+            )
+    return out
 
 
 def _missing(uri: str, options: Any) -> str | None:

@@ -39,11 +39,53 @@ def run_dir(spec: JobSpec) -> str:
 
 
 def load(spec: JobSpec) -> RunState | None:
-    """The recorded state of the run ``spec`` names, or None for a new run."""
-    text = storage.read_text(storage.join(run_dir(spec), STATE_FILE), spec.storage)
-    if text is None:
-        return None
-    return RunState(**json.loads(text))
+    """The recorded state of the run ``spec`` names, or None for a new run. A state file
+    that cannot be read as one (truncated, not JSON, a key or type this version does not
+    know) is a ``RunStateError`` naming it; ``--fresh`` starts such a run over."""
+    path = storage.join(run_dir(spec), STATE_FILE)
+    try:
+        text = storage.read_text(path, spec.storage)
+        if text is None:
+            return None
+        return _from_record(json.loads(text))
+    except (ValueError, TypeError, RecursionError) as exc:  # JSONDecodeError, UnicodeError
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise RunStateError(
+            f"{path}: the run's state file cannot be read ({why}); pass --fresh to start "
+            "the run over, or restore the file"
+        ) from None
+
+
+# What each field of the state file may hold: (types, required).
+_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "name": ((str,), True),
+    "spec_digest": ((str,), True),
+    "spec": ((dict,), True),
+    "mlflow_run_id": ((str, type(None)), False),
+    "tracking_uri": ((str, type(None)), False),
+    "attempts": ((int,), False),
+    "restarts": ((int,), False),
+    "created_at": ((int, float), False),
+    "status": ((str,), False),
+}
+
+
+def _from_record(record: Any) -> RunState:
+    """A ``RunState`` from the state file's JSON, every key and type checked."""
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    unknown = sorted(set(record) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(map(repr, unknown[:5]))[:120]}")
+    for key, (types, required) in _FIELDS.items():
+        if key not in record:
+            if required:
+                raise ValueError(f"the key {key!r} is missing")
+            continue
+        value = record[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ValueError(f"{key!r} holds {type(value).__name__}")
+    return RunState(**record)
 
 
 def save(spec: JobSpec, state: RunState) -> None:

@@ -18,16 +18,93 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from raytrain.errors import SpecError
 
 DEFAULT_STORAGE = "runs"
 _IMPORT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+# A run's name and an MLflow experiment's name become folder names (the run's folder, the
+# experiment's artifact folder): letters, digits, ``._-`` (and inner spaces in an
+# experiment), no path separator, never ``..``.
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_EXPERIMENT = r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$"
+# The largest seed Lightning's seed_everything (numpy's RNG) accepts.
+MAX_SEED = 2**32 - 1
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No NaN or infinity in any float field: a number of workers' CPUs, a clip value or an
+    # interval of NaN passes every comparison and fails later, inside the run.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_nul_no_stray_bool(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every field: no NUL character in any string (paths and URIs end there in C); and
+        no boolean where the field takes none (pydantic would take ``true`` as 1)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _section_type(field.annotation) is not None:
+            return value  # a section checks its own fields, naming them
+        _refuse_nul(value)
+        if field is not None and not _admits_bool(field.annotation):
+            _refuse_bool(value)
+        return value
+
+
+def _refuse_nul(value: Any, depth: int = 0) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("contains a NUL character (\\x00)")
+    elif isinstance(value, Mapping) and depth < MAX_SPEC_DEPTH:
+        for key, item in value.items():
+            _refuse_nul(key, depth + 1)
+            _refuse_nul(item, depth + 1)
+    elif isinstance(value, list | tuple) and depth < MAX_SPEC_DEPTH:
+        for item in value:
+            _refuse_nul(item, depth + 1)
+
+
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field of this type may hold a boolean: it is ``bool`` or ``Any``
+    somewhere."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_admits_bool(arg) for arg in getattr(annotation, "__args__", ()))
+
+
+def _refuse_bool(value: Any, depth: int = 0) -> None:
+    if isinstance(value, bool):
+        raise ValueError("a boolean (true/false) is not a value of this field")
+    if isinstance(value, Mapping) and depth < MAX_SPEC_DEPTH:
+        for item in value.values():
+            _refuse_bool(item, depth + 1)
+    elif isinstance(value, list | tuple) and depth < MAX_SPEC_DEPTH:
+        for item in value:
+            _refuse_bool(item, depth + 1)
+
+
+def _check_location(value: str) -> str:
+    """A path or URI: ``file://`` takes no host part (``file://runs`` would be the host
+    ``runs`` and the path ``/``): ``file:///abs/path``, ``file://localhost/abs/path``."""
+    from urllib.parse import urlparse
+
+    if value[:5].lower() == "file:":
+        host = urlparse(value).netloc
+        if host not in ("", "localhost"):
+            raise ValueError(
+                f"a file:// URI with a host part ({host!r}) is not a local path: use "
+                "file:///absolute/path or a plain path"
+            )
+    return value
 
 
 class ModelSpec(_Section):
@@ -44,6 +121,12 @@ class SourceSpec(_Section):
     uri: str = Field(
         min_length=1, description="A file, or a folder/prefix of many files: path or URI."
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        return _check_location(value)
+
     format: Literal["parquet", "csv", "json", "images"] = Field(
         default="parquet",
         description="The files' format; `images`: image files, decoded on Ray Data workers "
@@ -75,7 +158,9 @@ class DataSpec(_Section):
     train: SourceSpec = Field(description="The training set.")
     val: SourceSpec | None = Field(default=None, description="The validation set.")
     columns: list[str] | None = Field(
-        default=None, description="Read only these columns (a projection); all when unset."
+        default=None,
+        min_length=1,
+        description="Read only these columns (a projection); all when unset.",
     )
     batch_size: int = Field(default=64, ge=1, description="Rows per batch on each worker.")
     shuffle: ShuffleSpec | None = Field(
@@ -102,7 +187,7 @@ class DataSpec(_Section):
 
 
 class ScalingSpec(_Section):
-    num_workers: int | tuple[int, int] = Field(
+    num_workers: StrictInt | tuple[StrictInt, StrictInt] = Field(
         default=2,
         description="Ray Train workers (one per GPU/slot), or [min, max]: elastic, as many as "
         "the cluster holds between the two; each keeps data.batch_size (the global batch "
@@ -204,7 +289,12 @@ class TrainerSpec(_Section):
     gradient_clip_val: float | None = Field(default=None, ge=0, description="Clip grad norm.")
     check_val_every_n_epoch: int = Field(default=1, ge=1, description="Validate every N epochs.")
     log_every_n_steps: int = Field(default=50, ge=1, description="Report metrics every N steps.")
-    seed: int | None = Field(default=42, description="Seed for model init and RNGs; null: none.")
+    seed: int | None = Field(
+        default=42,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed for model init and RNGs, 0 to 2**32-1; null: none.",
+    )
 
 
 class CheckpointSpec(_Section):
@@ -213,6 +303,12 @@ class CheckpointSpec(_Section):
         min_length=1,
         description="Where runs keep checkpoints and state: a local path or a URI.",
     )
+
+    @field_validator("storage")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        return _check_location(value)
+
     every_n_steps: int | None = Field(default=None, ge=1, description="Checkpoint every N steps.")
     every_n_epochs: int | None = Field(
         default=1, ge=1, description="Checkpoint every N epochs; null: only by steps."
@@ -251,7 +347,19 @@ class MlflowSpec(_Section):
         description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI, else mlflow.db in the "
         "current folder.",
     )
-    experiment: str | None = Field(default=None, description="Experiment name; default: `name`.")
+    experiment: str | None = Field(
+        default=None,
+        pattern=_EXPERIMENT,
+        max_length=128,
+        description="Experiment name (letters, digits, `._-`, inner spaces; no `/`, no `..`); "
+        "default: `name`.",
+    )
+
+    @field_validator("experiment")
+    @classmethod
+    def _no_dots(cls, value: str | None) -> str | None:
+        return _no_parent(value)
+
     tags: dict[str, str] = Field(default_factory=dict, description="Extra tags on the run.")
     log_model: bool = Field(
         default=True,
@@ -316,6 +424,13 @@ class AzureOptions(_EndpointSection):
 _CREDENTIALS_REFUSED = "credentials do not belong in the spec"
 
 
+def _no_parent(value: Any) -> Any:
+    """A name that becomes a folder name holds no ``..`` (a path out of its parent)."""
+    if isinstance(value, str) and ".." in value:
+        raise ValueError("must not contain '..' (it becomes a folder name)")
+    return value
+
+
 def _check_endpoint(value: str | None) -> str | None:
     """An endpoint is ``http(s)://host[:port]``, and never carries credentials."""
     if value is None:
@@ -353,10 +468,17 @@ class JobSpec(_Section):
     """One training job. ``name`` plus ``checkpoint.storage`` identify the run."""
 
     name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        pattern=_NAME,
         max_length=128,
-        description="The run's identity; the same name and storage resume the run.",
+        description="The run's identity (letters, digits, `._-`; no `/`, no `..`); the same "
+        "name and storage resume the run.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _no_dots(cls, value: str) -> str:
+        return _no_parent(value)
+
     model: ModelSpec
     data: DataSpec
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
@@ -411,12 +533,17 @@ def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
-            problems.append(f"override {item!r}: expected KEY.PATH=VALUE")
+            shown = item if len(item) <= 80 else f"{item[:80]}..."
+            problems.append(f"override {shown!r}: expected KEY.PATH=VALUE")
+            continue
+        if key.count(".") >= MAX_OVERRIDE_PARTS:
+            problems.append(f"override {key[:60]}...: {key.count('.') + 1} dotted parts, more "
+                            f"than the limit of {MAX_OVERRIDE_PARTS}")  # fmt: skip
             continue
         try:
-            value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError as exc:
-            problems.append(f"{key}: override value {raw!r} is not valid YAML ({exc})")
+            value = load_yaml(raw, f"{key}: override value") if raw else ""
+        except SpecError as exc:
+            problems.extend(exc.problems)
             continue
         node = result
         *parents, leaf = key.split(".")
@@ -489,25 +616,162 @@ def parse_spec(tree: Any, source: str = "spec") -> JobSpec:
 
 
 def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a YAML spec file into a mapping; a missing file or bad YAML is a ``SpecError``."""
+    """Read a YAML spec file into a mapping; a missing, unreadable, oversized or malformed
+    file is a ``SpecError`` naming it (see ``load_yaml`` for the limits)."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            tree = yaml.safe_load(handle)
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise SpecError(f"{path}: spec file not found") from None
     except IsADirectoryError:
         raise SpecError(f"{path}: is a directory, expected a YAML spec file") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"{path}: malformed YAML{where}: {problem}") from None
+    except NotADirectoryError:
+        raise SpecError(f"{path}: spec file not found (a part of the path is a file)") from None
+    except (OSError, ValueError) as exc:  # permissions, a NUL in the path, ...
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise SpecError(f"{path!s}: cannot read the spec file: {reason}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"{path}: the spec file is larger than the limit of {MAX_SPEC_BYTES // 1024} KiB"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"{path}: the spec file is not UTF-8 text (byte {exc.start}: "
+            f"{data[exc.start : exc.start + 1]!r})"
+        ) from None
+    tree = load_yaml(text.removeprefix("\ufeff"), path)
     if tree is None:
         raise SpecError(f"{path}: the spec file is empty")
     if not isinstance(tree, dict):
         raise SpecError(f"{path}: expected a mapping of sections, got {type(tree).__name__}")
     return tree
+
+
+# Limits on what a spec may hold. A real spec is a few KiB and a few hundred nodes, nested a
+# few levels; these refuse hostile input (an alias "bomb" that expands 1 KiB into 1e9 nodes,
+# a 50 MB file, 5,000 levels of brackets) quickly, before it costs time or memory.
+MAX_SPEC_BYTES = 1024 * 1024
+MAX_SPEC_NODES = 100_000  # scalars, sequences and mappings, counting each alias's expansion
+MAX_SPEC_DEPTH = 64  # nesting of sequences and mappings, through aliases too
+MAX_OVERRIDE_PARTS = 32  # a.b.c=... : dotted parts of one override's key
+
+_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built
+
+
+class _DuplicateKey(yaml.MarkedYAMLError):
+    pass
+
+
+class _SpecLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """YAML's safe loader (libyaml's when present) that refuses a key given twice in one
+    mapping: silently keeping the last one hides a mistake."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the constructor refuses it with its mark
+                continue
+            if first is not None:
+                raise _DuplicateKey(
+                    problem=f"duplicate key {key!r} (first at line {first})",
+                    problem_mark=key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_size(text: str, source: str) -> Any:
+    """Parse ``text`` to its node graph, refusing it (``SpecError`` naming ``source`` and the
+    limit) when it nests deeper than ``MAX_SPEC_DEPTH`` or expands into more than
+    ``MAX_SPEC_NODES`` nodes. The text's own nesting is counted from the event stream, which
+    needs no recursion, before the graph is built; the expansion is counted over the graph
+    once per distinct node, so an alias bomb costs its size, not its expansion."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_BaseLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_SPEC_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                raise SpecError(f"{source}: nested deeper than the limit of {MAX_SPEC_DEPTH} "
+                                f"levels (at line {line})")  # fmt: skip
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    loader = _SpecLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return loader, None
+        sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, depth)
+        stack: list[tuple[Any, bool]] = [(root, False)]
+        busy: set[int] = set()
+        while stack:
+            node, children_done = stack.pop()
+            if id(node) in sizes:
+                continue
+            kids = _children(node)
+            if not children_done:
+                if id(node) in busy:
+                    raise SpecError(f"{source}: a recursive alias (a node that contains "
+                                    "itself) is not allowed")  # fmt: skip
+                busy.add(id(node))
+                stack.append((node, True))
+                stack.extend((kid, False) for kid in kids if id(kid) not in sizes)
+                continue
+            for kid in kids:
+                if id(kid) not in sizes:  # reached only through a cycle
+                    raise SpecError(f"{source}: a recursive alias (a node that contains "
+                                    "itself) is not allowed")  # fmt: skip
+            count = 1 + sum(sizes[id(kid)][0] for kid in kids)
+            deep = 1 + max((sizes[id(kid)][1] for kid in kids), default=0)
+            if count > MAX_SPEC_NODES:
+                raise SpecError(f"{source}: expands into more than the limit of "
+                                f"{MAX_SPEC_NODES:,} YAML nodes (aliases count each time "
+                                "they are used)")  # fmt: skip
+            if deep > MAX_SPEC_DEPTH + 1:
+                raise SpecError(f"{source}: nested deeper than the limit of {MAX_SPEC_DEPTH} "
+                                "levels (through aliases)")  # fmt: skip
+            sizes[id(node)] = (count, deep)
+            busy.discard(id(node))
+        return loader, root
+    except BaseException:
+        loader.dispose()
+        raise
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse the YAML ``text`` of a spec (or an override's value) with the safe loader,
+    within the limits above; any problem is a one-line ``SpecError`` naming ``source``."""
+    try:
+        loader, root = _check_size(text, source)
+        try:
+            return None if root is None else loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        problem = " ".join((f"{context}, {problem}" if context else str(problem)).split())
+        raise SpecError(f"{source}: malformed YAML{where}: {problem}") from None
+    except RecursionError:
+        raise SpecError(f"{source}: nested too deeply to read") from None
 
 
 def load_spec(

@@ -55,11 +55,21 @@ def is_uri(location: str) -> bool:
 
 
 def resolve(location: str) -> str:
-    """An absolute local path, or the URI unchanged; ``file://`` URIs become paths."""
+    """An absolute local path, or the URI unchanged; ``file://`` URIs become paths.
+
+    ``file://runs`` is not the folder ``runs``: ``runs`` is the URI's host, and its path is
+    empty. Such a URI (any host but ``localhost``) is refused, not read as some other folder.
+    """
     if is_uri(location):
         return location.rstrip("/") if location.count("/") > 2 else location
-    if location.startswith("file://"):
-        location = urlparse(location).path
+    if location[:5].lower() == "file:":
+        parsed = urlparse(location)
+        if parsed.netloc not in ("", "localhost"):
+            raise StorageError(
+                f"{location}: a file:// URI with a host part ({parsed.netloc!r}) is not a "
+                "local path: use file:///absolute/path or a plain path"
+            )
+        location = parsed.path
     return os.path.abspath(os.path.expanduser(location))
 
 

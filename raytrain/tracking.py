@@ -273,14 +273,37 @@ def _artifacts(tracking_uri: str, experiment: str) -> str | None:
     return None
 
 
+def local_store_path(tracking_uri: str) -> str | None:
+    """The file or folder a local tracking store lives in (``sqlite:///...``, ``file:...``
+    or a plain path), or None for a server."""
+    from urllib.parse import urlparse
+
+    if tracking_uri.startswith("sqlite:///"):
+        return os.path.abspath(tracking_uri[len("sqlite:///") :].split("?", 1)[0])
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme == "file":
+        return os.path.abspath(parsed.path)
+    if len(parsed.scheme) <= 1:  # a path (or a Windows drive letter)
+        return os.path.abspath(tracking_uri)
+    return None
+
+
 def fetch_runs(tracking_uri: str, run_ids: list[str]) -> list[dict[str, Any]]:
     """What ``raytrain report`` shows of each run: its name, params, latest metrics and every
     metric's history as (step, value) pairs, by step. An unknown run id is a
-    ``TrackingError`` naming it."""
+    ``TrackingError`` naming it. A local store that does not exist is one too: reading it
+    must not create it (MLflow would, an empty ``mlflow.db``)."""
+    from raytrain.errors import TrackingError
+
+    store = local_store_path(tracking_uri)
+    if store is not None and not os.path.exists(store):
+        raise TrackingError(
+            f"--tracking-uri: no MLflow store at {redact(tracking_uri)} ({store} does not "
+            "exist); name the store the runs were recorded in (--tracking-uri or "
+            "$MLFLOW_TRACKING_URI)"
+        )
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
-
-    from raytrain.errors import TrackingError
 
     client = MlflowClient(tracking_uri=tracking_uri)
     runs = []

@@ -1,0 +1,290 @@
+"""Hostile and careless input, swept through the real CLI in one fresh interpreter.
+
+Every case must end with exit 2 and exactly one line on stderr, ``error: ...``, naming the
+field or file at fault; none may print a traceback, write anything (the work folder and the
+data are compared before and after), or import Ray or Lightning (so none started Ray). The
+cases cover the spec file itself (encodings, sizes, depths, aliases, duplicate keys, paths),
+its values (types, ranges, NaN, NUL, URIs, names), the data's column types, the run's state
+and checkpoint records, ``raytrain report`` and ``raytrain export``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import digits_spec, write_spec
+
+_DRIVER = r"""
+import contextlib, io, json, sys, traceback
+from raytrain.cli import main
+cases = json.loads(sys.argv[1])
+out = {}
+for name, argv in cases.items():
+    err, std = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        try:
+            rc = main(argv)
+        except BaseException:
+            rc = "raised"
+            err.write(traceback.format_exc())
+    loaded = sorted(m for m in ("ray", "lightning", "pytorch_lightning") if m in sys.modules)
+    out[name] = {"rc": rc, "stderr": err.getvalue(), "stdout": std.getvalue(), "modules": loaded}
+print(json.dumps(out))
+"""
+
+
+def _bomb(levels: int = 8, flow: bool = False) -> str:
+    """A billion-laughs YAML: 10**(levels+1) leaves from a few hundred bytes."""
+    parts = ["&l0 [x, x, x, x, x, x, x, x, x, x]"]
+    parts += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels + 1)]
+    if flow:
+        return "[" + ", ".join(parts) + "]"
+    return "".join(f"k{i}: {part}\n" for i, part in enumerate(parts))
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``root``: its size and modification time."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            info = path.lstat()
+            out[str(path.relative_to(root))] = (info.st_size, info.st_mtime_ns)
+    return out
+
+
+def _files(work: Path, digits_dir: Path) -> dict[str, list[str]]:
+    """Write the hostile files under ``work``; returns the spec-file cases' argv."""
+    spec = digits_spec(digits_dir, work)
+    job = write_spec(work / "job.yaml", spec)
+    raw = {
+        "alias_bomb": _bomb().encode(),
+        "oversized": b"# " + b"x" * (2 * 1024 * 1024),
+        "nested_5000": ("a: " + "{b: " * 5000 + "1" + "}" * 5000).encode(),
+        "brackets_5000": ("a: " + "[" * 5000 + "]" * 5000).encode(),
+        "duplicate_key": job.read_bytes() + b"name: again\n",
+        "latin1": "name: caf\xe9\n".encode("latin-1"),
+        "utf16": job.read_text().encode("utf-16"),
+        "binary": bytes(range(256)) * 4,
+        "recursive_alias": b"name: &x [1, *x]\n",
+        "two_documents": job.read_bytes() + b"---\nname: y\n",
+        "a_list": b"- name: x\n",
+        "empty": b"",
+        "control_char": b"name: \x07\n",
+        "tab_indent": b"name:\n\t- x\n",
+    }
+    argvs = {}
+    for name, data in raw.items():
+        path = work / f"{name}.yaml"
+        path.write_bytes(data)
+        argvs[f"spec_{name}"] = ["run", str(path)]
+    (work / "notes.txt").write_text("not a folder\n")
+    argvs["spec_under_a_file"] = ["run", str(work / "notes.txt" / "x.yaml")]
+    (work / "a_folder.yaml").mkdir()
+    argvs["spec_is_a_folder"] = ["validate", str(work / "a_folder.yaml")]
+    argvs["validate_alias_bomb"] = ["validate", str(work / "alias_bomb.yaml")]
+    return argvs
+
+
+# name: (overrides to job.yaml, text the one error line must start with after "error: ")
+OVERRIDES: dict[str, tuple[list[str], str]] = {
+    "resources_nan": (["scaling.resources_per_worker={CPU: .nan}"], "scaling.resources_per"),
+    "resources_inf": (["scaling.resources_per_worker={CPU: .inf}"], "scaling.resources_per"),
+    "resources_bool": (["scaling.resources_per_worker={CPU: true}"], "scaling.resources_per"),
+    "clip_nan": (["trainer.gradient_clip_val=.nan"], "trainer.gradient_clip_val"),
+    "resize_inf": (["scaling.resize_check_s=.inf"], "scaling.resize_check_s"),
+    "storage_nul": (['checkpoint.storage="/tmp/a\\0b"'], "checkpoint.storage"),
+    "train_uri_nul": (['data.train.uri="s3://bucket/\\0"'], "data.train.uri"),
+    "tag_nul": (['tracking.mlflow.tags={team: "a\\0"}'], "tracking.mlflow.tags"),
+    "seed_2_64": (["trainer.seed=18446744073709551616"], "trainer.seed"),
+    "seed_negative": (["trainer.seed=-1"], "trainer.seed"),
+    "columns_empty": (["data.columns=[]"], "data.columns"),
+    "workers_true": (["scaling.num_workers=true"], "scaling.num_workers"),
+    "workers_range_bool": (["scaling.num_workers=[true, 2]"], "scaling.num_workers"),
+    "batch_size_bool": (["data.batch_size=true"], "data.batch_size"),
+    "max_epochs_false": (["trainer.max_epochs=false"], "trainer.max_epochs"),
+    "storage_file_host": (["checkpoint.storage=file://runs"], "checkpoint.storage"),
+    "train_uri_file_host": (["data.train.uri=file://tmp/x"], "data.train.uri"),
+    "experiment_parent": (["tracking.mlflow.experiment=../../escape"], "tracking.mlflow.exp"),
+    "experiment_slash": (["tracking.mlflow.experiment=a/b"], "tracking.mlflow.experiment"),
+    "name_traversal": (["name=../evil"], "name"),
+    "name_dots": (["name=a..b"], "name"),
+    "override_alias_bomb": ([f"model.init_args={_bomb(flow=True)}"], "model.init_args"),
+    "override_duplicate_key": (["model.init_args={lr: 1, lr: 2}"], "model.init_args"),
+    "override_deep_value": (["model.init_args=" + "[" * 200 + "]" * 200], "model.init_args"),
+    "override_3000_parts": ([".".join(["validate"] * 3000) + "=1"], "override validate."),
+    "override_no_equals": (["trainer.max_epochs"], "override 'trainer.max_epochs'"),
+}
+
+
+@pytest.fixture(scope="module")
+def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    import torch
+
+    work = tmp_path_factory.mktemp("sweep")
+    argvs = _files(work, digits_dir)
+    job = str(work / "job.yaml")
+    argvs |= {f"override_{k}": ["run", job, *v[0]] for k, v in OVERRIDES.items()}
+    argvs["validate_3000_parts"] = ["validate", job, ".".join(["validate"] * 3000) + "=1"]
+    argvs["validate_nan"] = ["validate", job, "scaling.resources_per_worker={CPU: .nan}"]
+
+    # data whose columns cannot become tensors
+    strings = work / "strings"
+    strings.mkdir()
+    pq.write_table(
+        pa.table({"pixels": [[0.0] * 64] * 8, "label": ["cat"] * 8}), strings / "p.parquet"
+    )
+    times = work / "times"
+    times.mkdir()
+    pq.write_table(
+        pa.table({"x": [1.0] * 8, "when": pa.array([0] * 8, pa.timestamp("s"))}),
+        times / "p.parquet",
+    )
+    argvs["data_string_label"] = ["run", job, f"data.train.uri={strings}", "data.val=null"]
+    argvs["data_timestamp_column"] = [
+        "run", job, f"data.train.uri={times}", "data.val=null", "data.columns=null",
+    ]  # fmt: skip
+
+    # run-state and checkpoint records that cannot be read
+    states = {
+        "state_truncated": b'{"name": "digits-test", "spec_digest": "ab',
+        "state_unknown_key": json.dumps(
+            {"name": "digits-test", "spec_digest": "x", "spec": {}, "owner": "me"}
+        ).encode(),
+        "state_a_list": b"[1, 2]",
+        "state_wrong_type": json.dumps(
+            {"name": "digits-test", "spec_digest": "x", "spec": {}, "attempts": "many"}
+        ).encode(),
+        "state_not_utf8": b'{"name": "\xff\xfe"}',
+        "state_deep": b"[" * 100_000 + b"]" * 100_000,
+    }
+    for name, data in states.items():
+        folder = work / name / "digits-test"
+        folder.mkdir(parents=True)
+        (folder / "raytrain-run.json").write_bytes(data)
+        argvs[name] = ["run", job, f"checkpoint.storage={work / name}"]
+    snap = work / "snapshot_truncated" / "digits-test"
+    snap.mkdir(parents=True)
+    (snap / "checkpoint_manager_snapshot.json").write_text('{"checkpoint_results": [')
+    argvs["snapshot_truncated"] = ["run", job, f"checkpoint.storage={work / 'snapshot_truncated'}"]
+
+    # raytrain report of runs in a store that does not exist: not created by reading it
+    argvs["report_default_store"] = ["report", "0123456789abcdef", "--out", str(work / "r.png")]
+    argvs["report_missing_sqlite"] = [
+        "report", "abc", "--tracking-uri", f"sqlite:///{work / 'nowhere.db'}",
+    ]  # fmt: skip
+
+    # raytrain export of things that are not checkpoints
+    (work / "ckpt_no_state_dict").mkdir()
+    torch.save({"epoch": 1}, work / "ckpt_no_state_dict" / "checkpoint.ckpt")
+    argvs["export_not_a_checkpoint"] = ["export", str(work / "notes.txt"), str(work / "o.pt")]
+    argvs["export_no_state_dict"] = [
+        "export", str(work / "ckpt_no_state_dict"), str(work / "o.pt"),
+    ]  # fmt: skip
+    (work / "out_folder").mkdir()
+    good = work / "ckpt_good"
+    good.mkdir()
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, good / "checkpoint.ckpt")
+    argvs["export_out_is_a_folder"] = ["export", str(good), str(work / "out_folder")]
+
+    before = _tree(work), _tree(digits_dir)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "RAY_ADDRESS": "", "PYTHONPATH": os.getcwd()},
+        cwd=work,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"results": result, "argvs": argvs, "before": before,
+            "after": (_tree(work), _tree(digits_dir))}  # fmt: skip
+
+
+# Each case: text its one error line must hold: a file's name, or (FIELD_CASES) the field
+# the line starts with.
+EXPECTED: dict[str, str] = {
+    "spec_alias_bomb": "alias_bomb.yaml: expands into more than the limit of",
+    "spec_oversized": "oversized.yaml: the spec file is larger than the limit",
+    "spec_nested_5000": "nested_5000.yaml: nested deeper than the limit",
+    "spec_brackets_5000": "brackets_5000.yaml: ",
+    "spec_duplicate_key": "duplicate_key.yaml: malformed YAML at line 27, column 1: duplicate "
+    "key 'name' (first at line 17)",
+    "spec_latin1": "latin1.yaml: the spec file is not UTF-8",
+    "spec_utf16": "utf16.yaml: the spec file is not UTF-8",
+    "spec_binary": "binary.yaml: the spec file is not UTF-8",
+    "spec_recursive_alias": "recursive_alias.yaml: a recursive alias",
+    "spec_two_documents": "two_documents.yaml: malformed YAML",
+    "spec_a_list": "a_list.yaml: expected a mapping",
+    "spec_empty": "empty.yaml: the spec file is empty",
+    "spec_control_char": "control_char.yaml: malformed YAML",
+    "spec_tab_indent": "tab_indent.yaml: malformed YAML",
+    "spec_under_a_file": "notes.txt/x.yaml: spec file not found",
+    "spec_is_a_folder": "a_folder.yaml: is a directory",
+    "validate_alias_bomb": "alias_bomb.yaml: expands into more than",
+    "state_truncated": "raytrain-run.json: the run's state file cannot be read",
+    "state_unknown_key": "raytrain-run.json: the run's state file cannot be read",
+    "state_a_list": "raytrain-run.json: the run's state file cannot be read",
+    "state_wrong_type": "raytrain-run.json: the run's state file cannot be read",
+    "state_not_utf8": "raytrain-run.json: the run's state file cannot be read",
+    "state_deep": "raytrain-run.json: the run's state file cannot be read",
+    "snapshot_truncated": "checkpoint_manager_snapshot.json",
+    "report_missing_sqlite": "nowhere.db",
+    "export_not_a_checkpoint": "notes.txt",
+    "export_no_state_dict": "ckpt_no_state_dict",
+    "export_out_is_a_folder": "out_folder",
+}
+FIELD_CASES: dict[str, str] = {
+    "validate_3000_parts": "override validate.",
+    "validate_nan": "scaling.resources_per_worker.CPU",
+    "data_string_label": "data.columns: column 'label'",
+    "data_timestamp_column": "data.train.uri: column 'when'",
+    "report_default_store": "--tracking-uri: no MLflow store",
+    **{f"override_{k}": v[1] for k, v in OVERRIDES.items()},
+}
+CASES = sorted({*EXPECTED, *FIELD_CASES})
+
+
+def test_the_sweep_is_large() -> None:
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_exits_2_with_one_line_naming_the_field_or_file(sweep: dict, case: str) -> None:
+    got = sweep["results"][case]
+    assert got["rc"] == 2, got
+    assert "Traceback" not in got["stderr"] + got["stdout"], got
+    lines = got["stderr"].splitlines()
+    assert len(lines) == 1, got["stderr"]
+    assert lines[0].startswith("error: "), lines
+    if case in FIELD_CASES:
+        assert lines[0].startswith(f"error: {FIELD_CASES[case]}"), lines[0]
+    else:
+        assert EXPECTED[case] in lines[0], lines[0]
+
+
+def test_every_case_was_run(sweep: dict) -> None:
+    assert set(sweep["argvs"]) == set(CASES)
+
+
+def test_nothing_was_written_and_ray_never_imported(sweep: dict) -> None:
+    """No case imported Ray (none started it), and none but ``export`` (run last: its
+    checkpoint reader allow-lists Lightning's types) imported Lightning."""
+    results = {k: v for k, v in sweep["results"].items() if k in CASES}
+    exports = [k for k in results if k.startswith("export_")]
+    assert list(results)[-len(exports) :] == exports  # so a module each loaded stays seen
+    for case, got in results.items():
+        allowed = {"lightning", "pytorch_lightning"} if case.startswith("export_") else set()
+        assert set(got["modules"]) <= allowed, (case, got["modules"])
+    assert sweep["after"] == sweep["before"]
