@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
+from raytrain.errors import StorageError
 
 if TYPE_CHECKING:
     from raytrain.spec import StorageSpec
@@ -21,6 +24,9 @@ CKPT_FILE = "checkpoint.ckpt"
 META_FILE = "raytrain.json"
 # The reported key Ray Train ranks checkpoints by: the value of ``checkpoint.monitor``.
 SCORE_KEY = "_score"
+# The key of the one report that says the monitored metric was not among the metrics of the
+# first validation; its value lists the keys that were.
+MONITOR_MISSING = "_monitor_missing"
 
 
 def restore_path(checkpoint_dir: str) -> str:
@@ -32,32 +38,97 @@ def restore_path(checkpoint_dir: str) -> str:
 
 
 # Ray Train's record of a run's committed checkpoints, beside them in the run's folder, and
-# how it names a checkpoint's folder.
-_RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
+# how it names a checkpoint's folder: ``checkpoint_`` and the time it was made, to the
+# microsecond, so that names sort by age.
+SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
 CHECKPOINT_PREFIX = "checkpoint_"
+_TIMESTAMPED = re.compile(r"^checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$")
 
 
-def _snapshot(run_dir: str, options: StorageSpec | None) -> dict[str, Any]:
-    text = storage.read_text(storage.join(run_dir, _RAY_SNAPSHOT), options)
-    return json.loads(text) if text else {}
+@dataclass(frozen=True)
+class Snapshot:
+    """What Ray Train's snapshot says of a run: the folders it committed, and the latest."""
+
+    committed: frozenset[str]
+    latest: str | None
+    latest_metrics: dict[str, Any]
 
 
-def uncommitted(run_dir: str, options: StorageSpec | None = None) -> list[str]:
-    """The checkpoint folders in ``run_dir`` that Ray Train never committed: uploads that were
-    interrupted (a killed driver or worker, a store that stopped answering). They may be
-    partial; nothing resumes from them."""
+def read_snapshot(run_dir: str, options: StorageSpec | None = None) -> Snapshot | None:
+    """The run's snapshot, or None when it has none (no checkpoint was ever committed).
+
+    A snapshot that is there but cannot be read (empty, truncated, not Ray's shape) raises
+    ``StorageError`` naming it: Ray Train would fail on it in the middle of starting, and
+    nothing can be known of which checkpoints are whole.
+    """
+    path = storage.join(run_dir, SNAPSHOT_FILE)
+    text = storage.read_text(path, options)
+    if text is None:
+        return None
+    try:
+        tree = json.loads(text)
+        results = [*tree["checkpoint_results"], tree.get("latest_checkpoint_result")]
+        committed = frozenset(str(r["checkpoint_dir_name"]) for r in results if r)
+        latest = tree.get("latest_checkpoint_result")
+        return Snapshot(
+            committed=committed,
+            latest=str(latest["checkpoint_dir_name"]) if latest else None,
+            latest_metrics=dict(latest.get("metrics") or {}) if latest else {},
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StorageError(
+            f"{path}: Ray Train's checkpoint snapshot cannot be read "
+            f"({type(exc).__name__}: {str(exc)[:200] or 'empty'}); which checkpoints are "
+            "complete is unknown. Restore the file, or pass --fresh to start the run over"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """Checkpoint folders Ray Train never committed: ``partial`` may be deleted; ``kept``
+    are not provably partial, with ``why`` they stay."""
+
+    partial: list[str]
+    kept: list[str]
+    why: str | None = None
+
+
+def uncommitted(run_dir: str, options: StorageSpec | None = None) -> Leftovers:
+    """The checkpoint folders in ``run_dir`` that the snapshot does not list, split into
+    those provably partial and the rest.
+
+    Invariant: a folder is called partial only if a readable snapshot exists, does not list
+    it, names a latest checkpoint, and the folder's time-stamped name is newer than it:
+    an upload begun after the last commit that never completed (a killed driver or worker,
+    a store that stopped answering). A folder older than the latest commit may have been
+    committed by a snapshot since overwritten; with no snapshot at all nothing is known to
+    be partial. Either way nothing is deleted. The caller must hold the run's lease, so no
+    live run is uploading into ``run_dir``.
+    """
     import pyarrow.fs as pafs
 
-    snapshot = _snapshot(run_dir, options)
-    results = [*snapshot.get("checkpoint_results", []), snapshot.get("latest_checkpoint_result")]
-    committed = {r["checkpoint_dir_name"] for r in results if r}
-    return [
-        storage.join(run_dir, entry.base_name)
+    snapshot = read_snapshot(run_dir, options)
+    folders = sorted(
+        entry.base_name
         for entry in storage.list_dir(run_dir, options)
-        if entry.type == pafs.FileType.Directory
-        and entry.base_name.startswith(CHECKPOINT_PREFIX)
-        and entry.base_name not in committed
-    ]
+        if entry.type == pafs.FileType.Directory and entry.base_name.startswith(CHECKPOINT_PREFIX)
+    )
+    if snapshot is None or snapshot.latest is None:
+        reason = "is missing" if snapshot is None else "lists no checkpoint"
+        return Leftovers(
+            [],
+            [storage.join(run_dir, f) for f in folders],
+            f"{SNAPSHOT_FILE} {reason}: no checkpoint is known to be committed",
+        )
+    latest = snapshot.latest
+    partial, kept = [], []
+    for name in folders:
+        if name in snapshot.committed:
+            continue
+        provable = name > latest and bool(_TIMESTAMPED.match(name) and _TIMESTAMPED.match(latest))
+        (partial if provable else kept).append(storage.join(run_dir, name))
+    why = "older than the latest committed checkpoint, or not named by Ray" if kept else None
+    return Leftovers(partial, kept, why)
 
 
 def latest_committed(
@@ -68,7 +139,7 @@ def latest_committed(
     Ray writes its snapshot only after a checkpoint's upload completed, so a checkpoint
     named here is whole.
     """
-    latest = _snapshot(run_dir, options).get("latest_checkpoint_result")
-    if not latest:
+    snapshot = read_snapshot(run_dir, options)
+    if snapshot is None or snapshot.latest is None:
         return None
-    return storage.join(run_dir, latest["checkpoint_dir_name"]), dict(latest.get("metrics", {}))
+    return storage.join(run_dir, snapshot.latest), snapshot.latest_metrics

@@ -1,6 +1,6 @@
 """The ``raytrain`` command line: argument parsing only; the work is in the public API.
 
-    raytrain run SPEC [a.b=value ...] [--fresh] [--resume-anyway] [--verbose]
+    raytrain run SPEC [a.b=value ...] [--fresh] [--resume-anyway] [--force] [--verbose]
     raytrain validate SPEC [a.b=value ...]
     raytrain export CHECKPOINT OUT
     raytrain report RUN_ID... [--tracking-uri URI] [--out report.png] [--html report.html]
@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume-anyway", action="store_true", help="resume even though the spec changed"
     )
+    run.add_argument(
+        "--force", action="store_true", help="take the run over from a live run holding it"
+    )
     run.add_argument("--verbose", action="store_true", help="show Ray's and workers' output")
     run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
@@ -63,6 +66,12 @@ def _add_address(cmd: argparse.ArgumentParser) -> None:
         help="the cluster's job server, http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS); "
         "its token comes from $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token",
     )
+    cmd.add_argument(
+        "--insecure",
+        action="store_true",
+        help="send the token over plain http to another machine (refused otherwise: use "
+        "https, or a tunnel such as `ray dashboard CLUSTER.yaml`)",
+    )
 
 
 def _add_job_commands(sub) -> None:
@@ -73,6 +82,14 @@ def _add_job_commands(sub) -> None:
     submit.add_argument("--follow", action="store_true", help="stream the logs to the end")
     submit.add_argument(
         "--working-dir", default=".", help="folder to upload (honours .gitignore; default: .)"
+    )
+    submit.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="upload files that look secret (.env*, *token*, *.pem, ...) matching this "
+        "gitignore pattern anyway",
     )
     submit.add_argument(
         "--pip", action="append", default=[], metavar="REQ", help="a package to install for it"
@@ -176,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.overrides,
             fresh=args.fresh,
             resume_anyway=args.resume_anyway,
+            force=args.force,
             verbose=args.verbose,
         )
         if args.json:

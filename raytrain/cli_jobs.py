@@ -17,11 +17,17 @@ EXIT_INTERRUPTED = 130
 
 
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    """``--env KEY=VALUE`` flags as a mapping. A malformed one is named by its position and
+    never echoed: it may be a credential given without its name."""
     env = {}
-    for pair in pairs:
+    for number, pair in enumerate(pairs, 1):
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise jobs_client.JobsError(f"--env {pair}: expected KEY=VALUE")
+        if not sep:
+            raise jobs_client.JobsError(
+                f"--env #{number}: expected KEY=VALUE, got a value without '=' (not shown)"
+            )
+        if not key:
+            raise jobs_client.JobsError(f"--env #{number}: expected KEY=VALUE, the KEY is empty")
         env[key] = value
     return env
 
@@ -67,6 +73,8 @@ def run_job_command(args: argparse.Namespace) -> int:
             job_id=args.job_id,
             fresh=args.fresh,
             resume_anyway=args.resume_anyway,
+            insecure=args.insecure,
+            include=args.include,
         )
         print(handle.job_id)
         print(
@@ -75,7 +83,7 @@ def run_job_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return _follow(handle) if args.follow else EXIT_OK
-    server = jobs_client.JobServer(args.address)
+    server = jobs_client.JobServer(args.address, insecure=args.insecure)
     if args.command == "list":
         print(f"{'JOB ID':<34} {'STATUS':<10} {'STARTED':<19}  JOB")
         for job in server.jobs():

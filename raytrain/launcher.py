@@ -8,6 +8,7 @@ resumes a run from its latest committed checkpoint when the same name and storag
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -17,8 +18,15 @@ from typing import Any, TextIO
 
 from raytrain import preflight, ray_runtime, runstate, source_check, storage
 from raytrain.background import Background
-from raytrain.checkpoint import SCORE_KEY, latest_committed, uncommitted
+from raytrain.checkpoint import (
+    MONITOR_MISSING,
+    SCORE_KEY,
+    latest_committed,
+    read_snapshot,
+    uncommitted,
+)
 from raytrain.errors import RunStateError, TrainingFailed
+from raytrain.lease import Lease, check_free
 from raytrain.run_record import RunRecord
 from raytrain.spec import JobSpec, load_spec
 from raytrain.tracking import redact
@@ -101,12 +109,22 @@ def _check_resumable(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstat
     return state
 
 
+def _check_run_folder(spec: JobSpec, fresh: bool, force: bool) -> None:
+    """Refuse, before anything starts, a run folder that another live run holds (see
+    ``lease``), or whose checkpoint snapshot cannot be read (unless ``fresh`` deletes it)."""
+    check_free(runstate.run_dir(spec), spec.storage, force=force)
+    if not fresh:
+        read_snapshot(runstate.run_dir(spec), spec.storage)
+
+
 def _open_run(
-    spec: JobSpec, state: runstate.RunState | None, fresh: bool
+    spec: JobSpec, state: runstate.RunState | None, fresh: bool, held: Lease
 ) -> runstate.RunState | None:
-    """The run's recorded ``state`` to continue; with ``fresh``, its folder is deleted."""
+    """The run's recorded ``state`` to continue; with ``fresh``, its folder is deleted (and
+    the lease, which it held, written again)."""
     if state is not None and fresh:
         storage.delete_dir(runstate.run_dir(spec), spec.storage)
+        held.rewrite()
         print(f"raytrain: --fresh: deleted {runstate.run_dir(spec)}", file=sys.stderr)
         return None
     return state
@@ -172,17 +190,33 @@ def _already_complete(
     )
 
 
-def _drop_uncommitted(spec: JobSpec) -> None:
-    """Delete checkpoint folders whose upload never completed (see ``uncommitted``)."""
-    for uri in uncommitted(runstate.run_dir(spec), spec.storage):
+def _drop_uncommitted(spec: JobSpec, held: Lease) -> None:
+    """Delete checkpoint folders that are provably partial uploads (see ``uncommitted``),
+    and say which uncommitted ones stay and why. Nothing is deleted when the lease was
+    taken with --force from a live run: that run may still be uploading."""
+    left = uncommitted(runstate.run_dir(spec), spec.storage)
+    if held.displaced is not None and left.partial:
+        print(
+            f"raytrain: kept {len(left.partial)} uncommitted checkpoint folder(s): the run "
+            "this one displaced with --force may still be uploading them",
+            file=sys.stderr,
+        )
+        return
+    for uri in left.partial:
         storage.delete_dir(uri, spec.storage)
         print(f"raytrain: removed {uri}: its upload never completed", file=sys.stderr)
+    if left.kept:
+        print(
+            f"raytrain: kept {len(left.kept)} checkpoint folder(s) Ray Train's snapshot does "
+            f"not list ({left.why}): {', '.join(left.kept)}",
+            file=sys.stderr,
+        )
 
 
-def _resume_point(spec: JobSpec) -> str | None:
+def _resume_point(spec: JobSpec, held: Lease) -> str | None:
     """Say which checkpoint the run resumes from, if any; returns its URI. Uploads that
     never completed are removed first: a run resumes only from a committed checkpoint."""
-    _drop_uncommitted(spec)
+    _drop_uncommitted(spec, held)
     latest = latest_committed(runstate.run_dir(spec), spec.storage)
     if latest is None:
         return None
@@ -207,6 +241,7 @@ def fit(
     *,
     fresh: bool = False,
     resume_anyway: bool = False,
+    force: bool = False,
     progress: bool | TextIO = True,
     verbose: bool = False,
 ) -> FitResult:
@@ -224,6 +259,7 @@ def fit(
 
     job = _check_before_ray(load_spec(spec, overrides))
     state = _check_resumable(job, fresh, resume_anyway)
+    _check_run_folder(job, fresh, force)
     mark("validated")
     done = None if fresh else _already_complete(job, state, start)
     if done is not None:
@@ -236,14 +272,16 @@ def fit(
     model_check = Background(lambda: _check_model_and_import(job, import_model))
     ray_handle = ray_runtime.connect(job, verbose=verbose)
     mark("ray_ready")
-    record = None
+    record = held = None
     try:
         preflight.raise_if(model_check.result())
         mark("model_checked")
+        held = Lease(runstate.run_dir(job), job.storage).acquire(force=force)
+        held.start_heartbeat()
         _prepare_data(job)
-        record = RunRecord(job, _open_run(job, state, fresh))
-        resumed_from = record.resumed_from = _resume_point(job)
-        result, last, data_paths = _train(job, ray_handle, record, progress, mark)
+        record = RunRecord(job, _open_run(job, state, fresh, held))
+        resumed_from = record.resumed_from = _resume_point(job, held)
+        result, last, data_paths = _train(job, ray_handle, record, held, progress, mark)
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
         for key, phase in _WORKER_PHASES.items():
@@ -253,17 +291,23 @@ def fit(
         if record is not None:
             killed = isinstance(exc, KeyboardInterrupt)
             record.finish("KILLED" if killed else "FAILED", error=str(exc))
+        if held is not None:
+            held.release()
         raise
     finally:
         ray_handle.shutdown()
         mark("ray_stopped")
 
-    _drop_uncommitted(job)  # left by attempts that failed during this run
-    metrics = _final_metrics(result, last, job)
-    best = _best_checkpoint(job, result)
-    model_uri = record.log_model(best)
-    mark("model_logged")
-    record.finish("FINISHED", best=best or "")
+    try:
+        _drop_uncommitted(job, held)  # left by attempts that failed during this run
+        metrics = _final_metrics(result, last, job)
+        best = _best_checkpoint(job, result)
+        model_uri = record.log_model(best)
+        mark("model_logged")
+        record.finish("FINISHED", best=best or "")
+        record.raise_if_unregistered()  # register_as asked for, model missing: exit 1
+    finally:
+        held.release()
     return FitResult(
         name=job.name,
         metrics=metrics,
@@ -306,6 +350,7 @@ def _train(
     job: JobSpec,
     ray_handle: Any,
     record: RunRecord,
+    held: Lease,
     progress: bool | TextIO,
     mark: Any,
 ):
@@ -360,8 +405,10 @@ def _train(
         datasets=datasets,
         dataset_config=dataset_config(),
     )
-    # A run that cannot be recorded does not train: opening the records aborts it.
+    # A run that cannot be recorded does not train: opening the records aborts it; so does
+    # another run taking the lease over.
     record.start(on_error=lambda exc: trainer.abort())
+    held.on_lost = lambda holder: trainer.abort()
     handlers = [record.log_metrics]
     line = None
     if progress:
@@ -373,6 +420,11 @@ def _train(
             result = trainer.fit()
             mark("trained")
     except RunAborted:
+        if held.lost_to is not None:
+            raise RunStateError(
+                f"name: {held.path} was taken over by another run "
+                f"({held.lost_to.describe(time.time())}); this run stopped"
+            ) from None
         record.tracker()  # raises why the run was aborted
         raise
     except TrainingFailedError as exc:
@@ -415,7 +467,7 @@ def _final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> 
     if not metrics:
         committed = latest_committed(runstate.run_dir(job), job.storage)
         metrics = dict(committed[1]) if committed else dict(result.metrics or {})
-    for key in (SCORE_KEY, "kind"):
+    for key in (SCORE_KEY, "kind", MONITOR_MISSING):
         metrics.pop(key, None)
     return metrics
 
@@ -424,10 +476,22 @@ def _best_checkpoint(job: JobSpec, result: Any) -> str | None:
     entries = result.best_checkpoints or []
     if not entries:
         return _checkpoint_uri(job, result.checkpoint)
-    if job.checkpoint.monitor:
-        # Ray keeps best_checkpoints sorted by score, worst first
-        sign = 1 if job.checkpoint.mode == "max" else -1
-        scored = [(c, m) for c, m in entries if isinstance(m.get(SCORE_KEY), int | float)]
-        if scored:
-            return _checkpoint_uri(job, max(scored, key=lambda cm: sign * cm[1][SCORE_KEY])[0])
-    return _checkpoint_uri(job, entries[-1][0])
+    return _checkpoint_uri(job, best_of(entries, job.checkpoint.monitor, job.checkpoint.mode))
+
+
+def best_of(entries: list[tuple[Any, dict[str, Any]]], monitor: str | None, mode: str) -> Any:
+    """The best of Ray Train's kept checkpoints, (checkpoint, metrics) pairs as Ray keeps
+    them (by score, worst first, equal scores in the order reported; with no monitor, in
+    the order reported): the best finite score, the newest of equals; with no monitor, or
+    no checkpoint scored (the monitored metric was never reported), the newest."""
+    sign = 1 if mode == "max" else -1
+    best, best_score = entries[-1][0], None
+    if not monitor:
+        return best
+    for checkpoint, metrics in entries:
+        score = metrics.get(SCORE_KEY)
+        if not isinstance(score, int | float) or not math.isfinite(score):
+            continue
+        if best_score is None or sign * score >= sign * best_score:
+            best, best_score = checkpoint, score
+    return best

@@ -77,6 +77,21 @@ def is_secret_name(name: str) -> bool:
     return False
 
 
+# Environment names run words together (``DBPASSWORD``): these parts count anywhere in one.
+_SECRET_ENV_PARTS = re.compile(
+    r"PASSWORD|PASSWD|SECRET|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|ACCOUNT_?KEY|"
+    r"SERVICE_?ACCOUNT|CONNECTION_?STRING|AUTH_?TOKEN",
+    re.IGNORECASE,
+)
+
+
+def is_secret_env(name: str, value: str = "") -> bool:
+    """Whether the environment variable ``name=value`` carries a credential: by its name
+    (``AZURE_STORAGE_KEY``, ``DBPASSWORD``) or by its value (``MLFLOW_TRACKING_URI`` with
+    user info, a URL with ``?sig=``, a token's shape)."""
+    return bool(is_secret_name(name) or _SECRET_ENV_PARTS.search(name) or redact(value) != value)
+
+
 # A URI's user info: from ``://`` to the LAST ``@`` before the host (``user:p@ss@host``), or a
 # ``user:password@`` whose password holds a ``/`` (not a ``host:port/`` path).
 _USERINFO = re.compile(

@@ -24,7 +24,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from raytrain.checkpoint import CKPT_FILE, META_FILE, SCORE_KEY
+from raytrain.checkpoint import CKPT_FILE, META_FILE, MONITOR_MISSING, SCORE_KEY
 from raytrain.system_metrics import SystemMetrics
 
 
@@ -82,6 +82,8 @@ class ReportCallback(pl.Callback):
         self._keys_before_val: set[str] = set()
         self._val_fresh = False
         self._score: float | None = None
+        self._monitor_checked = False
+        self._validated = False  # a validation (not the sanity check) has ended
         self._startup: dict[str, float] | None = dict(startup or {})
         self.system = system
 
@@ -118,7 +120,7 @@ class ReportCallback(pl.Callback):
         if trainer.sanity_checking:
             return
         self._val_keys |= set(trainer.callback_metrics) - self._keys_before_val
-        self._val_fresh = True
+        self._val_fresh = self._validated = True
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         epochs_done = trainer.current_epoch + 1
@@ -155,6 +157,12 @@ class ReportCallback(pl.Callback):
             self._val_fresh = False
         if self.monitor and self.monitor in metrics:
             self._score = metrics[self.monitor]
+        if self.monitor and not self._monitor_checked:
+            missing = monitor_missing(self.monitor, values, validated=self._validated)
+            if missing is not None:
+                self._monitor_checked = True
+                if missing:
+                    metrics[MONITOR_MISSING] = missing
         if self.monitor:
             # Ray ranks checkpoints by this key; one taken before the monitored metric was
             # first seen carries the worst score, so it never displaces a scored one.
@@ -245,6 +253,17 @@ class ReportCallback(pl.Callback):
         )
         self._last_ckpt_step = trainer.global_step
         self._blocked_s = time.perf_counter() - began
+
+
+def monitor_missing(monitor: str, known: dict[str, float], validated: bool) -> list[str] | None:
+    """Whether ``checkpoint.monitor`` can be judged missing yet: None before the first
+    validation's metrics are known (``validated``) unless ``monitor`` is already among
+    ``known``; then [] when it is there, else the sorted keys that were reported instead."""
+    if monitor in known:
+        return []
+    if not validated:
+        return None
+    return sorted(k for k in known if not k.startswith("_"))
 
 
 def _batch_rows(batch: Any) -> int:

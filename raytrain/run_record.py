@@ -17,6 +17,7 @@ import yaml
 
 from raytrain import runstate
 from raytrain.background import Background
+from raytrain.checkpoint import MONITOR_MISSING
 from raytrain.errors import TrackingError
 from raytrain.redaction import redact, redact_tree
 from raytrain.spec import JobSpec
@@ -52,6 +53,8 @@ class RunRecord:
         self._opening: Background | None = None
         self._group_starts = 0  # worker groups started in this attempt (restarts + 1)
         self._preload: Background | None = None
+        # (checkpoint, why) when register_as was asked for and the model was not logged
+        self.model_missing: tuple[str, str] | None = None
 
     def start(self, on_error: Callable[[BaseException], None] | None = None) -> None:
         """Start opening the run's records in the background; see :meth:`tracker`."""
@@ -120,7 +123,21 @@ class RunRecord:
                         ),
                     }
                 )
+        if MONITOR_MISSING in event:
+            self._monitor_missing(tracker, event[MONITOR_MISSING])
         tracker.log_metrics(event, step=step)
+
+    def _monitor_missing(self, tracker: Any, reported: list[str]) -> None:
+        """Say, once, that ``checkpoint.monitor`` was not among the first validation's
+        metrics: checkpoints are ranked by recency until it appears."""
+        monitor = self.job.checkpoint.monitor
+        text = (
+            f"checkpoint.monitor {monitor!r} was not reported by the first validation "
+            f"(reported: {', '.join(reported) or 'nothing'}); checkpoints are ranked by "
+            "recency until it is"
+        )
+        print(f"raytrain: warning: {text}", file=sys.stderr)
+        tracker.set_tags({"raytrain.checkpoint_ranking": text})
 
     def _import_for_model(self) -> None:
         import mlflow.pytorch  # noqa: F401
@@ -132,7 +149,8 @@ class RunRecord:
     def log_model(self, checkpoint: str | None) -> str | None:
         """Log the model with ``checkpoint``'s weights to the run (and the registry, with
         ``tracking.mlflow.register_as``); returns its URI. A failure here does not undo the
-        training: it is printed and tagged (``raytrain.model_error``), and None returned."""
+        training: it is printed and tagged (``raytrain.model_error``), and None returned;
+        with ``register_as`` it is also kept for ``raise_if_unregistered`` (exit 1)."""
         mlflow_spec = self.job.tracking.mlflow
         if not mlflow_spec.log_model or not checkpoint:
             return None
@@ -143,16 +161,36 @@ class RunRecord:
             from raytrain.export import trained_model
 
             uri = tracker.log_model(
-                trained_model(self.job, checkpoint), register_as=mlflow_spec.register_as
+                trained_model(self.job, checkpoint),
+                register_as=mlflow_spec.register_as,
+                job=self.job,
             )
         except Exception as exc:
             message = redact(f"{type(exc).__name__}: {exc}")
             print(f"raytrain: warning: the model was not logged to MLflow: {message}",
                   file=sys.stderr)  # fmt: skip
             tracker.set_tags({"raytrain.model_error": message[:5000]})
+            if mlflow_spec.register_as:
+                self.model_missing = (checkpoint, message)
             return None
         tracker.set_tags({"raytrain.model_uri": uri})  # its weights: raytrain.best_checkpoint
         return uri
+
+    def raise_if_unregistered(self) -> None:
+        """``ModelNotRegistered`` (exit 1) when ``register_as`` was asked for and the model
+        was not logged: the run is FINISHED in MLflow (training did finish), but whatever
+        deploys ``models:/NAME`` must not find an older version and carry on."""
+        if self.model_missing is None:
+            return
+        from raytrain.errors import ModelNotRegistered
+
+        checkpoint, message = self.model_missing
+        raise ModelNotRegistered(
+            f"tracking.mlflow.register_as: the model was not registered as "
+            f"{self.job.tracking.mlflow.register_as!r}: {message}. Training finished (MLflow "
+            f"run {self.state.mlflow_run_id}, tag raytrain.model_error); its checkpoint is "
+            f"kept: {checkpoint} (raytrain export writes its weights)"
+        )
 
     def finish(self, status: str, *, error: str | None = None, best: str | None = None) -> None:
         """Close the MLflow run with ``status`` and save the state; nothing if opening failed

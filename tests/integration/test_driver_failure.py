@@ -45,6 +45,15 @@ def test_killed_driver_resumes_in_the_same_mlflow_run(digits_dir: Path, tmp_path
             with suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=0.2)
         assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        # A second driver of the same run while the first trains: refused before it starts
+        # anything, naming the holder; it writes nothing (the third run below is attempt 2).
+        state_before = (run_dir / "raytrain-run.json").read_text()
+        code, _, out = run_cli(cli_env(), tmp_path, *args)
+        assert code == 2, out[-3000:]
+        assert f"is in use by another run: pid {proc.pid} on" in out
+        assert "--force" in out and "Traceback" not in out
+        assert (run_dir / "raytrain-run.json").read_text() == state_before
+        assert proc.poll() is None  # the first run goes on
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
@@ -55,6 +64,8 @@ def test_killed_driver_resumes_in_the_same_mlflow_run(digits_dir: Path, tmp_path
     code, result, out = run_cli(cli_env(), tmp_path, *args)
     assert code == 0, out[-3000:]
     assert f"resuming digits-cnn from {run_dir}" in out
+    assert f"taking over the stale lease {run_dir / 'raytrain-lease.json'} of pid {proc.pid}" in out
+    assert not (run_dir / "raytrain-lease.json").exists()  # released at the end
     assert result["metrics"]["step"] == 4 * 23
     assert result["mlflow_run_id"] == state["mlflow_run_id"]  # the same MLflow run
     client = MlflowClient(result["tracking_uri"])
@@ -63,4 +74,4 @@ def test_killed_driver_resumes_in_the_same_mlflow_run(digits_dir: Path, tmp_path
     assert run.data.tags["raytrain.attempts"] == "2"
     logged = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
     assert logged == sorted(set(logged))  # no step twice, none backwards, across drivers
-    assert logged[-1] == 4 * 23
+    assert logged[-1] == 4 * 23, out[-3000:]

@@ -70,11 +70,20 @@ def test_raytrain_submit_follows_the_job_to_success_and_records_it(
     head: RayHead, digits_dir: Path, tmp_path: Path
 ) -> None:
     wd = job_dir(tmp_path, digits_dir, name="submitted")
+    for secret in (".env", "id_rsa", ".aws/credentials"):  # never uploaded, named as left out
+        (wd / secret).parent.mkdir(exist_ok=True)
+        (wd / secret).write_text("SECRET-CONTENT")
     env = client_env(head)
     proc = raytrain_cli(env, "submit", "spec.yaml", "trainer.max_epochs=2",
                         "--address", head.dashboard_url, "--follow", cwd=wd)  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
+    assert "left out of the upload" in proc.stderr and "SECRET-CONTENT" not in output
+    packages = head.temp_dir.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*")
+    unpacked = [pkg for pkg in packages if pkg.is_dir()]
+    assert unpacked and all((pkg / "spec.yaml").is_file() for pkg in unpacked), unpacked
+    for pkg in unpacked:  # the job's copy of the working dir, as the head unpacked it
+        assert not any((pkg / secret).exists() for secret in (".env", "id_rsa", ".aws"))
     job_id = proc.stdout.splitlines()[0]
     assert job_id.startswith("raysubmit_")
     assert f"job {job_id} SUCCEEDED" in proc.stderr

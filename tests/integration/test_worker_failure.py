@@ -4,6 +4,7 @@ the run finishes in the same MLflow run, and no metric step is logged twice or g
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,8 @@ def test_killed_worker_restarts_from_the_last_checkpoint(
                "init_args": {"out_dir": str(tmp_path), "at_steps": [30],
                              "run_dir": str(tmp_path / "runs" / "worker-killed")}},
         trainer={"max_epochs": 3, "log_every_n_steps": 5},
-        checkpoint={"every_n_epochs": 1, "keep": 5},
+        # a monitored key the model never logs: checkpoints are ranked by recency
+        checkpoint={"every_n_epochs": 1, "keep": 5, "monitor": "val_accuracy", "mode": "max"},
         failure={"max_failures": 1},
     )  # fmt: skip
     result = raytrain.fit(spec, progress=False)
@@ -48,7 +50,11 @@ def test_killed_worker_restarts_from_the_last_checkpoint(
     # Checkpoints: one per epoch, at its end; none from the lost attempt's partial epoch.
     steps = [json.loads((Path(c) / META_FILE).read_text())["step"] for c in result.checkpoints]
     assert sorted(steps) == [23, 46, 69]
+    assert json.loads((Path(result.best_checkpoint_uri) / META_FILE).read_text())["step"] == 69
     client = MlflowClient(result.tracking_uri)
+    ranking = client.get_run(result.mlflow_run_id).data.tags["raytrain.checkpoint_ranking"]
+    assert "'val_accuracy' was not reported" in ranking
+    assert re.search(r"\(reported: [^)]*\bval_acc\b", ranking), ranking
     for key in ("train_loss", "val_acc"):
         logged = [m.step for m in client.get_metric_history(result.mlflow_run_id, key)]
         assert logged == sorted(set(logged)), (key, logged)  # no step twice, none backwards

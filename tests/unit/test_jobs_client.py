@@ -89,7 +89,7 @@ def test_bad_input_is_refused_before_anything_is_sent(
         (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
           "--env", "RAY_AUTH_TOKEN=abc"], "--env RAY_AUTH_TOKEN"),
         (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
-          "--env", "NOEQUALS"], "--env NOEQUALS: expected KEY=VALUE"),
+          "--env", "A=1", "--env", "NOEQUALS"], "--env #2: expected KEY=VALUE"),
         (["status", "raysubmit_x"], "no cluster address"),
     ]  # fmt: skip
     for argv, message in cases:
