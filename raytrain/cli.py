@@ -100,6 +100,9 @@ def _add_job_commands(sub) -> None:
     submit.add_argument("--job-id", help="the submission id (default: Ray picks one)")
     submit.add_argument("--fresh", action="store_true", help="delete the run's checkpoints first")
     submit.add_argument(
+        "--force", action="store_true", help="take the run over from a live run holding it"
+    )
+    submit.add_argument(
         "--resume-anyway", action="store_true", help="resume even though the spec changed"
     )
     for name, text in (

@@ -73,6 +73,7 @@ def run_job_command(args: argparse.Namespace) -> int:
             job_id=args.job_id,
             fresh=args.fresh,
             resume_anyway=args.resume_anyway,
+            force=args.force,
             insecure=args.insecure,
             include=args.include,
         )

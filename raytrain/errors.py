@@ -60,3 +60,10 @@ class TrainingFailed(RaytrainError):
     """Training started but did not finish; the message carries the worker's own error."""
 
     exit_code = EXIT_FAILED
+
+
+class ModelNotRegistered(RaytrainError):
+    """Training finished, but the model asked for by ``tracking.mlflow.register_as`` could
+    not be logged or registered: a script that deploys it must not go on as if it were."""
+
+    exit_code = EXIT_FAILED

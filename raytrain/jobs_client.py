@@ -399,6 +399,7 @@ def submit(
     job_id: str | None = None,
     fresh: bool = False,
     resume_anyway: bool = False,
+    force: bool = False,
     warn: bool = True,
     insecure: bool = False,
     include: Sequence[str] = (),
@@ -450,7 +451,11 @@ def submit(
         runtime_env["pip"] = list(pip)
     if env:
         runtime_env["env_vars"] = env
-    flags = [*(["--fresh"] if fresh else []), *(["--resume-anyway"] if resume_anyway else [])]
+    flags = [
+        *(["--fresh"] if fresh else []),
+        *(["--resume-anyway"] if resume_anyway else []),
+        *(["--force"] if force else []),
+    ]
     # Ray warns on every upload that it leaves .git and .venv out; so does WORKING_DIR_EXCLUDES
     logging.getLogger("ray._private.runtime_env.working_dir").setLevel(logging.ERROR)
     server = JobServer(address, token=token, insecure=insecure)

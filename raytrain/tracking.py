@@ -210,44 +210,62 @@ class MlflowTracker:
         masked = [RunTag(k, str(redact_value(k, str(v)))) for k, v in tags.items()]
         self.client.log_batch(self.run_id, tags=masked)
 
-    def log_model(self, model: Any, *, register_as: str | None = None) -> str:
+    def log_model(
+        self, model: Any, *, register_as: str | None = None, job: JobSpec | None = None
+    ) -> str:
         """Log ``model`` (a torch module, on CPU) with ``mlflow.pytorch`` under ``model``,
-        with a signature and input example from its ``example_input_array`` when it has one
-        (Lightning's convention), registered as ``register_as`` when given. Returns the
-        model's URI. The model's own package (its class's top-level package, raytrain's for
-        the bundled models) travels with it as code, so loading needs only the pinned pip
-        requirements, which come from this environment rather than MLflow's inference (a
-        subprocess that imports the model: slow, and it may guess wrong)."""
+        registered as ``register_as`` when given; returns the model's URI. Every model is
+        logged: in MLflow's ``pt2`` format (a traced graph) with a signature and input
+        example when one is found (``model_example.input_example``: the model's
+        ``example_input_array``, else the first rows of ``job``'s data), else, or when
+        tracing fails, in the ``pickle`` format, which needs none; the tags
+        ``raytrain.model_format`` and ``raytrain.model_input_example`` say which and why.
+        The model's own package (its class's top-level package, raytrain's for the bundled
+        models) travels with it as code, so loading needs only the pinned pip requirements,
+        which come from this environment rather than MLflow's inference (a subprocess that
+        imports the model: slow, and it may guess wrong)."""
         import mlflow
         import mlflow.pytorch
         import torch
 
-        example = getattr(model, "example_input_array", None)
-        signature = input_example = None
-        if isinstance(example, torch.Tensor):
-            from mlflow.models import infer_signature
+        from raytrain.model_example import input_example
 
-            with torch.no_grad():
-                output = model(example)
-            input_example = example.numpy()
-            signature = infer_signature(input_example, output.numpy())
+        example, source = input_example(model, job)
         installed = _versions(("torch", "lightning", "torchmetrics")).items()
         requirements = [f"{package}=={found}" for package, found in installed if found]
         previous = mlflow.get_tracking_uri()
         mlflow.set_tracking_uri(self.tracking_uri)
-        try:
+
+        def log(**kwargs: Any) -> Any:
             with mlflow.start_run(run_id=self.run_id, nested=mlflow.active_run() is not None):
-                info = mlflow.pytorch.log_model(
-                    model,
-                    name="model",
-                    signature=signature,
-                    input_example=input_example,
-                    registered_model_name=register_as,
-                    pip_requirements=requirements,
-                    code_paths=[_package_of(type(model))],
-                )
+                return mlflow.pytorch.log_model(
+                    model, name="model", registered_model_name=register_as,
+                    pip_requirements=requirements, code_paths=[_package_of(type(model))],
+                    **kwargs,
+                )  # fmt: skip
+
+        try:
+            info = None
+            if example is not None:
+                from mlflow.models import infer_signature
+
+                with torch.no_grad():
+                    output = model(example)
+                array = example.numpy()
+                try:
+                    info = log(serialization_format="pt2", input_example=array,
+                               signature=infer_signature(array, output.numpy()))  # fmt: skip
+                    fmt = "pt2"
+                except Exception as exc:  # torch.export cannot trace every forward
+                    fmt = f"pickle (pt2 failed: {type(exc).__name__}: {str(exc)[:300]})"
+            else:
+                fmt = "pickle (no input example to trace forward with)"
+            if info is None:
+                info = log(serialization_format="pickle")
         finally:
             mlflow.set_tracking_uri(previous)
+        self.set_tags({"raytrain.model_format": fmt[:5000],
+                       "raytrain.model_input_example": source[:5000]})  # fmt: skip
         return info.model_uri
 
     def finish(self, status: str, error: str | None = None) -> None:

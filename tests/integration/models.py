@@ -47,6 +47,15 @@ class IdRecordingCNN(DigitsCNN):
         self._seen = []
 
 
+class PlainCNN(DigitsCNN):
+    """The digits CNN without ``example_input_array``, as a user's own module often is:
+    MLflow's input example has to come from the data (its ``forward(pixels)``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.example_input_array = None
+
+
 class WideLinear(pl.LightningModule):
     """A linear classifier over a wide float vector ``x`` with labels ``y``: data-bound."""
 
