@@ -81,3 +81,40 @@ def test_many_file_prefix_streams_with_projection(
     # An equal streaming split of 1438 rows over 2 workers, 32 a batch: 23 steps an epoch.
     assert result["metrics"]["step"] == 3 * 23
     assert len(checkpoint_dirs(fs, result["run_dir"])) == 3
+
+
+def test_a_checkpoint_on_s3_loads_for_model_logging_and_export(
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Ray: the driver's read of a checkpoint folder on S3 (what the model logged to
+    MLflow and ``raytrain export`` load). pyarrow's ``copy_files`` of a folder does not
+    create the destination folder, which every read of an S3 checkpoint tripped on."""
+    import torch
+
+    from raytrain.export import checkpoint_weights, trained_model
+    from raytrain.models.digits import DigitsCNN
+    from raytrain.spec import JobSpec, StorageSpec
+    from tests.integration.s3_server import S3_ENV, s3_client
+
+    for key, value in S3_ENV.items():  # the standard chain, as a driver's would be
+        monkeypatch.setenv(key, value)
+    s3_client(s3_endpoint).create_bucket(Bucket="raytrain-ckpt")
+    model = DigitsCNN()
+    local = tmp_path / "checkpoint_000003"
+    local.mkdir()
+    torch.save({"state_dict": model.state_dict(), "epoch": 3}, local / "checkpoint.ckpt")
+    (local / "raytrain.json").write_text("{}")
+    pafs.copy_files(str(local), "raytrain-ckpt/runs/x/checkpoint_000003",
+                    destination_filesystem=s3_filesystem(s3_endpoint))  # fmt: skip
+    uri = "s3://raytrain-ckpt/runs/x/checkpoint_000003"
+    options = StorageSpec(s3={"endpoint_url": s3_endpoint, "region": "us-east-1"})
+    weights = checkpoint_weights(uri, options)
+    assert weights.keys() == model.state_dict().keys()
+    job = JobSpec.model_validate({
+        "name": "x", "model": {"class_path": "raytrain.models.digits:DigitsCNN"},
+        "data": {"train": {"uri": str(tmp_path)}},
+        "storage": {"s3": {"endpoint_url": s3_endpoint, "region": "us-east-1"}},
+    })  # fmt: skip
+    pixels = torch.rand(2, 64) * 16
+    with torch.no_grad():
+        assert torch.equal(trained_model(job, uri)(pixels), model.eval()(pixels))
