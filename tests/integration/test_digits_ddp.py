@@ -91,6 +91,38 @@ def test_changed_spec_under_same_name_is_refused(first_run) -> None:
         raytrain.fit(changed, progress=False)
 
 
+_NO_RAY_DRIVER = r"""
+import json, sys
+from raytrain.cli import main
+rc = main(sys.argv[1:])
+print(json.dumps({"rc": rc, "ray": "ray" in sys.modules}))
+"""
+
+
+def test_rerun_of_the_finished_run_says_complete_before_ray(first_run, work: Path) -> None:
+    """The same command again, nothing left to train: said in about a second, from the
+    real checkpoint's metrics, with no Ray, no attempt and nothing logged (the resume
+    test below sees one attempt more, not two)."""
+    spec, result = first_run
+    path = write_spec(work / "job.yaml", spec)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_RAY_DRIVER, "run", str(path)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert outcome == {"rc": 0, "ray": False}, proc.stderr
+    assert (
+        f"run digits-test is complete: its latest checkpoint {result.latest_checkpoint_uri} "
+        f"is at epoch {EPOCHS}, step {result.metrics['step']}"
+    ) in proc.stderr
+    assert "raise trainer.max_epochs or trainer.max_steps" in proc.stderr
+    assert "resuming" not in proc.stderr
+    run = _client(spec).get_run(result.mlflow_run_id)
+    assert run.data.tags["raytrain.attempts"] == "1"
+
+
 def test_same_command_resumes_from_last_step(first_run, work: Path) -> None:
     """Run through the CLI, as a user would: a new process with its own embedded Ray."""
     spec, result = first_run
