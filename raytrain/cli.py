@@ -6,6 +6,8 @@
     raytrain report RUN_ID... [--tracking-uri URI] [--out report.png] [--html report.html]
     raytrain submit SPEC [a.b=value ...] --address URL [--follow] [--working-dir DIR] ...
     raytrain status|logs|stop JOB_ID [--address URL]      raytrain list [--address URL]
+    (a job command sends the cluster's token over plain http only to this machine, or with
+    --insecure)
 
 Exit codes: 0 done, 1 training (or the submitted job) failed, 2 bad input: a spec, a file, an
 address, a token, a job id (every problem printed, one per line).

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from raytrain import jobs_client
 from raytrain.errors import EXIT_FAILED, EXIT_OK
+from raytrain.redaction import redact
 
 EXIT_INTERRUPTED = 130
 
@@ -49,7 +50,7 @@ def _follow(handle: jobs_client.JobHandle) -> int:
 
 def _outcome(handle: jobs_client.JobHandle, status: str) -> int:
     info = handle.info()
-    message = f": {info.message}" if info.message else ""
+    message = f": {redact(info.message)}" if info.message else ""
     print(f"raytrain: job {handle.job_id} {status}{message}", file=sys.stderr)
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
 
@@ -97,7 +98,7 @@ def run_job_command(args: argparse.Namespace) -> int:
         info = handle.info()
         print(info.status.value)
         if info.message:
-            print(f"  {info.message}")
+            print(f"  {redact(info.message)}")
         return EXIT_OK
     if args.command == "logs":
         if args.follow:

@@ -89,7 +89,7 @@ def _prepare_data(spec: JobSpec) -> None:
     train = storage.resolve(spec.data.train.uri)
     if spec.data.prepare and not storage.exists(train, spec.storage):
         val = storage.resolve(spec.data.val.uri) if spec.data.val else None
-        print(f"raytrain: writing {train} with {spec.data.prepare}", file=sys.stderr)
+        print(f"raytrain: writing {redact(train)} with {spec.data.prepare}", file=sys.stderr)
         preflight.import_object(spec.data.prepare)(train, val)
         preflight.raise_if(preflight.check_data(spec))
 
