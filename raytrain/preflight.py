@@ -154,11 +154,15 @@ def tensor_type_problem(arrow_type: Any) -> str | None:
             else None  # fmt: skip
     if pat.is_integer(arrow_type) or pat.is_floating(arrow_type) or pat.is_boolean(arrow_type):
         return None
-    if pat.is_list(arrow_type) or pat.is_large_list(arrow_type) \
-            or pat.is_fixed_size_list(arrow_type):  # fmt: skip
-        return tensor_type_problem(arrow_type.value_type)
     if pat.is_dictionary(arrow_type):
         return tensor_type_problem(arrow_type.value_type)
+    lists = (pat.is_list, pat.is_large_list, pat.is_fixed_size_list)
+    if any(is_list(arrow_type) for is_list in lists):
+        inner = arrow_type.value_type
+        if any(is_list(inner) for is_list in lists):  # becomes an object array, no tensor
+            return f"{arrow_type}, a list of lists, which cannot become a tensor (store it " \
+                "flat, or as a tensor column)"  # fmt: skip
+        return tensor_type_problem(inner)
     return f"{arrow_type}, which cannot become a tensor (numbers, booleans, or lists of them)"
 
 

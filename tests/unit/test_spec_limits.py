@@ -155,3 +155,15 @@ def test_hostile_values_are_refused_naming_the_field(override: str, field: str, 
 )
 def test_ordinary_values_still_pass(override: str) -> None:
     load_spec(copy.deepcopy(BASE), [override])
+
+
+def test_file_uris_with_a_host_are_refused_by_storage_too() -> None:
+    """``resolve`` is also reached by paths that are not in a spec (``raytrain export``)."""
+    from raytrain import storage
+    from raytrain.errors import StorageError
+
+    assert storage.resolve("file:///tmp/x") == "/tmp/x"
+    assert storage.resolve("file://localhost/tmp/x") == "/tmp/x"
+    for uri in ("file://runs", "file://tmp/x"):
+        with pytest.raises(StorageError, match="file:///absolute/path or a plain path"):
+            storage.resolve(uri)
