@@ -59,7 +59,9 @@ def test_a_run_records_everything_on_the_server(
     from raytrain.spec import load_spec
 
     monkeypatch.chdir(ROOT)  # a git checkout: the run records its commit
+    # a module without example_input_array: MLflow's input example comes from the data
     spec = digits_spec(digits_dir, tmp_path, name="on-server",
+                       model={"class_path": "tests.integration.models:PlainCNN"},
                        trainer={"max_epochs": 2, "log_every_n_steps": 5},
                        checkpoint={"monitor": "val_acc", "mode": "max"},
                        tracking={"mlflow": {"tracking_uri": server.uri,
@@ -120,6 +122,10 @@ def test_a_run_records_everything_on_the_server(
     finally:
         mlflow.set_tracking_uri(None)
     assert info.signature is not None and info.signature.inputs.to_dict()[0]["type"] == "tensor"
+    assert tags["raytrain.model_format"] == "pt2"
+    assert tags["raytrain.model_input_example"] == (
+        f"data.val ({digits_dir / 'val'}), column 'pixels'"
+    )
     pixels = torch.tensor(pq.read_table(digits_dir / "val").column("pixels").to_pylist()[:64],
                           dtype=torch.float32)  # fmt: skip
     trained = trained_model(job, result.best_checkpoint_uri)
