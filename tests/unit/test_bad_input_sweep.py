@@ -121,7 +121,7 @@ OVERRIDES: dict[str, tuple[list[str], str]] = {
     "override_alias_bomb": ([f"model.init_args={_bomb(flow=True)}"], "model.init_args"),
     "override_duplicate_key": (["model.init_args={lr: 1, lr: 2}"], "model.init_args"),
     "override_deep_value": (["model.init_args=" + "[" * 200 + "]" * 200], "model.init_args"),
-    "override_3000_parts": ([".".join(["validate"] * 3000) + "=1"], "override validate."),
+    "override_3000_parts": (["model.init_args." + ".".join(["a"] * 3000) + "=1"], "override"),
     "override_no_equals": (["trainer.max_epochs"], "override 'trainer.max_epochs'"),
 }
 
@@ -134,7 +134,7 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     argvs = _files(work, digits_dir)
     job = str(work / "job.yaml")
     argvs |= {f"override_{k}": ["run", job, *v[0]] for k, v in OVERRIDES.items()}
-    argvs["validate_3000_parts"] = ["validate", job, ".".join(["validate"] * 3000) + "=1"]
+    argvs["validate_3000_parts"] = ["validate", job, "model.init_args." + "a." * 3000 + "a=1"]
     argvs["validate_nan"] = ["validate", job, "scaling.resources_per_worker={CPU: .nan}"]
 
     # data whose columns cannot become tensors
@@ -246,7 +246,7 @@ EXPECTED: dict[str, str] = {
     "export_out_is_a_folder": "out_folder",
 }
 FIELD_CASES: dict[str, str] = {
-    "validate_3000_parts": "override validate.",
+    "validate_3000_parts": "override model.init_args.a.a.",
     "validate_nan": "scaling.resources_per_worker.CPU",
     "data_string_label": "data.columns: column 'label'",
     "data_timestamp_column": "data.train.uri: column 'when'",
