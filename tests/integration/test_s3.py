@@ -35,6 +35,8 @@ def test_digits_on_s3_trains_resumes_and_keeps_no_secret(
     assert code == 0, out1[-3000:]
     assert first["metrics"]["val_acc"] >= 0.95
     assert first["run_dir"] == f"{s3_digits}/runs/digits-cnn"
+    # the driver read the best checkpoint back from S3 and logged the model
+    assert first["model_uri"] and "not logged" not in out1, out1[-3000:]
     ckpt = first["latest_checkpoint_uri"].removeprefix("s3://")
     names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(ckpt))}
     assert {"checkpoint.ckpt", "raytrain.json"} <= names  # the checkpoint is on S3
