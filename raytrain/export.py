@@ -123,7 +123,7 @@ def _check_out(out: str) -> str:
     if storage.is_uri(out):
         raise StorageError(f"{out}: export writes a local file; copy it to storage after")
     path = os.path.abspath(os.path.expanduser(out))
-    if os.path.isdir(path):
+    if os.path.isdir(path) or out.endswith(("/", os.sep)):
         raise StorageError(f"{out}: is a folder; name the file to write, e.g. {out}/model.pt")
     parent = os.path.dirname(path)
     while parent and not os.path.exists(parent):

@@ -209,6 +209,8 @@ def test_export_to_a_folder_or_under_a_file_is_one_line_exit_2(
     assert list(target.iterdir()) == []
     code, err = _export(capsys, folder, tmp_path / "target" / "x" / ".." / "..")
     assert code == EXIT_BAD_INPUT
+    assert main(["export", str(folder), f"{tmp_path / 'new'}/"]) == EXIT_BAD_INPUT
+    assert "is a folder" in _one_line(capsys.readouterr().err)
     note = tmp_path / "notes.txt"
     note.write_text("x")
     code, err = _export(capsys, folder, note / "model.pt")
