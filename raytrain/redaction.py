@@ -94,26 +94,28 @@ def is_secret_env(name: str, value: str = "") -> bool:
 
 # A URI's user info: from ``://`` to the LAST ``@`` before the host (``user:p@ss@host``), or a
 # ``user:password@`` whose password holds a ``/`` (not a ``host:port/`` path).
+# Every repeat is bounded: a long hostile message must not take quadratic time.
 _USERINFO = re.compile(
-    r"(?P<scheme>\b[A-Za-z][\w+.-]*)://"
-    r"(?P<info>[^\s/?#]*@|[^\s/?#@:]+:(?!\d*(?:[/?#\s]|$))[^\s@]*@)"
+    r"(?P<scheme>\b[A-Za-z][\w+.-]{0,31})://"
+    r"(?P<info>[^\s/?#]{0,2048}@|[^\s/?#@:]{1,256}:(?!\d{0,5}(?:[/?#\s]|$))[^\s@]{0,256}@)"
 )
 # Azure's ``abfs://container@account...``: that user info is a container, not a credential.
 _CONTAINER_SCHEMES = frozenset({"abfs", "abfss", "wasb", "wasbs"})
-# ``name=value`` in a query string, a connection string or a command line.
+# ``name=value`` in a query string, a connection string or a command line; of a dotted name
+# (``model.init_args.password=``) the last part.
 _ASSIGNMENT = re.compile(
-    r"(?P<lead>^|[?&;\s,'\"(-])(?P<name>[A-Za-z][\w.-]*)=(?P<value>[^&;#\s,'\")]*)"
+    r"(?P<lead>^|[?&;\s,'\"(.-])(?P<name>[A-Za-z][\w-]{0,63})=(?P<value>[^&;#\s,'\")]*)"
 )
 # Values that are credentials by their shape.
 _SHAPES = re.compile(
-    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)"
+    r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----|\Z)"
     r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key id
     r"|\bgh[pousr]_[A-Za-z0-9]{30,}|\bgithub_pat_\w{20,}"  # GitHub
     r"|\bhf_[A-Za-z0-9]{30,}"  # Hugging Face
     r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"  # Slack
-    r"|\bsk-[\w-]*?[A-Za-z0-9]{20,}"  # OpenAI-style secret keys
+    r"|\bsk-[\w-]{0,40}?[A-Za-z0-9]{20,}"  # OpenAI-style secret keys
     r"|\bAIza[0-9A-Za-z_-]{35}"  # Google API key
-    r"|\beyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]{8,}"  # a JWT
+    r"|\beyJ[\w-]{8,512}\.eyJ[\w-]{8,8192}\.[\w-]{8,}"  # a JWT
     r"|(?<=\bBearer )[^\s'\"]+",  # an Authorization header's token
     re.DOTALL,
 )
