@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain.errors import EXIT_BAD_INPUT, RaytrainError
-from raytrain.redaction import is_secret_env, masked_fields
+from raytrain.redaction import is_secret_env, is_secret_name, masked_fields, redact
 from raytrain.tracking import GIT_COMMIT_ENV, git_commit
 
 # Where a job server is found when no address is given: Ray's own variables for its CLI.
@@ -357,15 +357,22 @@ def upload_excludes(root: Path, include: Sequence[str] = ()) -> tuple[list[str],
     return [*WORKING_DIR_EXCLUDES, *secret, *links], left_out
 
 
-def _warnings(job: Any, env: Mapping[str, str]) -> list[str]:
+def _warnings(job: Any, env: Mapping[str, str], overrides: Sequence[str] = ()) -> list[str]:
     """What a run on a cluster keeps only until its job's working dir is deleted, and
-    credentials about to be recorded in the job's runtime environment."""
+    credentials about to be recorded in the job's runtime environment or entrypoint."""
     notes = [
         f"--env {key}: the job's runtime environment is recorded and shown by the dashboard "
         "and `ray job list`; give the cluster this credential through its own environment "
         "(the node setup, a Kubernetes Secret)"
         for key, value in env.items()
         if is_secret_env(key, value)
+    ]
+    notes += [
+        f"override {key}: the job's entrypoint, overrides and all, is recorded and shown by "
+        "the dashboard and `ray job list`; give the cluster this credential through its own "
+        "environment"
+        for key, _, value in (item.partition("=") for item in overrides)
+        if is_secret_name(key) or redact(value) != value
     ]
     masked = masked_fields(job.flat())
     if masked:
@@ -440,7 +447,7 @@ def submit(
     # checked here when it is here: a typo fails before anything reaches the cluster
     job = load_spec(spec, overrides) if working_dir is not None or Path(spec).is_file() else None
     if job is not None and warn:
-        for line in _warnings(job, env):
+        for line in _warnings(job, env, overrides):
             print(f"raytrain: warning: {line}", file=sys.stderr)
     if working_dir is not None and GIT_COMMIT_ENV not in env:
         # the job's copy has no .git: the run's MLflow record gets the commit from here

@@ -218,6 +218,22 @@ def test_credentials_in_env_are_warned_about(name: str, value: str) -> None:
     assert value not in "".join(notes) or len(value) < 3
 
 
+def test_credentials_in_overrides_and_the_spec_are_warned_about() -> None:
+    from raytrain.spec import load_spec
+
+    overrides = ["model.init_args.hf_token=abc", "model.init_args.lr=0.1",
+                 "model.init_args.mirror=https://u:pw@hub.example.com"]  # fmt: skip
+    job = load_spec({"name": "w", "model": {"class_path": "m:M"},
+                     "data": {"train": {"uri": "s3://b/train"}}}, overrides)  # fmt: skip
+    notes = jobs_client._warnings(job, {}, overrides)
+    assert any(n.startswith("override model.init_args.hf_token:") for n in notes), notes
+    assert any(n.startswith("override model.init_args.mirror:") for n in notes), notes
+    assert not any("init_args.lr" in n for n in notes)
+    assert any(n.startswith("model.init_args.hf_token, model.init_args.mirror: credential-like")
+               for n in notes), notes  # fmt: skip
+    assert not any("abc" in n or "pw@" in n for n in notes)
+
+
 def test_plain_env_is_not_warned_about() -> None:
     from raytrain.spec import load_spec
 
