@@ -118,9 +118,9 @@ OVERRIDES: dict[str, tuple[list[str], str]] = {
     "experiment_slash": (["tracking.mlflow.experiment=a/b"], "tracking.mlflow.experiment"),
     "name_traversal": (["name=../evil"], "name"),
     "name_dots": (["name=a..b"], "name"),
-    "override_alias_bomb": ([f"model.init_args={_bomb(flow=True)}"], "model.init_args"),
+    "override_alias_bomb": ([f"model.init_args={{x: {_bomb(flow=True)}}}"], "model.init_args"),
     "override_duplicate_key": (["model.init_args={lr: 1, lr: 2}"], "model.init_args"),
-    "override_deep_value": (["model.init_args=" + "[" * 200 + "]" * 200], "model.init_args"),
+    "override_deep_value": (["model.init_args={x: " + "[" * 200 + "]" * 200 + "}"], "model."),
     "override_3000_parts": (["model.init_args." + ".".join(["a"] * 3000) + "=1"], "override"),
     "override_no_equals": (["trainer.max_epochs"], "override 'trainer.max_epochs'"),
 }
