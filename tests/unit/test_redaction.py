@@ -213,3 +213,22 @@ def test_a_refused_resume_masks_credential_values(tmp_path: Path, digits_dir: Pa
     with pytest.raises(RunStateError) as excinfo:
         runstate.check_resumable(state, changed)
     _no_secret(str(excinfo.value))
+
+
+def test_every_error_message_is_redacted(
+    tmp_path: Path, digits_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raytrain import cli
+    from raytrain.errors import SpecError
+    from tests.conftest import write_spec
+
+    assert SpecError(["a: https://alice:USERPW@h/x", "b: ok"]).problems == [
+        f"a: https://{REDACTED}@h/x",
+        "b: ok",
+    ]
+    spec = write_spec(tmp_path / "spec.yaml", digits_spec(digits_dir, tmp_path))
+    bad = ["trainer.max_epochs=https://alice:USERPW@h/x", "model.init_args.password=hunter2"]
+    assert cli.main(["validate", str(spec), *bad]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.max_epochs" in err
+    _no_secret(err)
