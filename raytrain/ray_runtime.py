@@ -12,7 +12,8 @@ import logging
 import math
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
 
 from raytrain.spec import JobSpec
 
@@ -46,6 +47,16 @@ _ASYNC_GET_WARN_ENV = "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"
 _PREEMPTION_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _TRAIN_METRICS_ENV = "RAY_TRAIN_METRICS_ENABLED"
 
+# What an embedded cluster's processes get unless the caller has set the variable already.
+EMBEDDED_ENV = {
+    _POLL_ENV: CONTROLLER_POLL_S,
+    _NICENESS_ENV: "0",
+    _METRICS_ENV: "0",
+    _ASYNC_GET_WARN_ENV: "0",
+    _PREEMPTION_ENV: "0",
+    _TRAIN_METRICS_ENV: "0",
+}
+
 
 @dataclass
 class RayHandle:
@@ -53,6 +64,9 @@ class RayHandle:
     address: str | None
     # The environment an embedded cluster's processes inherited; None for a joined cluster.
     embedded_env: dict[str, str] | None = None
+    # What starting the embedded cluster changed in this process's environment, undone by
+    # ``shutdown`` (see ``EnvChanges``); None for a joined cluster.
+    env_changes: EnvChanges | None = field(default=None, repr=False)
 
     def resources(self) -> dict[str, float]:
         import ray
@@ -69,6 +83,36 @@ class RayHandle:
         if self.started_here and ray.is_initialized():
             ray.shutdown()
             _started_env = None
+        if self.env_changes is not None:  # the cluster is gone: nothing needs them now
+            self.env_changes.undo(os.environ)
+            self.env_changes = None
+
+
+@dataclass(frozen=True)
+class EnvChanges:
+    """The variables an embedded cluster's start changed in the caller's environment:
+    ``before`` holds each one's earlier value (None: it was not set), ``after`` the value the
+    start left. ``undo`` puts back the earlier values, except where the caller has since
+    set a variable to something else: the caller's later choice is kept."""
+
+    before: dict[str, str | None]
+    after: dict[str, str | None]
+
+    @classmethod
+    def between(cls, before: Mapping[str, str], after: Mapping[str, str]) -> EnvChanges:
+        """The changes from the environment ``before`` to the environment ``after``."""
+        keys = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        return cls({k: before.get(k) for k in keys}, {k: after.get(k) for k in keys})
+
+    def undo(self, environ: MutableMapping[str, str]) -> None:
+        """Restore ``environ`` (this process's ``os.environ``) to its values before."""
+        for key, earlier in self.before.items():
+            if environ.get(key) != self.after[key]:
+                continue  # changed again since the start: the caller's value stays
+            if earlier is None:
+                environ.pop(key, None)
+            else:
+                environ[key] = earlier
 
 
 def cluster_address() -> str | None:
@@ -131,29 +175,35 @@ def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: object) 
     Ray is running. ``init_kwargs`` go to ``ray.init`` (``object_store_memory``, ...).
     """
     global _started_env
+    before = dict(os.environ)  # before Ray's import too, which sets RAY_CLIENT_MODE
     import ray
 
     _quiet_ray(verbose)
-    # Processes of a cluster started here inherit this environment, the controller too.
-    os.environ.setdefault(_POLL_ENV, CONTROLLER_POLL_S)
-    os.environ.setdefault(_NICENESS_ENV, "0")
-    os.environ.setdefault(_METRICS_ENV, "0")
-    os.environ.setdefault(_ASYNC_GET_WARN_ENV, "0")
-    os.environ.setdefault(_PREEMPTION_ENV, "0")
-    os.environ.setdefault(_TRAIN_METRICS_ENV, "0")
+    # Processes of a cluster started here inherit this environment, the controller too. The
+    # driver needs them as long as the cluster runs: Ray Train reads RAY_TRAIN_METRICS_ENABLED
+    # in the driver at each fit, and ray_trainer compares the controller's variables, read
+    # from this environment, with the cluster's. ``RayHandle.shutdown`` takes them back, with
+    # what ``ray.init`` itself sets here (PYTHONBREAKPOINT, RAY_USAGE_STATS_ENABLED, ...).
+    for key, value in EMBEDDED_ENV.items():
+        os.environ.setdefault(key, value)
     env = dict(os.environ)
-    ray.init(
-        # a new cluster here even when `ray start` left one on this machine: joining a
-        # cluster is what RAY_ADDRESS asks for
-        address="local",
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        log_to_driver=verbose,
-        logging_level=logging.WARNING,
-        **init_kwargs,
-    )
+    try:
+        ray.init(
+            # a new cluster here even when `ray start` left one on this machine: joining a
+            # cluster is what RAY_ADDRESS asks for
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=verbose,
+            logging_level=logging.WARNING,
+            **init_kwargs,
+        )
+    except BaseException:
+        EnvChanges.between(before, os.environ).undo(os.environ)
+        raise
     _started_env = env
-    return RayHandle(started_here=True, address=None, embedded_env=env)
+    changes = EnvChanges.between(before, os.environ)
+    return RayHandle(started_here=True, address=None, embedded_env=env, env_changes=changes)
 
 
 def connect(spec: JobSpec, *, verbose: bool = False) -> RayHandle:
