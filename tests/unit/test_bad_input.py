@@ -9,14 +9,12 @@ start Ray, and still write nothing.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import digits_spec, write_spec
+from tests.fresh_process import run_fresh
 
 CASES = {
     # name: (overrides, the field path the message must start with)
@@ -74,16 +72,7 @@ print(json.dumps(out))
 
 
 def _run_cases(argvs: dict[str, list[str]], cwd: Path) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, json.dumps(argvs)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**_env(), "RAY_ADDRESS": "", "PYTHONPATH": str(cwd)},
-        cwd=cwd,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_fresh(_DRIVER, argvs, cwd, pythonpath=str(cwd), timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +98,6 @@ def late_outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     result = _run_cases(argvs, work)
     result["__work__"] = work
     return result
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI",)}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

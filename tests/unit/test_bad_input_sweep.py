@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import digits_spec, write_spec
+from tests.fresh_process import run_fresh
 
 _DRIVER = r"""
 import contextlib, io, json, sys, traceback
@@ -197,17 +196,7 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     argvs["export_out_is_a_folder"] = ["export", str(good), str(work / "out_folder")]
 
     before = _tree(work), _tree(digits_dir)
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, json.dumps(argvs)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**env, "RAY_ADDRESS": "", "PYTHONPATH": os.getcwd()},
-        cwd=work,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_fresh(_DRIVER, argvs, work, pythonpath=os.getcwd(), timeout=600)
     return {"results": result, "argvs": argvs, "before": before,
             "after": (_tree(work), _tree(digits_dir))}  # fmt: skip
 

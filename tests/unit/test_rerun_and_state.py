@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from raytrain import launcher, runstate
 from raytrain.errors import RunStateError
 from raytrain.spec import load_spec
 from tests.conftest import digits_spec, write_spec
+from tests.fresh_process import run_fresh
 
 # Importing Ray fails in the driver: a command that would start it fails instead.
 _DRIVER = r"""
@@ -39,17 +38,7 @@ print(json.dumps({"rc": rc, "stderr": err.getvalue(), "stdout": out.getvalue(),
 
 
 def _cli(argv: list[str], cwd: Path) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI",)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, json.dumps(argv)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "RAY_ADDRESS": "", "PYTHONPATH": os.getcwd()},
-        cwd=cwd,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_fresh(_DRIVER, argv, cwd, pythonpath=os.getcwd(), timeout=120)
 
 
 def _finished_run(work: Path, digits_dir: Path, metrics: dict[str, Any]) -> Path:
