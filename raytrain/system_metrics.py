@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -60,27 +61,35 @@ class SystemMetrics(pl.Callback):
     first among the callbacks and its ``end_marker()`` last: the wait for data is what lies
     between the marker's batch end and this one's next batch start."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu_seconds: Callable[[], float] = _cpu_seconds,
+    ) -> None:
+        # the clocks are parameters so that a test can drive the windows step by step
+        self._clock = clock
+        self._cpu_seconds = cpu_seconds
         self._device: Any = None
-        self._reset(time.perf_counter())
+        self._reset(clock())
         self._batch_start_at = self._window_start
         self._batch_end_at: float | None = None
 
     def _reset(self, now: float, step: int = 0) -> None:
         self._window_start = now
         self._window_step = step
-        self._cpu_start = _cpu_seconds()
+        self._cpu_start = self._cpu_seconds()
         self._data_wait = 0.0
         self._loop_time = 0.0  # wall time inside training batches and the waits between
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._device = pl_module.device
-        self._reset(time.perf_counter(), trainer.global_step)
+        self._reset(self._clock(), trainer.global_step)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
     ) -> None:
-        now = time.perf_counter()
+        now = self._clock()
         if self._batch_end_at is not None:
             self._data_wait += now - self._batch_end_at
             self._loop_time += now - self._batch_end_at
@@ -89,7 +98,7 @@ class SystemMetrics(pl.Callback):
     def batch_done(self) -> None:
         """The batch and every callback after it are done: what follows until the next
         batch starts is Lightning fetching it."""
-        now = time.perf_counter()
+        now = self._clock()
         self._loop_time += now - self._batch_start_at
         self._batch_end_at = now
 
@@ -108,7 +117,7 @@ class SystemMetrics(pl.Callback):
     def sample(self, step: int) -> dict[str, float]:
         """Metrics for the window since the last sample, which ends at global step ``step``;
         the timing ones only when optimizer steps ran in it."""
-        now = time.perf_counter()
+        now = self._clock()
         wall = now - self._window_start
         steps = step - self._window_step
         values: dict[str, float] = {}
@@ -116,7 +125,7 @@ class SystemMetrics(pl.Callback):
             values[f"{PREFIX}step_time_s"] = wall / steps
             if self._loop_time > 0:
                 values[f"{PREFIX}data_wait_fraction"] = min(self._data_wait / self._loop_time, 1.0)
-            values[f"{PREFIX}cpu_percent"] = 100.0 * (_cpu_seconds() - self._cpu_start) / wall
+            values[f"{PREFIX}cpu_percent"] = 100.0 * (self._cpu_seconds() - self._cpu_start) / wall
         rss = _rss_bytes()
         if rss is not None:
             values[f"{PREFIX}memory_rss_mb"] = rss / 2**20

@@ -1,0 +1,119 @@
+"""The driver's failure policy (``ray_trainer.RaytrainFailurePolicy``) without Ray running:
+a non-finite loss is never retried, preemptions are counted apart from failures, and each
+limit holds.
+
+The inputs are what Ray Train's controller gives a policy: a ``WorkerGroupError`` (Ray's own
+public class) whose ``worker_failures`` map each rank to the exception it raised, as Ray
+Train's poll unwraps it; a wrapped error is a plain class with the ``cause`` Ray's task errors
+carry.
+"""
+
+from __future__ import annotations
+
+import pytest
+from ray.train import FailureConfig
+from ray.train.v2.api.exceptions import WorkerGroupError
+
+from raytrain.errors import NonFiniteLossError
+from raytrain.preemption import PreemptedError
+from raytrain.ray_trainer import RaytrainFailurePolicy
+
+RETRY, RAISE = "RETRY", "RAISE"
+
+
+class Wrapped(Exception):
+    """An error that carries a worker's exception as ``cause`` (as ``RayTaskError`` does)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"wrapped: {cause}")
+        self.cause = cause
+
+
+def group_error(*errors: BaseException) -> WorkerGroupError:
+    """Ray Train's error for a worker group whose ranks 0.. raised ``errors``."""
+    return WorkerGroupError("worker errors", dict(enumerate(errors)))
+
+
+def decide(policy: RaytrainFailurePolicy, *errors: BaseException) -> str:
+    return policy.make_decision(group_error(*errors)).value
+
+
+def policy(max_failures: int = 0, max_preemptions: int = -1) -> RaytrainFailurePolicy:
+    config = FailureConfig(max_failures=max_failures, max_preemption_failures=max_preemptions)
+    return RaytrainFailurePolicy(config)
+
+
+def _nan() -> NonFiniteLossError:
+    return NonFiniteLossError("the loss became NaN at optimizer step 7")
+
+
+def _chained_nan() -> RuntimeError:
+    try:
+        try:
+            raise _nan()
+        except NonFiniteLossError as exc:
+            raise RuntimeError("the train loop failed") from exc
+    except RuntimeError as outer:
+        return outer
+
+
+@pytest.mark.parametrize(
+    "errors",
+    [
+        (_nan(), _nan()),  # every rank, as FiniteGuard raises it
+        (_nan(), RuntimeError("collective aborted")),  # one rank's NaN, the other collateral
+        (Wrapped(_nan()),),  # carried as a task error's cause
+        (_chained_nan(),),  # raised from it
+        (_nan(), PreemptedError("preempted")),  # a NaN wins over a preemption
+    ],
+    ids=["all-ranks", "one-rank", "cause", "__cause__", "with-preemption"],
+)
+def test_a_non_finite_loss_is_never_retried(errors: tuple[BaseException, ...]) -> None:
+    unlimited = policy(max_failures=-1, max_preemptions=-1)
+    assert decide(unlimited, *errors) == RAISE
+
+
+def test_an_ordinary_failure_is_retried_up_to_max_failures() -> None:
+    p = policy(max_failures=2)
+    crash = RuntimeError("worker died")
+    assert [decide(p, crash) for _ in range(3)] == [RETRY, RETRY, RAISE]
+
+
+def test_max_failures_zero_raises_at_the_first_failure() -> None:
+    assert decide(policy(max_failures=0), RuntimeError("worker died")) == RAISE
+
+
+def test_preemptions_are_counted_apart_from_failures() -> None:
+    p = policy(max_failures=1, max_preemptions=2)
+    preempted = (PreemptedError("SIGTERM"), PreemptedError("SIGTERM"))
+    # two preemptions are retried, and leave max_failures untouched ...
+    assert decide(p, *preempted) == RETRY
+    assert decide(p, *preempted) == RETRY
+    assert decide(p, RuntimeError("worker died")) == RETRY
+    # ... the next failure is over max_failures, and the next preemption over its own limit
+    assert decide(p, RuntimeError("worker died")) == RAISE
+    assert decide(p, *preempted) == RAISE
+
+
+def test_a_preemption_wrapped_by_ray_is_still_a_preemption() -> None:
+    p = policy(max_failures=0, max_preemptions=1)
+    assert decide(p, Wrapped(PreemptedError("SIGTERM"))) == RETRY
+    assert decide(p, Wrapped(PreemptedError("SIGTERM"))) == RAISE
+
+
+def test_unlimited_preemptions_are_always_retried() -> None:
+    p = policy(max_failures=0, max_preemptions=-1)
+    assert all(decide(p, PreemptedError("SIGTERM")) == RETRY for _ in range(50))
+
+
+def test_a_preemption_on_some_ranks_only_is_a_failure() -> None:
+    # a rank that failed for its own reason is not explained by another rank's notice
+    p = policy(max_failures=0, max_preemptions=-1)
+    assert decide(p, PreemptedError("SIGTERM"), RuntimeError("out of memory")) == RAISE
+
+
+def test_a_cause_chain_that_loops_does_not_hang_the_driver() -> None:
+    error = Wrapped(RuntimeError("worker died"))
+    error.cause = error  # a chain that comes back to itself
+    p = policy(max_failures=1)
+    assert decide(p, error) == RETRY  # an ordinary failure, decided
