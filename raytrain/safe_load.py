@@ -123,14 +123,42 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     """Resolves only ``dcp_metadata_globals()``. Every way a pickle reaches a callable
     (GLOBAL, STACK_GLOBAL, INST, the extension registry) goes through ``find_class``, so a
-    pickle naming anything else is refused before any of it runs."""
+    pickle naming anything else is refused before any of it runs.
+
+    BUILD is restricted too: pickle's BUILD sets attributes on whatever object is below it,
+    and with a class there (``GLOBAL pathlib.PosixPath`` then ``BUILD (None, {...})``) it
+    would rewrite that class for the whole process. Only an instance of an allowed class is
+    built, with a plain dict of its fields (or its own ``__setstate__``). Python's
+    pure-Python unpickler is used because BUILD can be overridden only there; metadata
+    files are small.
+    """
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
 
     def __init__(self, file: Any, allowed: dict[tuple[str, str], Any]):
         super().__init__(file)
         self._allowed = allowed
+        self._types = {v for v in allowed.values() if isinstance(v, type)}
+
+    def load_build(self) -> None:
+        state, inst = self.stack[-1], self.stack[-2]
+        if isinstance(inst, type) or type(inst) not in self._types:
+            raise pickle.UnpicklingError(
+                f"GLOBAL BUILD of a {type(inst).__name__} is not allowed in DCP metadata"
+            )
+        if "__setstate__" not in vars(type(inst)) and not (
+            isinstance(state, dict)
+            and all(isinstance(k, str) and not k.startswith("__") for k in state)
+        ):
+            raise pickle.UnpicklingError(
+                "GLOBAL BUILD with other than a dict of fields is not allowed in DCP metadata"
+            )
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
     def find_class(self, module: str, name: str) -> Any:
         try:

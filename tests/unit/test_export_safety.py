@@ -131,6 +131,39 @@ def test_sharded_metadata_carrying_a_payload_is_refused_and_nothing_runs(
     assert not marker.exists() and not (tmp_path / "model.pt").exists()
 
 
+@pytest.mark.parametrize(
+    "target",
+    [b"cpathlib\nPosixPath\n", b"ctorch.distributed.checkpoint.metadata\nMetadata\n"],
+    ids=["PosixPath", "Metadata"],
+)
+def test_sharded_metadata_cannot_rewrite_an_allowed_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: bytes
+) -> None:
+    """pickle's BUILD of a class (not an instance) with a slot state sets attributes on the
+    class itself: an allowed class would be rewritten for the whole driver process."""
+    import pathlib
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    folder = _sharded(tmp_path / "checkpoint_1", {"model": _state()})
+    metadata = folder / "checkpoint.ckpt" / ".metadata"
+    # push the class, BUILD it with (None, {"raytrain_hacked": 1}), drop it; then the real one
+    metadata.write_bytes(target + b"N}S'raytrain_hacked'\nI1\ns\x86b0" + metadata.read_bytes())
+    try:
+        code, err = _export(capsys, folder, tmp_path / "model.pt")
+        assert code == EXIT_BAD_INPUT
+        assert f"{metadata}: refused" in _one_line(err)
+        with pytest.raises(StorageError, match="refused"):
+            _safe_load().verify_dcp(str(folder / "checkpoint.ckpt"))
+        assert not hasattr(pathlib.PosixPath, "raytrain_hacked")
+        assert not hasattr(Metadata, "raytrain_hacked")
+        assert not (tmp_path / "model.pt").exists()
+    finally:
+        for cls in (pathlib.PosixPath, Metadata):
+            if "raytrain_hacked" in vars(cls):
+                delattr(cls, "raytrain_hacked")
+
+
 def test_a_sharded_entry_carrying_a_payload_is_refused_and_nothing_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
