@@ -9,6 +9,7 @@ the Lightning callback that writes checkpoints is in ``report_callback``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -68,19 +69,34 @@ def read_snapshot(run_dir: str, options: StorageSpec | None = None) -> Snapshot 
     try:
         tree = json.loads(text)
         results = [*tree["checkpoint_results"], tree.get("latest_checkpoint_result")]
-        committed = frozenset(str(r["checkpoint_dir_name"]) for r in results if r)
+        committed = frozenset(_folder_name(r["checkpoint_dir_name"]) for r in results if r)
         latest = tree.get("latest_checkpoint_result")
+        metrics = dict(latest.get("metrics") or {}) if latest else {}
+        for key in ("epoch", "step"):  # printed and compared as numbers by the driver
+            value = metrics.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"the latest checkpoint's {key} is {value!r}, not a number")
+            if not math.isfinite(value):
+                raise ValueError(f"the latest checkpoint's {key} is {value!r}")
         return Snapshot(
             committed=committed,
-            latest=str(latest["checkpoint_dir_name"]) if latest else None,
-            latest_metrics=dict(latest.get("metrics") or {}) if latest else {},
+            latest=_folder_name(latest["checkpoint_dir_name"]) if latest else None,
+            latest_metrics=metrics,
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise StorageError(
             f"{path}: Ray Train's checkpoint snapshot cannot be read "
             f"({type(exc).__name__}: {str(exc)[:200] or 'empty'}); which checkpoints are "
             "complete is unknown. Restore the file, or pass --fresh to start the run over"
         ) from None
+
+
+def _folder_name(name: Any) -> str:
+    """A checkpoint folder's name as the snapshot gives it: one name inside the run folder
+    (``..`` or a separator would name a folder elsewhere, to resume from or keep)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or re.search(r"[/\\\0]", name):
+        raise ValueError(f"checkpoint_dir_name {str(name)[:80]!r} is not a folder name")
+    return name
 
 
 @dataclass(frozen=True)

@@ -70,15 +70,28 @@ def read_holder(run_dir: str, options: StorageSpec | None = None) -> Holder | No
         return None
     try:
         fields = json.loads(text)
-        return Holder(
+        holder = Holder(
             host=str(fields["host"]),
             pid=int(fields["pid"]),
             started_at=float(fields["started_at"]),
             heartbeat_at=float(fields["heartbeat_at"]),
             token=str(fields["token"]),
         )
-    except (ValueError, KeyError, TypeError):
-        return Holder(host="?", pid=-1, started_at=0.0, heartbeat_at=0.0, token="")
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return _UNREADABLE
+    # times a live holder could have written: finite, after 1970 and not far in the future
+    # (a NaN or infinite heartbeat would never go stale; a started_at out of time_t's range
+    # would fail to print)
+    limit = time.time() + _FUTURE_S
+    if not all(0.0 <= t <= limit for t in (holder.started_at, holder.heartbeat_at)):
+        return _UNREADABLE
+    return holder
+
+
+# A lease that cannot be read as one: it names no process that could be alive.
+_UNREADABLE = Holder(host="?", pid=-1, started_at=0.0, heartbeat_at=0.0, token="")
+# How far ahead of this clock a heartbeat may be and still be a live holder's (clock skew).
+_FUTURE_S = 86400.0
 
 
 def is_stale(holder: Holder, now: float, host: str | None = None) -> bool:
@@ -94,7 +107,7 @@ def _pid_alive(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: no process has that pid
         return False
     except PermissionError:  # someone else's process: it exists
         return True

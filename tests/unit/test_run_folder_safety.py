@@ -69,6 +69,38 @@ def test_an_unreadable_snapshot_is_refused_naming_it(tmp_path: Path, text: str) 
     assert (tmp_path / OLD).exists()
 
 
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _odd_snapshot(latest: Any, metrics: Any) -> str:
+    result = {"checkpoint_dir_name": latest, "metrics": metrics}
+    return json.dumps({"checkpoint_results": [result], "latest_checkpoint_result": result})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        _DEEP,  # a RecursionError traceback before
+        _odd_snapshot("../../elsewhere", {"step": 1}),  # resumed from outside the run folder
+        _odd_snapshot("checkpoint_1/../../x", {"step": 1}),
+        _odd_snapshot(["checkpoint_1"], {"step": 1}),
+        _odd_snapshot(LATEST, {"epoch": "one", "step": 1}),  # int() of it in the driver
+        _odd_snapshot(LATEST, {"epoch": 1e400, "step": 1}),  # int(inf): OverflowError
+        _odd_snapshot(LATEST, {"epoch": 1, "step": True}),
+    ],
+    ids=["deep", "dotdot", "inner-dotdot", "list", "epoch-str", "epoch-inf", "step-bool"],
+)
+def test_a_snapshot_of_odd_shape_is_refused_naming_it(tmp_path: Path, text: str) -> None:
+    from raytrain.checkpoint import latest_committed
+
+    _folders(tmp_path, OLD, NEWER)
+    (tmp_path / SNAPSHOT_FILE).write_text(text)
+    for read in (uncommitted, latest_committed):
+        with pytest.raises(StorageError, match=f"{SNAPSHOT_FILE}: Ray Train's checkpoint"):
+            read(str(tmp_path))
+    assert (tmp_path / OLD).exists() and (tmp_path / NEWER).exists()
+
+
 def test_a_forced_takeover_deletes_no_upload_of_the_run_it_displaced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -169,6 +201,38 @@ def test_a_corrupt_lease_counts_as_stale(tmp_path: Path) -> None:
     held = lease.Lease(str(run)).acquire()
     assert lease.read_holder(str(run)) == held.holder
     held.release()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"pid": 10**30},  # os.kill: OverflowError traceback before
+        {"host": "elsewhere", "started_at": float("nan")},  # localtime(nan): ValueError
+        {"host": "elsewhere", "started_at": 1e300},  # localtime: OverflowError
+        {"host": "elsewhere", "heartbeat_at": float("inf")},  # never stale, without end
+        {"host": "elsewhere", "heartbeat_at": float("nan")},
+        {"host": "elsewhere", "heartbeat_at": time.time() + 10**8},  # stale in three years
+    ],
+    ids=["huge-pid", "nan-start", "huge-start", "inf-beat", "nan-beat", "future-beat"],
+)
+def test_a_lease_of_impossible_values_counts_as_stale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict[str, Any]
+) -> None:
+    run = tmp_path / "run"
+    _write_lease(run, _holder(**fields))
+    lease.check_free(str(run))
+    held = lease.Lease(str(run)).acquire()
+    assert "taking over the stale lease" in capsys.readouterr().err
+    assert lease.read_holder(str(run)) == held.holder
+    held.release()
+
+
+def test_a_deeply_nested_lease_counts_as_stale(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / lease.LEASE_FILE).write_text(_DEEP)
+    lease.check_free(str(run))
+    lease.Lease(str(run)).acquire().release()
 
 
 def test_a_run_that_wrote_nothing_leaves_no_folder(tmp_path: Path) -> None:
