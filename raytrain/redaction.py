@@ -43,10 +43,16 @@ _TOKEN_NOT_SECRET = frozenset(
 _QUERY_SECRETS = frozenset(
     {"sig", "signature", "key", "code", "x-amz-credential", "x-amz-signature",
      "x-amz-security-token", "x-goog-credential", "x-goog-signature", "awsaccesskeyid",
-     "access_token", "token", "auth", "authorization"}
+     "access_token", "token", "auth", "authorization", "pass", "pw"}
 )  # fmt: skip
 
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+# Parts that make a name a credential's even run together in one word (``accesstoken``,
+# ``privatekey``, ``clientsecret``, ``hftoken``); a lone ``token`` or ``key`` does not.
+_RUN_TOGETHER = re.compile(
+    r"passw|secret|credential|(?:api|access|private|account|auth|signing|encryption|ssh)key"
+    r"|(?:access|auth|api|bearer|refresh|session|hf|github|gh|id|oauth|personal)token"
+)
 
 
 def _words(name: str) -> list[str]:
@@ -62,6 +68,8 @@ def is_secret_name(name: str) -> bool:
     if not words:
         return False
     if _SECRET_WORDS.intersection(words):
+        return True
+    if any(_RUN_TOGETHER.search(w) for w in words):  # accesstoken, privatekey, clientsecret
         return True
     if "connection" in words and "string" in words:  # AZURE_STORAGE_CONNECTION_STRING
         return True
@@ -115,10 +123,43 @@ _SHAPES = re.compile(
     r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"  # Slack
     r"|\bsk-[\w-]{0,40}?[A-Za-z0-9]{20,}"  # OpenAI-style secret keys
     r"|\bAIza[0-9A-Za-z_-]{35}"  # Google API key
-    r"|\beyJ[\w-]{8,512}\.eyJ[\w-]{8,8192}\.[\w-]{8,}"  # a JWT
-    r"|(?<=\bBearer )[^\s'\"]+",  # an Authorization header's token
+    r"|\beyJ[\w-]{8,512}\.eyJ[\w-]{8,8192}\.[\w-]{8,}",  # a JWT
     re.DOTALL,
 )
+
+
+# A credential-carrying header in a message: ``Authorization: Basic dXNlcjpw``, a lower-case
+# ``bearer``, ``X-Api-Key: ...``; the header's name and scheme stay.
+_HEADER = re.compile(
+    r"(?i)(?P<keep>\b(?:authorization|proxy-authorization|x-api-key|api-key|cookie)\b['\"]?"
+    r"\s{0,4}[:=]\s{0,4}['\"]?(?:(?:basic|bearer|token|digest)\s{1,4})?|\bbearer\s{1,4})"
+    r"(?P<value>(?!\*\*\*|(?:basic|bearer|token|digest)\s)[^\s'\",;]{1,4096})"
+)
+# ``'password': 'x'`` and ``"password": "x"`` (a dict's repr in a message, JSON): masked
+# when the name holds a credential. (A bare ``name: value`` is left alone: error messages
+# are ``field: problem``.)
+_KEYED = re.compile(
+    r"(?P<lead>(?P<q>['\"])(?P<name>[A-Za-z][\w.-]{0,63})(?P=q)\s{0,4}:\s{0,4})"
+    r"(?P<value>(?P<vq>['\"])[^'\"\n]{0,4096}(?P=vq)|[^\s,}\]'\"]{1,4096})"
+)
+# ``user:password@host`` without a scheme (a bucket name an SDK quotes back): the part
+# before ``@`` has a colon and no separator. It starts only after a quote, a space or a
+# bracket, which its first part cannot hold: linear time on any text.
+_BARE_USERINFO = re.compile(
+    r"(?:(?<=[\s'\"(\[=,])|^)[^\s/?#@:'\"(\[=,]{1,256}:[^\s/?#@'\"]{1,256}@(?=[\w.\[-])"
+)
+
+
+def _header(match: re.Match[str]) -> str:
+    return f"{match['keep']}{REDACTED}"
+
+
+def _keyed(match: re.Match[str]) -> str:
+    name, value = match["name"], match["value"]
+    if not is_secret_name(name) or value.strip("'\"") in ("", REDACTED):
+        return match[0]
+    quote = match["vq"] or ""
+    return f"{match['lead']}{quote}{REDACTED}{quote}"
 
 
 def _userinfo(match: re.Match[str]) -> str:
@@ -142,7 +183,10 @@ def redact(text: str) -> str:
     if not text:
         return text
     text = _SHAPES.sub(REDACTED, text)
+    text = _HEADER.sub(_header, text)
     text = _USERINFO.sub(_userinfo, text)
+    text = _BARE_USERINFO.sub(f"{REDACTED}@", text)
+    text = _KEYED.sub(_keyed, text)
     return _ASSIGNMENT.sub(_assignment, text)
 
 

@@ -24,6 +24,9 @@ SECRET_NAMES = [
     "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "HF_TOKEN",
     "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING",
     "DATABASE_URL", "GCP_PRIVATE_KEY", "GOOGLE_SERVICE_ACCOUNT_JSON", "MY_SERVICE_ACCOUNT",
+    # run together in one word
+    "accesstoken", "privatekey", "secretkey", "authtoken", "clientsecret", "hftoken",
+    "model.init_args.apitoken",
 ]  # fmt: skip
 # Names near those that hold no credential: a tokenizer's tokens, counts, plain keys.
 PLAIN_NAMES = [
@@ -77,6 +80,19 @@ def test_names_that_do_not(name: str) -> None:
         ("-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----", REDACTED),
         ("Authorization: Bearer abc.def", f"Authorization: Bearer {REDACTED}"),
         ("sk-learn-baseline-experiment-01", "sk-learn-baseline-experiment-01"),  # a name
+        # query names short for a password; other Authorization schemes, lower case
+        ("mysql://h/db?user=u&pass=pw1", f"mysql://h/db?user=u&pass={REDACTED}"),
+        ("https://h/?pw=pw1", f"https://h/?pw={REDACTED}"),
+        ("Authorization: Basic dXNlcjpwdzE=", f"Authorization: Basic {REDACTED}"),
+        ("authorization: bearer abc.def", f"authorization: bearer {REDACTED}"),
+        ("headers {'X-Api-Key': 'k1'}", f"headers {{'X-Api-Key': '{REDACTED}'}}"),
+        # a dict's repr or JSON in a message: the key names the credential
+        ("got {'password': 'pw1', 'lr': 0.1}", f"got {{'password': '{REDACTED}', 'lr': 0.1}}"),
+        ('{"hf_token": "t1", "n": 2}', f'{{"hf_token": "{REDACTED}", "n": 2}}'),
+        ("{'secret_key': 12345}", f"{{'secret_key': {REDACTED}}}"),
+        # user info without a scheme, as an SDK quotes a bucket name back
+        ("for bucket 'u:pw1@bucket': failed", f"for bucket '{REDACTED}@bucket': failed"),
+        ("field: error: 3", "field: error: 3"),  # a field's error is not user info
     ],
 )  # fmt: skip
 def test_credentials_inside_text_are_masked(text: str, expected: str) -> None:
