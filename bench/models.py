@@ -59,6 +59,22 @@ class MemoryProbeGPT(TinyGPT):
             json.dump(out, handle)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work (a step's time is then its own); a CPU has none."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gb(device: torch.device) -> float | None:
+    """The GPU's peak allocated memory since the last reset; None on a CPU (not measured)."""
+    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+
+
 class TimedGPT(TinyGPT):
     """``TinyGPT`` that times each training step after ``warmup`` on the GPU (synchronised)
     and, at the end, writes the median step's tokens/s and the peak memory to ``out``."""
@@ -73,15 +89,15 @@ class TimedGPT(TinyGPT):
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         import time
 
-        torch.cuda.synchronize()
+        synchronize(self.device)
         if batch_idx == self.warmup:
-            torch.cuda.reset_peak_memory_stats()
+            reset_peak_memory(self.device)
         self._began = time.perf_counter()
 
     def on_train_batch_end(self, outputs: object, batch: dict[str, torch.Tensor], idx: int) -> None:
         import time
 
-        torch.cuda.synchronize()
+        synchronize(self.device)
         if idx >= self.warmup:
             self._times.append(time.perf_counter() - self._began)
             rows, width = batch["tokens"].shape
@@ -91,6 +107,6 @@ class TimedGPT(TinyGPT):
         import json
 
         per_step = sorted(self._times)[len(self._times) // 2]
-        peak_gb = torch.cuda.max_memory_allocated() / 1e9
+        peak_gb = peak_memory_gb(self.device)
         with open(self.out, "w") as handle:
             json.dump({"tokens_per_s": self._tokens / per_step, "peak_memory_gb": peak_gb}, handle)
