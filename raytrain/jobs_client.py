@@ -81,8 +81,11 @@ def resolve_address(address: str | None) -> str:
             "no cluster address: pass --address http://HEAD:8265 (the head's dashboard "
             "and job server) or set RAY_API_SERVER_ADDRESS"
         )
+    address = address.strip()
     if "://" not in address:
         address = f"http://{address}"
+    scheme, _, rest = address.partition("://")
+    address = f"{scheme.lower()}://{rest}"  # a scheme is case-insensitive: HTTP:// is http
     if not address.startswith(("http://", "https://")):
         raise JobsError(f"--address {address}: the job server is an http:// or https:// URL")
     return address.rstrip("/")
@@ -318,7 +321,10 @@ def upload_excludes(root: Path, include: Sequence[str] = ()) -> tuple[list[str],
     links: list[str] = []
     outside: list[str] = []
 
-    def walk(folder: Path, ignores: list[Any]) -> None:
+    def walk(folder: Path, ignores: list[Any], chain: frozenset[Path] = frozenset()) -> None:
+        # chain: the real folders this walk is inside, so a link to one of them (a loop)
+        # is not walked again
+        chain = chain | {folder.resolve()}
         ignores = [*ignores, *get_excludes_from_ignore_files(folder, gitignore, logger=quiet)]
         try:
             children = sorted(folder.iterdir())
@@ -340,9 +346,12 @@ def upload_excludes(root: Path, include: Sequence[str] = ()) -> tuple[list[str],
                 elif excluded.match_file(target.relative_to(root).as_posix()):
                     left_out.append(f"{rel} (a link to {target.relative_to(root).as_posix()})")
                     links.append("/" + GitWildMatchPattern.escape(rel))
-                # a linked folder inside root is walked where it is
+                elif target.is_dir() and target not in chain:
+                    # Ray uploads a linked folder's files under the link's path, whatever
+                    # ignores the folder where it really is: walked as Ray sees it
+                    walk(path, ignores, chain)
             elif path.is_dir():
-                walk(path, ignores)
+                walk(path, ignores, chain)
 
     walk(root, [])
     if outside:

@@ -173,6 +173,52 @@ def test_the_python_api_refuses_it_too_unless_insecure(no_ray_env: Path) -> None
     jobs_client.check_transport("http://[::1]:8265", "t")  # loopback: fine
 
 
+def test_a_link_into_an_ignored_folder_is_walked_as_ray_uploads_it(tmp_path: Path) -> None:
+    """Ray uploads a linked folder's files under the link's path: what the folder's own
+    (ignored) place hides is uploaded through the link, links out of the working dir too."""
+    from ray._private.runtime_env.packaging import _zip_files
+
+    outside = tmp_path / "home" / ".aws"
+    outside.mkdir(parents=True)
+    (outside / "config").write_text(CONTENT)
+    wd = tmp_path / "wd"
+    (wd / "cache").mkdir(parents=True)
+    (wd / ".gitignore").write_text("cache/\n")
+    (wd / "cache" / "shared").symlink_to(outside)  # ignored where it is...
+    (wd / "c").symlink_to("cache")  # ...uploaded as c/shared/config
+    (wd / "loop").symlink_to(".")  # a loop is not walked forever
+    (wd / "train.py").write_text("x")
+    # what Ray would upload without the check: the file outside
+    _zip_files(str(wd), ["loop"], str(tmp_path / "ray.zip"), True)
+    assert "c/shared/config" in zipfile.ZipFile(tmp_path / "ray.zip").namelist()
+    with pytest.raises(JobsError) as excinfo:
+        jobs_client.upload_excludes(wd)
+    assert any("c/shared -> " in p for p in excinfo.value.problems), excinfo.value.problems
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "http://127.0.0.1.evil.example:8265", "http://localhost@evil.example:8265",
+        "http://localhost:8265@evil.example", "http://localhost\\@evil.example",
+        "http://evil.example#@localhost", "http://evil.example:8265?x=@localhost",
+        "HTTP://evil.example:8265", "Http://evil.example", "evil.example:8265",
+        " evil.example:8265 ", "0.0.0.0:8265", "http://127.0.0.1:8265\t@evil.example",
+    ],
+)  # fmt: skip
+def test_a_token_is_refused_to_every_spelling_of_a_remote_http_host(address: str) -> None:
+    """The scheme is case-insensitive (HTTP:// was refused as not an http URL at all), and
+    user info, fragments and look-alike names never make a remote host loopback."""
+    with pytest.raises(JobsError, match="would travel in clear"):
+        jobs_client.check_transport(jobs_client.resolve_address(address), "t")
+
+
+def test_an_upper_case_scheme_is_http() -> None:
+    assert jobs_client.resolve_address("HTTP://LocalHost:8265") == "http://LocalHost:8265"
+    assert jobs_client.resolve_address("HTTPS://head:443/") == "https://head:443"
+    jobs_client.check_transport(jobs_client.resolve_address("HTTP://localhost:8265"), "t")
+
+
 def test_a_401_after_sending_a_token_says_the_token_was_refused() -> None:
     from ray._private.authentication.http_token_authentication import (
         format_authentication_http_error,
