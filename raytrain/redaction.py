@@ -88,7 +88,8 @@ def is_secret_name(name: str) -> bool:
 # Environment names run words together (``DBPASSWORD``): these parts count anywhere in one.
 _SECRET_ENV_PARTS = re.compile(
     r"PASSWORD|PASSWD|SECRET|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|ACCOUNT_?KEY|"
-    r"SERVICE_?ACCOUNT|CONNECTION_?STRING|AUTH_?TOKEN",
+    r"SERVICE_?ACCOUNT|CONNECTION_?STRING|AUTH_?TOKEN"
+    r"|(?:^|_)PASS(?:$|_)|(?:^|_)PW$|_KEY$",  # DB_PASS, SMTP_PASS, KAGGLE_KEY
     re.IGNORECASE,
 )
 

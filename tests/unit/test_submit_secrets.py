@@ -251,6 +251,8 @@ def test_a_401_after_sending_a_token_says_the_token_was_refused() -> None:
         ("MLFLOW_TRACKING_URI", "https://alice:pw@mlflow.example.com"),
         ("MLFLOW_TRACKING_PASSWORD", "x"), ("HF_TOKEN", "x"), ("DBPASSWORD", "x"),
         ("AWS_SECRET_ACCESS_KEY", "x"), ("DATA_URL", "https://a.blob.core.windows.net/c?sig=x"),
+        ("DB_PASS", "x"), ("SMTP_PASS", "x"), ("KAGGLE_KEY", "x"), ("ACCESSTOKEN", "x"),
+        ("REDIS_URL", "redis://:pw@cache:6379"), ("API_HEADERS", "Authorization: Basic dTpw"),
     ],
 )  # fmt: skip
 def test_credentials_in_env_are_warned_about(name: str, value: str) -> None:
