@@ -249,14 +249,19 @@ class MlflowTracker:
             if example is not None:
                 from mlflow.models import infer_signature
 
-                with torch.no_grad():
-                    output = model(example)
-                array = example.numpy()
+                # torch.export cannot trace every forward, and a declared example need not
+                # fit forward, nor convert to numpy (bfloat16): each falls back to pickle
                 try:
+                    with torch.no_grad():
+                        output = model(example)
+                    if not isinstance(output, torch.Tensor):
+                        raise TypeError(f"forward returns a {type(output).__name__}, not a tensor")
+                    array = example.detach().cpu().numpy()
+                    signature = infer_signature(array, output.detach().cpu().numpy())
                     info = log(serialization_format="pt2", input_example=array,
-                               signature=infer_signature(array, output.numpy()))  # fmt: skip
+                               signature=signature)  # fmt: skip
                     fmt = "pt2"
-                except Exception as exc:  # torch.export cannot trace every forward
+                except Exception as exc:
                     fmt = f"pickle (pt2 failed: {type(exc).__name__}: {str(exc)[:300]})"
             else:
                 fmt = "pickle (no input example to trace forward with)"

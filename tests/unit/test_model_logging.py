@@ -79,6 +79,46 @@ def test_a_model_without_example_input_array_is_logged_and_registered(
     assert mlflow.pytorch.load_model("models:/wide/1") is not None
 
 
+class _WrongExample(DigitsCNN):
+    """A declared example that does not fit forward (14 values, not 64)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.example_input_array = torch.zeros(2, 7)
+
+
+class _Bfloat16Example(DigitsCNN):
+    """A bfloat16 example: numpy has no such type."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.example_input_array = torch.zeros(2, 64, dtype=torch.bfloat16)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return super().forward(pixels.float())
+
+
+class _TupleOutput(DigitsCNN):
+    def forward(self, pixels: torch.Tensor) -> Any:
+        logits = super().forward(pixels)
+        return logits, logits.sum()
+
+
+@pytest.mark.parametrize("cls", [_WrongExample, _Bfloat16Example, _TupleOutput])
+def test_a_declared_example_that_cannot_be_traced_still_logs_the_model(
+    digits_dir: Path, tmp_path: Path, store: str, cls: type
+) -> None:
+    """Each raised out of log_model before (the model was not logged)."""
+    from raytrain.tracking import MlflowTracker
+
+    job = _job(digits_dir, tmp_path, store, "tests.integration.models:PlainCNN")
+    tracker, _ = MlflowTracker.open(job, job.tracking.mlflow.tracking_uri)
+    assert tracker.log_model(cls().eval(), job=job)
+    tags = _tags(tracker)
+    assert tags["raytrain.model_format"].startswith("pickle (pt2 failed: ")
+    assert tags["raytrain.model_input_example"] == "example_input_array"
+
+
 def test_register_as_that_fails_ends_the_run_with_exit_1(
     digits_dir: Path, tmp_path: Path, store: str
 ) -> None:
