@@ -130,7 +130,26 @@ def _check_out(out: str) -> str:
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
         raise StorageError(f"{out}: {parent} is a file, not a folder")
+    if os.path.lexists(path) and not os.path.islink(path) and not os.path.isfile(path):
+        # a FIFO, a socket or a device (/dev/null): the rename would replace it by a file
+        raise StorageError(f"{out}: is not a regular file; name the file to write")
     return path
+
+
+def _check_not_inside(out: str, path: str, checkpoint: str) -> None:
+    """Refuse an ``out`` inside the local ``checkpoint`` (its folder or its file, through
+    links): the rename would replace a committed checkpoint by its weights, or add to it."""
+    if storage.is_uri(checkpoint):
+        return
+    source = os.path.realpath(storage.resolve(checkpoint))
+    if os.path.basename(source) == CKPT_FILE:  # the file inside a checkpoint folder
+        source = os.path.dirname(source)
+    target = os.path.realpath(path)
+    if target == source or target.startswith(source.rstrip(os.sep) + os.sep):
+        raise StorageError(
+            f"{out}: is inside the checkpoint {checkpoint}; write the weights elsewhere "
+            "(exporting never changes a checkpoint)"
+        )
 
 
 def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
@@ -140,6 +159,7 @@ def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
     import torch
 
     path = _check_out(out)
+    _check_not_inside(out, path, checkpoint)
     save_file = None
     if path.endswith(".safetensors"):
         try:

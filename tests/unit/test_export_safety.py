@@ -253,6 +253,29 @@ def test_export_to_a_folder_or_under_a_file_is_one_line_exit_2(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1", "notes.txt", "target"]
 
 
+def test_export_never_writes_into_the_checkpoint_or_over_a_special_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OUT naming the checkpoint's own file replaced a committed checkpoint by its weights;
+    OUT a FIFO (or /dev/null, as root) was replaced by a regular file."""
+    folder = _checkpoint(tmp_path / "checkpoint_1", {"state_dict": _state()})
+    ckpt = folder / "checkpoint.ckpt"
+    before = ckpt.read_bytes()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.pt"
+    link.symlink_to(ckpt)
+    cases = [(folder, ckpt), (ckpt, ckpt), (folder, folder / "model.pt"),
+             (ckpt, folder / "model.pt"), (folder, link), (folder, fifo)]  # fmt: skip
+    for source, out in cases:
+        code, err = _export(capsys, source, out)
+        assert code == EXIT_BAD_INPUT, (source, out)
+        assert _one_line(err).startswith(f"error: {out}: "), err
+    assert ckpt.read_bytes() == before
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.ckpt"]
+    assert fifo.is_fifo() and link.is_symlink()
+
+
 def test_a_resume_checks_the_checkpoint_then_lightning_restores_it_weights_only(
     tmp_path: Path,
 ) -> None:
