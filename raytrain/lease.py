@@ -117,10 +117,27 @@ def _pid_alive(pid: int) -> bool:
 def check_free(run_dir: str, options: StorageSpec | None = None, *, force: bool = False) -> None:
     """Refuse (``RunStateError``) when a live run holds ``run_dir``; writes nothing. Run
     before anything starts, so a second run is refused in a second, not after Ray starts."""
+    _check_folder(run_dir)
     holder = read_holder(run_dir, options)
     now = time.time()
     if holder is not None and not force and not is_stale(holder, now):
         raise _in_use(run_dir, holder, now)
+
+
+def _check_folder(run_dir: str) -> None:
+    """Refuse (``RunStateError``) a local run folder that is a file, or is under one: the
+    lease could not be made there, after Ray had started."""
+    if storage.is_uri(run_dir):
+        return
+    path = folder = storage.resolve(run_dir)
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    if path and not os.path.isdir(path):
+        where = "is a file" if path == folder else f"would be under {path}, a file"
+        raise RunStateError(
+            f"name: {run_dir}: the run's folder {where}, not a folder; move it, or choose "
+            "another name or checkpoint.storage"
+        )
 
 
 def _in_use(run_dir: str, holder: Holder, now: float) -> RunStateError:
@@ -182,6 +199,7 @@ class Lease:
         always False on object stores (the caller then reads and writes)."""
         if storage.is_uri(self.path):
             return False
+        _check_folder(self.run_dir)
         path = storage.resolve(self.path)
         self._made_folder = not os.path.exists(os.path.dirname(path))
         os.makedirs(os.path.dirname(path), exist_ok=True)

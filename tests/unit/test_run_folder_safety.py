@@ -235,6 +235,20 @@ def test_a_deeply_nested_lease_counts_as_stale(tmp_path: Path) -> None:
     lease.Lease(str(run)).acquire().release()
 
 
+@pytest.mark.parametrize(("sub", "says"), [("", "is a file"), ("job", "under")])
+def test_a_run_folder_that_is_a_file_is_refused_before_anything_starts(
+    tmp_path: Path, sub: str, says: str
+) -> None:
+    """It passed every check before Ray; the lease then failed with FileExistsError."""
+    (tmp_path / "runs").write_text("notes")
+    run = tmp_path / "runs" / sub if sub else tmp_path / "runs"
+    with pytest.raises(RunStateError, match=f"name: {run}: the run's folder .*{says}"):
+        lease.check_free(str(run))
+    with pytest.raises(RunStateError, match=f"name: {run}: the run's folder .*{says}"):
+        lease.Lease(str(run)).acquire()
+    assert (tmp_path / "runs").read_text() == "notes"
+
+
 def test_a_run_that_wrote_nothing_leaves_no_folder(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "job"
     held = lease.Lease(str(run)).acquire()
