@@ -159,7 +159,6 @@ def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
     import torch
 
     path = _check_out(out)
-    _check_not_inside(out, path, checkpoint)
     save_file = None
     if path.endswith(".safetensors"):
         try:
@@ -169,7 +168,8 @@ def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
                 f"{out}: safetensors is not installed (pip install safetensors), or name "
                 "the file .pt for torch format"
             ) from None
-    state = checkpoint_weights(checkpoint)
+    state = checkpoint_weights(checkpoint)  # first: what is not a checkpoint is said so
+    _check_not_inside(out, path, checkpoint)
     partial = f"{path}.partial-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
