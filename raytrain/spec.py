@@ -93,17 +93,13 @@ def _refuse_bool(value: Any, depth: int = 0) -> None:
 
 
 def _check_location(value: str) -> str:
-    """A path or URI: ``file://`` takes no host part (``file://runs`` would be the host
-    ``runs`` and the path ``/``): ``file:///abs/path``, ``file://localhost/abs/path``."""
-    from urllib.parse import urlparse
+    """A path or URI that can name a store (``storage.location_problem``): no host in a
+    ``file://`` URI, no credentials in any URI."""
+    from raytrain.storage import location_problem
 
-    if value[:5].lower() == "file:":
-        host = urlparse(value).netloc
-        if host not in ("", "localhost"):
-            raise ValueError(
-                f"a file:// URI with a host part ({host!r}) is not a local path: use "
-                "file:///absolute/path or a plain path"
-            )
+    problem = location_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 

@@ -54,22 +54,34 @@ def is_uri(location: str) -> bool:
     return len(scheme) > 1 and scheme != "file"
 
 
-def resolve(location: str) -> str:
-    """An absolute local path, or the URI unchanged; ``file://`` URIs become paths.
+def location_problem(location: str) -> str | None:
+    """Why ``location`` cannot name a store, or None. ``file://runs`` is not the folder
+    ``runs``: ``runs`` is the URI's host and its path is empty, so a ``file://`` URI with a
+    host (but ``localhost``) is refused, not read as some other folder. A URI never carries
+    credentials (``s3://user:secret@bucket``): they come from the provider's chain; Azure's
+    ``abfs://container@account...`` names a container, not a user."""
+    parsed = urlparse(location)
+    scheme = parsed.scheme.lower()
+    if scheme == "file" and parsed.netloc not in ("", "localhost"):
+        return (f"a file:// URI with a host part ({parsed.netloc!r}) is not a local path: "
+                "use file:///absolute/path or a plain path")  # fmt: skip
+    user, at, _ = parsed.netloc.rpartition("@")
+    if at and (scheme not in AZURE_SCHEMES or ":" in user):
+        return ("credentials do not belong in the spec, nor in a storage URI: they come from "
+                "the provider's standard variables, profiles or instance roles")  # fmt: skip
+    return None
 
-    ``file://runs`` is not the folder ``runs``: ``runs`` is the URI's host, and its path is
-    empty. Such a URI (any host but ``localhost``) is refused, not read as some other folder.
-    """
+
+def resolve(location: str) -> str:
+    """An absolute local path, or the URI unchanged; ``file://`` URIs become paths. A
+    location with a ``location_problem`` is a ``StorageError``."""
+    problem = location_problem(location)
+    if problem is not None:
+        raise StorageError(f"{location}: {problem}")  # errors mask the URI themselves
     if is_uri(location):
         return location.rstrip("/") if location.count("/") > 2 else location
     if location[:5].lower() == "file:":
-        parsed = urlparse(location)
-        if parsed.netloc not in ("", "localhost"):
-            raise StorageError(
-                f"{location}: a file:// URI with a host part ({parsed.netloc!r}) is not a "
-                "local path: use file:///absolute/path or a plain path"
-            )
-        location = parsed.path
+        location = urlparse(location).path
     return os.path.abspath(os.path.expanduser(location))
 
 

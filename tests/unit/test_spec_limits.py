@@ -131,6 +131,14 @@ def test_override_values_have_the_same_limits(override: str, field: str, says: s
         ("tracking.mlflow.experiment=a/b", "tracking.mlflow.experiment", "pattern"),
         ("tracking.mlflow.experiment=a..b", "tracking.mlflow.experiment", "'..'"),
         ("name=a..b", "name", "'..'"),
+        ("checkpoint.storage=s3://u:hunter2@bucket/x", "checkpoint.storage", "credentials"),
+        ("data.train.uri=s3://AKIAX:pw@b/x", "data.train.uri", "credentials"),
+        ("data.val.uri=gs://user@bucket/x", "data.val.uri", "credentials"),
+        (
+            "checkpoint.storage=abfs://c:key@acct.dfs.core.windows.net/x",
+            "checkpoint.storage",
+            "credentials",
+        ),
     ],
 )
 def test_hostile_values_are_refused_naming_the_field(override: str, field: str, says: str) -> None:
@@ -138,6 +146,7 @@ def test_hostile_values_are_refused_naming_the_field(override: str, field: str, 
         load_spec(copy.deepcopy(BASE), [override])
     (problem,) = info.value.problems
     assert problem.startswith(f"{field}: ") and says in problem, problem
+    assert not any(secret in problem for secret in ("hunter2", ":pw@", ":key@"))
 
 
 @pytest.mark.parametrize(
@@ -147,6 +156,8 @@ def test_hostile_values_are_refused_naming_the_field(override: str, field: str, 
         "strategy.fsdp.cpu_offload=false",
         "checkpoint.storage=file:///tmp/x",
         "checkpoint.storage=file://localhost/tmp/x",
+        "checkpoint.storage=abfs://container@acct.dfs.core.windows.net/runs",
+        "data.train.uri=s3://bucket/key@v2/x",
         "tracking.mlflow.experiment=My experiment 2",
         "model.init_args={flag: true}",
         "trainer.seed=4294967295",
