@@ -48,8 +48,12 @@ def test_a_job_bigger_than_the_head_makes_the_autoscaler_add_nodes(
                            scaling={"num_workers": 2,
                                     "resources_per_worker": {"CPU": 1, SLOT: 1}})  # fmt: skip
         write_spec(wd / "spec.yaml", spec)
+        # No uploaded working dir: the fake provider's nodes share the head's temp dir, and a
+        # trainer node unpacking the job's package into the shared runtime_resources once
+        # deleted the driver's working dir under it (FileNotFoundError at its next import).
+        # This machine is the cluster, so the spec's own path works on it.
         handle = raytrain.submit(
-            wd / "spec.yaml", address=head.dashboard_url, token=head.token, working_dir=wd
+            wd / "spec.yaml", address=head.dashboard_url, token=head.token, working_dir=None
         )
         assert handle.wait(timeout_s=600) == "SUCCEEDED", handle.logs()
         assert node_slots(head).count(1) >= 2, node_slots(head)  # a trainer node per worker
