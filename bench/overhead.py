@@ -131,7 +131,7 @@ def run_raytrain(
     }  # fmt: skip
     path = work / f"{model}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    cmd = [sys.executable, "-m", "raytrain.cli", "run", str(path), "--fresh", "--json"]
+    cmd = [sys.executable, "-m", "raytrain", "run", str(path), "--fresh", "--json"]
     figures, stdout = _run(cmd, timing, _env(cpus))
     timings = json.loads(stdout.strip().splitlines()[-1])["timings"]
     # FitResult.timings count from fit()'s start; the first step ties them to the launch

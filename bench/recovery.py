@@ -73,7 +73,7 @@ def main() -> None:
     kills = [int(k) for k in args.kills.split(",")]
 
     from raytrain.datasets.digits import write_splits
-    from raytrain.ray_runtime import DATA_CPUS, start_local
+    from raytrain.driver.ray_runtime import DATA_CPUS, start_local
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

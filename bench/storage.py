@@ -98,7 +98,8 @@ def ingest_raw(fs, path: str) -> int:
 
 def ingest_raytrain(options, path: str) -> int:
     """raytrain's streamed path: Ray Data reads, 2 shards consumed as torch batches."""
-    from raytrain.data import ShardBatches, read_source
+    from raytrain.data.loaders import ShardBatches
+    from raytrain.data.sources import read_source
     from raytrain.spec import SourceSpec
 
     ds = read_source(SourceSpec(uri=f"s3://{path}"), ["x", "label"], options)
@@ -176,7 +177,7 @@ def main() -> None:
         work = Path(tmp)
         s3_client(endpoint).create_bucket(Bucket=BUCKET)
         fs, options = _filesystem(endpoint)
-        from raytrain.ray_runtime import DATA_CPUS, start_local
+        from raytrain.driver.ray_runtime import DATA_CPUS, start_local
 
         ray_handle = start_local(2 + DATA_CPUS)  # sized as raytrain sizes a 2-worker run
         path, rows, nbytes = write_ingest_data(fs, args.ingest_mb)

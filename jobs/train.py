@@ -8,7 +8,7 @@ checkout's own code is used) and ``RAY_ADDRESS`` set, so the run joins the clust
 
 import sys
 
-from raytrain.cli import run
+from raytrain.cli.app import run
 
 if __name__ == "__main__":
     run(["run", *sys.argv[1:]])

@@ -12,8 +12,8 @@ from raytrain.errors import (
     TrackingError,
     TrainingFailed,
 )
-from raytrain.jobs_client import JobHandle, JobsError, attach, list_jobs, submit
 from raytrain.spec import JobSpec, load_spec
+from raytrain.submit.client import JobHandle, JobsError, attach, list_jobs, submit
 
 __all__ = [
     "FitResult",
@@ -38,7 +38,7 @@ __all__ = [
 def __getattr__(name: str):
     # The launcher pulls in Ray and Lightning; load it only when it is used.
     if name in ("fit", "validate", "FitResult"):
-        from raytrain import launcher
+        from raytrain.driver import launcher
 
         return getattr(launcher, name)
     raise AttributeError(f"module 'raytrain' has no attribute {name!r}")

@@ -7,7 +7,7 @@ with a code that scripts can test for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from raytrain.redaction import redact
 
@@ -67,3 +67,26 @@ class ModelNotRegistered(RaytrainError):
     not be logged or registered: a script that deploys it must not go on as if it were."""
 
     exit_code = EXIT_FAILED
+
+
+def causes(error: BaseException | None, limit: int = 10) -> Iterator[BaseException]:
+    """``error`` and the errors it wraps, outermost first: a Ray task error's ``cause`` (the
+    worker's own exception), else ``__cause__``. At most ``limit`` deep, and never round a
+    loop: a chain that comes back to itself ends."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen and len(seen) < limit:
+        seen.add(id(error))
+        yield error
+        error = getattr(error, "cause", None) or error.__cause__
+
+
+def wraps(error: BaseException | None, kind: type[BaseException]) -> bool:
+    """Whether ``error`` is, or wraps, an error of type ``kind``. Matched by class name:
+    a worker's exception can arrive as Ray's dual-typed copy of it."""
+    return any(type(e).__name__ == kind.__name__ for e in causes(error))
+
+
+def root_cause(error: BaseException) -> str:
+    """The innermost error ``error`` wraps, as ``Type: message``."""
+    *_, innermost = causes(error, limit=100)
+    return f"{type(innermost).__name__}: {innermost}".strip()

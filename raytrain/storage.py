@@ -54,6 +54,11 @@ def is_uri(location: str) -> bool:
     return len(scheme) > 1 and scheme != "file"
 
 
+def is_relative_path(location: str) -> bool:
+    """Whether ``location`` is a relative local path (a URI, ``file://`` too, never is)."""
+    return "://" not in location and not os.path.isabs(location)
+
+
 def location_problem(location: str) -> str | None:
     """Why ``location`` cannot name a store, or None. ``file://runs`` is not the folder
     ``runs``: ``runs`` is the URI's host and its path is empty, so a ``file://`` URI with a
@@ -80,6 +85,12 @@ def resolve(location: str) -> str:
         raise StorageError(f"{location}: {problem}")  # errors mask the URI themselves
     if is_uri(location):
         return location.rstrip("/") if location.count("/") > 2 else location
+    return local_path(location)
+
+
+def local_path(location: str) -> str:
+    """The absolute path a local ``location`` names: a path (``~`` expanded) or a ``file:``
+    URI."""
     if location[:5].lower() == "file:":
         location = urlparse(location).path
     return os.path.abspath(os.path.expanduser(location))

@@ -26,7 +26,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def run_cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 600) -> tuple:
     """``raytrain run jobs/digits.yaml ARGS --json``: (exit code, parsed result, stderr)."""
-    cmd = [sys.executable, "-m", "raytrain.cli", "run", str(ROOT / "jobs" / "digits.yaml"),
+    cmd = [sys.executable, "-m", "raytrain", "run", str(ROOT / "jobs" / "digits.yaml"),
            "--json", "data.prepare=null", *args]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
     lines = proc.stdout.strip().splitlines()

@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A local Ray with room for 2 training workers plus Ray Data's budget."""
-    from raytrain.ray_runtime import DATA_CPUS, start_local
+    from raytrain.driver.ray_runtime import DATA_CPUS, start_local
 
     handle = start_local(2 + DATA_CPUS)
     yield

@@ -260,7 +260,7 @@ class NodeEventsCNN(SeenCountCNN):
             open(marker, "w").close()
             self._record("doomed", step=step, node=ray.get_runtime_context().get_node_id())
             if self.notice_wait:
-                from raytrain.preemption import ray_preemption_info
+                from raytrain.worker.preemption import ray_preemption_info
 
                 self._wait_until(lambda: ray_preemption_info() is not None)
             else:

@@ -32,7 +32,7 @@ def multinode_cluster(worker_nodes: int) -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    from raytrain import ray_runtime
+    from raytrain.driver import ray_runtime
 
     embedded_cpus = None
     if ray.is_initialized():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import raytrain
-from raytrain import data
+from raytrain.data import sources as data
 from tests.conftest import digits_spec
 
 pytestmark = pytest.mark.integration

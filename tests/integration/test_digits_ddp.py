@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import raytrain
-from raytrain.checkpoint import CKPT_FILE
+from raytrain.checkpoints.layout import CKPT_FILE
 from tests.conftest import digits_spec, write_spec
 
 pytestmark = pytest.mark.integration
@@ -93,7 +93,7 @@ def test_changed_spec_under_same_name_is_refused(first_run) -> None:
 
 _NO_RAY_DRIVER = r"""
 import json, sys
-from raytrain.cli import main
+from raytrain.cli.app import main
 rc = main(sys.argv[1:])
 print(json.dumps({"rc": rc, "ray": "ray" in sys.modules}))
 """
@@ -130,7 +130,7 @@ def test_same_command_resumes_from_last_step(first_run, work: Path) -> None:
     path = write_spec(work / "job.yaml", spec)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     proc = subprocess.run(
-        [sys.executable, "-m", "raytrain.cli", "run", str(path),
+        [sys.executable, "-m", "raytrain", "run", str(path),
          f"trainer.max_epochs={EPOCHS + 1}", "--json"],
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip

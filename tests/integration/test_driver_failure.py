@@ -34,7 +34,7 @@ def test_killed_driver_resumes_in_the_same_mlflow_run(digits_dir: Path, tmp_path
     args = [f"data.train.uri={digits_dir / 'train'}", f"data.val.uri={digits_dir / 'val'}",
             "model.class_path=tests.integration.models:SlowCNN", "trainer.max_epochs=4",
             "trainer.log_every_n_steps=5", "data.prepare=null"]  # fmt: skip
-    cmd = [sys.executable, "-m", "raytrain.cli", "run", str(ROOT / "jobs" / "digits.yaml"), *args]
+    cmd = [sys.executable, "-m", "raytrain", "run", str(ROOT / "jobs" / "digits.yaml"), *args]
     run_dir = tmp_path / "runs" / "digits-cnn"
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(cmd, env=cli_env(), cwd=tmp_path, stdout=log,

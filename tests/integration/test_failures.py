@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import raytrain
-from raytrain import runstate
+from raytrain.driver import runstate
 from raytrain.spec import parse_spec
 from tests.conftest import digits_spec
 
@@ -84,7 +84,7 @@ def test_nan_loss_on_one_rank_stops_the_run_unretried(
 
     from mlflow.tracking import MlflowClient
 
-    from raytrain.checkpoint import META_FILE, latest_committed
+    from raytrain.checkpoints.layout import META_FILE, latest_committed
 
     attempts = tmp_path / "attempts"
     spec = digits_spec(

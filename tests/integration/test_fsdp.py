@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import raytrain
-from raytrain.checkpoint import CKPT_FILE, META_FILE
+from raytrain.checkpoints.export import export_checkpoint
+from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
 from raytrain.datasets.text import write_splits
-from raytrain.export import export_checkpoint
 from raytrain.models.tinygpt import TinyGPT
 from tests.integration.models import probe_loss
 

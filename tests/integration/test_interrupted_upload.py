@@ -65,7 +65,7 @@ def test_interrupted_upload_is_never_resumed_and_is_removed(
 
     with s3_proxy(s3_endpoint) as proxy:
         stalled = proxy.stall_when(second_file_of_second_folder)
-        cmd = [sys.executable, "-m", "raytrain.cli", "run", str(ROOT / "jobs" / "digits.yaml"),
+        cmd = [sys.executable, "-m", "raytrain", "run", str(ROOT / "jobs" / "digits.yaml"),
                "--json", *args, f"storage.s3.endpoint_url={proxy.endpoint}"]  # fmt: skip
         with open(tmp_path / "first.log", "w") as log:
             proc = subprocess.Popen(cmd, env=cli_env(), cwd=tmp_path, stdout=log,

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import raytrain
-from raytrain.checkpoint import CKPT_FILE, META_FILE
+from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
 from tests.conftest import digits_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

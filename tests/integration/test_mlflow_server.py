@@ -55,7 +55,7 @@ def test_a_run_records_everything_on_the_server(
     import pyarrow.parquet as pq
     import torch
 
-    from raytrain.export import trained_model
+    from raytrain.checkpoints.export import trained_model
     from raytrain.spec import load_spec
 
     monkeypatch.chdir(ROOT)  # a git checkout: the run records its commit
@@ -180,7 +180,7 @@ def test_raytrain_report_draws_and_tabulates_runs(
 ) -> None:
     from matplotlib.image import imread
 
-    from raytrain.report import build_report
+    from raytrain.tracking.report import build_report
 
     experiment = client.create_experiment("report-test")
     run_ids = []

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import raytrain
-from raytrain.checkpoint import CKPT_FILE, META_FILE
+from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
 from tests.conftest import digits_spec
 from tests.integration.multinode import (
     WORKER_RESOURCES,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import raytrain
-from raytrain.checkpoint import META_FILE
+from raytrain.checkpoints.layout import META_FILE
 from tests.conftest import digits_spec
 from tests.integration.test_worker_failure import STEPS_PER_EPOCH, read_events
 

@@ -22,7 +22,7 @@ _PIPELINE = r"""
 import json, os
 os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "1.5"  # the caller's own choice
 import ray  # (its import sets RAY_CLIENT_MODE; start_local's own import would be undone)
-from raytrain.ray_runtime import start_local
+from raytrain.driver.ray_runtime import start_local
 
 before = dict(os.environ)
 handle = start_local(1)

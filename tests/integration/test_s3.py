@@ -93,7 +93,7 @@ def test_a_checkpoint_on_s3_loads_for_model_logging_and_export(
     create the destination folder, which every read of an S3 checkpoint tripped on."""
     import torch
 
-    from raytrain.export import checkpoint_weights, trained_model
+    from raytrain.checkpoints.export import checkpoint_weights, trained_model
     from raytrain.models.digits import DigitsCNN
     from raytrain.spec import JobSpec, StorageSpec
     from tests.integration.s3_server import S3_ENV, s3_client

@@ -29,7 +29,7 @@ _DRIVER = r"""
 import json, sys
 import ray
 import raytrain
-from raytrain.ray_runtime import start_local
+from raytrain.driver.ray_runtime import start_local
 
 handle = start_local(4, object_store_memory=int(sys.argv[2]))
 try:

@@ -38,8 +38,8 @@ CASES = {
 def test_local_cpus_that_starve_ray_data_are_refused(
     digits_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from raytrain.driver.launcher import validate
     from raytrain.errors import SpecError
-    from raytrain.launcher import validate
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     spec = digits_spec(digits_dir, tmp_path)
@@ -58,7 +58,7 @@ LATE = {
 
 _DRIVER = r"""
 import contextlib, io, json, sys
-from raytrain.cli import main
+from raytrain.cli.app import main
 cases = json.loads(sys.argv[1])
 out = {}
 for name, argv in cases.items():

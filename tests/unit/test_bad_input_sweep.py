@@ -24,7 +24,7 @@ from tests.fresh_process import run_fresh
 
 _DRIVER = r"""
 import contextlib, io, json, sys, traceback
-from raytrain.cli import main
+from raytrain.cli.app import main
 cases = json.loads(sys.argv[1])
 out = {}
 for name, argv in cases.items():

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from raytrain.data import CachedBatches, step_slices
+from raytrain.data.loaders import CachedBatches, step_slices
 
 ROWS = 103
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from raytrain.checkpoint import (
+from raytrain.checkpoints.layout import (
     CKPT_FILE,
     SNAPSHOT_FILE,
     latest_committed,

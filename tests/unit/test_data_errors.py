@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raytrain.data import read_table
+from raytrain.data.sources import read_table
+from raytrain.driver.preflight import dataset_schema_names, tensor_type_problem
 from raytrain.errors import EXIT_FAILED, TrainingFailed
-from raytrain.preflight import dataset_schema_names, tensor_type_problem
 from raytrain.spec import SourceSpec
 
 

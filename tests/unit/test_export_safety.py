@@ -10,15 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from raytrain.cli import main
+from raytrain.checkpoints.export import checkpoint_weights, trained_model
+from raytrain.cli.app import main
 from raytrain.errors import EXIT_BAD_INPUT, EXIT_OK, StorageError
-from raytrain.export import checkpoint_weights, trained_model
 from raytrain.models.digits import DigitsCNN
 from raytrain.spec import JobSpec
 
 
 def _safe_load():
-    from raytrain import safe_load  # imported here: the CLI cases run against any version
+    from raytrain.checkpoints import (
+        safe_load,  # imported here: the CLI cases run against any version
+    )
 
     return safe_load
 

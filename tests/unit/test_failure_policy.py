@@ -1,6 +1,7 @@
-"""The driver's failure policy (``ray_trainer.RaytrainFailurePolicy``) without Ray running:
-a non-finite loss is never retried, preemptions are counted apart from failures, and each
-limit holds.
+"""The driver's failure policy (``driver.failure_policy``) without Ray running: a non-finite
+loss is never retried, preemptions are counted apart from failures, and each limit holds.
+The policy is asked as Ray Train's controller asks it, through ``_compat.ray_train``'s
+adapter in front of Ray's own default policy (which counts ``max_failures``).
 
 The inputs are what Ray Train's controller gives a policy: a ``WorkerGroupError`` (Ray's own
 public class) whose ``worker_failures`` map each rank to the exception it raised, as Ray
@@ -14,9 +15,10 @@ import pytest
 from ray.train import FailureConfig
 from ray.train.v2.api.exceptions import WorkerGroupError
 
+from raytrain._compat.ray_train import PolicyAdapter
+from raytrain.driver.failure_policy import Decision, FailurePolicy
 from raytrain.errors import NonFiniteLossError
-from raytrain.preemption import PreemptedError
-from raytrain.ray_trainer import RaytrainFailurePolicy
+from raytrain.worker.preemption import PreemptedError
 
 RETRY, RAISE = "RETRY", "RAISE"
 
@@ -34,13 +36,13 @@ def group_error(*errors: BaseException) -> WorkerGroupError:
     return WorkerGroupError("worker errors", dict(enumerate(errors)))
 
 
-def decide(policy: RaytrainFailurePolicy, *errors: BaseException) -> str:
+def decide(policy: PolicyAdapter, *errors: BaseException) -> str:
     return policy.make_decision(group_error(*errors)).value
 
 
-def policy(max_failures: int = 0, max_preemptions: int = -1) -> RaytrainFailurePolicy:
+def policy(max_failures: int = 0, max_preemptions: int = -1) -> PolicyAdapter:
     config = FailureConfig(max_failures=max_failures, max_preemption_failures=max_preemptions)
-    return RaytrainFailurePolicy(config)
+    return PolicyAdapter(config, FailurePolicy(max_preemptions))
 
 
 def _nan() -> NonFiniteLossError:
@@ -117,3 +119,12 @@ def test_a_cause_chain_that_loops_does_not_hang_the_driver() -> None:
     error.cause = error  # a chain that comes back to itself
     p = policy(max_failures=1)
     assert decide(p, error) == RETRY  # an ordinary failure, decided
+
+
+def test_the_policy_alone_defers_ordinary_failures_to_ray() -> None:
+    # the pure policy: no Ray objects in, a Decision out
+    alone = FailurePolicy(max_preemptions=0)
+    assert alone.decide([RuntimeError("worker died")]) is Decision.DEFER
+    assert alone.decide([]) is Decision.DEFER  # a lost node: no worker's exception
+    assert alone.decide([_nan()]) is Decision.RAISE
+    assert alone.decide([PreemptedError("SIGTERM")]) is Decision.RAISE  # over its limit of 0

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from raytrain import data, preflight
+from raytrain.data import sources as data
+from raytrain.driver import preflight
 from raytrain.spec import SourceSpec, parse_spec
 from tests.conftest import digits_spec
 

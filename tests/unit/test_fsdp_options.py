@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from raytrain.cli import main
+from raytrain.checkpoints.export import export_checkpoint
+from raytrain.cli.app import main
 from raytrain.errors import EXIT_BAD_INPUT, SpecError
-from raytrain.export import export_checkpoint
 from raytrain.models.tinygpt import Block, TinyGPT
 from raytrain.spec import load_spec
-from raytrain.strategy import module_classes
+from raytrain.worker.strategy import module_classes
 
 
 def test_fsdp_options_are_validated_by_name() -> None:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from raytrain import preemption
 from raytrain.errors import NonFiniteLossError
-from raytrain.guards import FiniteGuard, PreemptionGuard
-from raytrain.preemption import PreemptedError
+from raytrain.worker import preemption
+from raytrain.worker.guards import FiniteGuard, PreemptionGuard
+from raytrain.worker.preemption import PreemptedError
 
 
 @dataclass

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from raytrain import cli, jobs_client
-from raytrain.jobs_client import JobsError, resolve_address, resolve_token
+from raytrain.cli import app as cli
+from raytrain.submit import client as jobs_client
+from raytrain.submit.client import JobsError, resolve_address, resolve_token
 from tests.conftest import digits_spec, write_spec
 
 # A loopback port nothing listens on: connecting there fails at once.

@@ -33,7 +33,7 @@ def _job(digits_dir: Path, work: Path, store: str, model: str, **mlflow: Any) ->
 def test_the_input_example_comes_from_the_model_else_the_data(
     digits_dir: Path, tmp_path: Path, store: str
 ) -> None:
-    from raytrain.model_example import input_example
+    from raytrain.tracking.model_example import input_example
 
     job = _job(digits_dir, tmp_path, store, "tests.integration.models:PlainCNN")
     example, source = input_example(DigitsCNN(), job)
@@ -54,7 +54,7 @@ def test_a_model_without_example_input_array_is_logged_and_registered(
 ) -> None:
     import mlflow.pytorch
 
-    from raytrain.tracking import MlflowTracker
+    from raytrain.tracking.mlflow_tracker import MlflowTracker
 
     job = _job(digits_dir, tmp_path, store, "tests.integration.models:PlainCNN",
                register_as="plain")  # fmt: skip
@@ -109,7 +109,7 @@ def test_a_declared_example_that_cannot_be_traced_still_logs_the_model(
     digits_dir: Path, tmp_path: Path, store: str, cls: type
 ) -> None:
     """Each raised out of log_model before (the model was not logged)."""
-    from raytrain.tracking import MlflowTracker
+    from raytrain.tracking.mlflow_tracker import MlflowTracker
 
     job = _job(digits_dir, tmp_path, store, "tests.integration.models:PlainCNN")
     tracker, _ = MlflowTracker.open(job, job.tracking.mlflow.tracking_uri)
@@ -122,7 +122,7 @@ def test_a_declared_example_that_cannot_be_traced_still_logs_the_model(
 def test_register_as_that_fails_ends_the_run_with_exit_1(
     digits_dir: Path, tmp_path: Path, store: str
 ) -> None:
-    from raytrain.run_record import RunRecord
+    from raytrain.driver.run_record import RunRecord
 
     # a checkpoint that does not fit the spec's model: the model cannot be built from it
     folder = tmp_path / "checkpoint_000001"

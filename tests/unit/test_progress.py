@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import math
 
-from raytrain.progress import ProgressLine
+from raytrain.driver.progress import ProgressLine
 
 
 class _Tty(io.StringIO):

@@ -3,7 +3,7 @@ shutdown, without Ray (the real start is in tests/integration/test_ray_runtime.p
 
 from __future__ import annotations
 
-from raytrain.ray_runtime import EnvChanges, RayHandle
+from raytrain.driver.ray_runtime import EnvChanges, RayHandle
 
 
 def test_undo_removes_what_was_added_and_restores_what_was_changed() -> None:
@@ -48,7 +48,7 @@ def test_a_handle_without_a_cluster_restores_on_shutdown_once() -> None:
 
 
 def test_the_integration_test_pins_the_embedded_variables() -> None:
-    from raytrain.ray_runtime import EMBEDDED_ENV
+    from raytrain.driver.ray_runtime import EMBEDDED_ENV
     from tests.integration.test_ray_runtime import EMBEDDED
 
     assert EMBEDDED == EMBEDDED_ENV

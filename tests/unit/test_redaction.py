@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from raytrain import runstate
+from raytrain.driver import runstate
+from raytrain.driver.run_record import RunRecord
 from raytrain.errors import RunStateError, TrackingError
 from raytrain.redaction import REDACTED, is_secret_name, redact, redact_flat
-from raytrain.run_record import RunRecord
 from raytrain.spec import load_spec, parse_spec
-from raytrain.tracking import redacted_params
+from raytrain.tracking.mlflow_tracker import redacted_params
 from tests.conftest import digits_spec
 
 SECRET_NAMES = [
@@ -234,7 +234,7 @@ def test_a_refused_resume_masks_credential_values(tmp_path: Path, digits_dir: Pa
 def test_every_error_message_is_redacted(
     tmp_path: Path, digits_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from raytrain import cli
+    from raytrain.cli import app as cli
     from raytrain.errors import SpecError
     from tests.conftest import write_spec
 

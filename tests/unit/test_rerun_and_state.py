@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from raytrain import launcher, runstate
+from raytrain.driver import run_folder, runstate
 from raytrain.errors import RunStateError
 from raytrain.spec import load_spec
 from tests.conftest import digits_spec, write_spec
@@ -25,7 +25,7 @@ class NoRay:
         if name == "ray" or name.startswith("ray."):
             raise ImportError("this test forbids importing ray")
 sys.meta_path.insert(0, NoRay())
-from raytrain.cli import main
+from raytrain.cli.app import main
 err, out = io.StringIO(), io.StringIO()
 with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
     try:
@@ -104,7 +104,7 @@ def test_complete_means_lightning_would_train_nothing(
         "data": {"train": {"uri": str(tmp_path)}},
         "trainer": overrides,
     }
-    assert launcher._trained_to_limits(metrics, load_spec(tree)) is complete
+    assert run_folder.trained_to_limits(metrics, load_spec(tree)) is complete
 
 
 def test_a_run_whose_last_attempt_failed_is_resumed_not_called_complete(
@@ -115,7 +115,7 @@ def test_a_run_whose_last_attempt_failed_is_resumed_not_called_complete(
     state = runstate.load(job)
     state.status = "FAILED"  # e.g. the driver died logging the model: the rerun logs it
     runstate.save(job, state)
-    assert launcher._already_complete(job, runstate.load(job), 0.0) is None
+    assert run_folder.already_complete(job, runstate.load(job), 0.0) is None
 
 
 @pytest.mark.parametrize(
@@ -135,9 +135,9 @@ def test_broken_state_file_blocks_a_resume_but_not_fresh(
     folder.mkdir(parents=True)
     (folder / runstate.STATE_FILE).write_bytes(content)
     with pytest.raises(RunStateError, match=r"raytrain-run\.json: the run's state file cannot"):
-        launcher._check_resumable(job, fresh=False, resume_anyway=False)
+        run_folder.check_resumable(job, fresh=False, resume_anyway=False)
     with pytest.raises(RunStateError):
-        launcher._check_resumable(job, fresh=False, resume_anyway=True)
+        run_folder.check_resumable(job, fresh=False, resume_anyway=True)
     # --fresh: a state stands for the file, so that the run's folder is deleted and started
     # over (``_open_run`` deletes it when there is a state to start over from)
-    assert launcher._check_resumable(job, fresh=True, resume_anyway=False) is not None
+    assert run_folder.check_resumable(job, fresh=True, resume_anyway=False) is not None

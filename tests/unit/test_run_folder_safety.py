@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from raytrain import lease
-from raytrain.checkpoint import SCORE_KEY, SNAPSHOT_FILE, uncommitted
+from raytrain.checkpoints.layout import SCORE_KEY, SNAPSHOT_FILE, uncommitted
+from raytrain.driver import lease
 from raytrain.errors import RunStateError, StorageError
 
 OLD, LATEST, NEWER = (f"checkpoint_2026-12-02_03-{m}-00.000000" for m in ("10", "20", "30"))
@@ -91,7 +91,7 @@ def _odd_snapshot(latest: Any, metrics: Any) -> str:
     ids=["deep", "dotdot", "inner-dotdot", "list", "epoch-str", "epoch-inf", "step-bool"],
 )
 def test_a_snapshot_of_odd_shape_is_refused_naming_it(tmp_path: Path, text: str) -> None:
-    from raytrain.checkpoint import latest_committed
+    from raytrain.checkpoints.layout import latest_committed
 
     _folders(tmp_path, OLD, NEWER)
     (tmp_path / SNAPSHOT_FILE).write_text(text)
@@ -104,7 +104,7 @@ def test_a_snapshot_of_odd_shape_is_refused_naming_it(tmp_path: Path, text: str)
 def test_a_forced_takeover_deletes_no_upload_of_the_run_it_displaced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from raytrain.launcher import _drop_uncommitted
+    from raytrain.driver.run_folder import drop_uncommitted
     from raytrain.spec import parse_spec
     from tests.conftest import digits_spec
 
@@ -114,11 +114,11 @@ def test_a_forced_takeover_deletes_no_upload_of_the_run_it_displaced(
     _snapshot(run, [LATEST], LATEST)
     held = lease.Lease(str(run))
     held.displaced = _holder(pid=os.getpid())
-    _drop_uncommitted(job, held)
+    drop_uncommitted(job, held)
     assert (run / NEWER).exists()
     assert "may still be uploading" in capsys.readouterr().err
     held.displaced = None
-    _drop_uncommitted(job, held)
+    drop_uncommitted(job, held)
     assert not (run / NEWER).exists() and (run / LATEST).exists()
 
 
@@ -255,7 +255,7 @@ def _entries(*scores: float | None) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_best_checkpoint_by_score_newest_of_equals_recency_without_a_score() -> None:
-    from raytrain.launcher import best_of
+    from raytrain.driver.results import best_of
 
     # Ray's order: worst first, equal scores in report order
     assert best_of(_entries(0.1, 0.5, 0.9), "val_acc", "max") == "ckpt2"
@@ -269,7 +269,7 @@ def test_best_checkpoint_by_score_newest_of_equals_recency_without_a_score() -> 
 
 
 def test_monitor_missing_is_judged_once_a_validation_reported() -> None:
-    from raytrain.report_callback import monitor_missing
+    from raytrain.worker.reporting import monitor_missing
 
     assert monitor_missing("val_acc", {"train_loss": 1.0}, validated=False) is None
     assert monitor_missing("train_loss", {"train_loss": 1.0}, validated=False) == []
@@ -295,9 +295,9 @@ class _Tracker:
 def test_the_driver_warns_and_tags_the_run_when_the_monitor_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from raytrain.background import Background
-    from raytrain.checkpoint import MONITOR_MISSING
-    from raytrain.run_record import RunRecord
+    from raytrain.checkpoints.layout import MONITOR_MISSING
+    from raytrain.driver.background import Background
+    from raytrain.driver.run_record import RunRecord
     from raytrain.spec import parse_spec
     from tests.conftest import digits_spec
 

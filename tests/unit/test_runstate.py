@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from raytrain import runstate
+from raytrain.driver import runstate
 from raytrain.errors import RunStateError
 from raytrain.spec import load_spec, parse_spec
 from tests.conftest import digits_spec

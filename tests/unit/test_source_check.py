@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.source_check import is_lightning_module, top_level_names
+from raytrain.driver.source_check import is_lightning_module, top_level_names
 
 MODULES = {
     "pkg/__init__.py": "",

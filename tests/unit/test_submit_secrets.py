@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from raytrain import cli, jobs_client
-from raytrain.jobs_client import JobsError
+from raytrain.cli import app as cli
+from raytrain.submit import client as jobs_client
+from raytrain.submit.client import JobsError
 from tests.conftest import digits_spec, write_spec
 
 CLOSED = "http://127.0.0.1:9"  # loopback, nothing listens: connecting fails at once

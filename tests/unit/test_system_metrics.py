@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from raytrain.system_metrics import PREFIX, SystemMetrics
+from raytrain.worker.system_metrics import PREFIX, SystemMetrics
 
 STEP_TIME, DATA_WAIT, CPU = (f"{PREFIX}{k}" for k in ("step_time_s", "data_wait_fraction",
                                                       "cpu_percent"))  # fmt: skip

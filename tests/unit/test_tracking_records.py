@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.tracking import GIT_COMMIT_ENV, REDACTED, git_commit, redact, redacted_params
+from raytrain.provenance import GIT_COMMIT_ENV, git_commit
+from raytrain.redaction import REDACTED, redact
+from raytrain.tracking.mlflow_tracker import redacted_params
 
 
 def test_params_lose_credentials_and_keep_everything_else() -> None:

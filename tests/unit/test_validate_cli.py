@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raytrain.cli import main
+from raytrain.cli.app import main
 from tests.conftest import digits_spec, write_spec
 
 

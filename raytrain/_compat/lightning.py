@@ -1,0 +1,97 @@
+"""Lightning internals raytrain relies on, written for Lightning 2.6 (``versions.SUPPORTED``).
+
+- ``skip_sigterm_broadcast``: the fit loop's ``epoch_loop._broadcast_sigterm_tensor``, the
+  collective Lightning runs before every training batch under DDP.
+- ``set_epoch_length``: ``fit_loop._combined_loader.limits``, ``fit_loop.max_batches``,
+  ``fit_loop._data_fetcher.length`` and ``trainer.val_check_batch``: an epoch's length
+  after the loader was restored.
+- ``fsdp_strategy_class``: Ray's ``RayFSDPStrategy`` with ``_setup_model`` overridden
+  (CPU sharding, clipping by the root module), using
+  ``lightning.pytorch.strategies.fsdp._move_torchmetrics_to_device`` and
+  ``_setup_activation_checkpointing``, the strategy's ``_activation_checkpointing_kwargs``
+  and its precision plugin's ``clip_grad_by_norm``.
+
+``tests/unit/test_compat.py`` pins each on a real Trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def skip_sigterm_broadcast(trainer: Any) -> None:
+    """Drop the collective Lightning runs before every batch to agree on a SIGTERM.
+
+    Under DDP, Lightning broadcasts rank 0's "received SIGTERM" flag before every training
+    batch: a collective (and a sync point) per step. Its flag is never set here: Lightning
+    installs its handler only from the main thread, and Ray Train runs the train loop in
+    another. SIGTERM is a preemption notice that ``raytrain.worker.preemption`` records and
+    ``worker.guards.PreemptionGuard`` agrees on, about once a second of training.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    if not hasattr(loop, "_broadcast_sigterm_tensor"):
+        raise AttributeError("Lightning's training epoch loop has no _broadcast_sigterm_tensor")
+    loop._broadcast_sigterm_tensor = lambda: None
+
+
+def set_epoch_length(trainer: Any, length: int) -> None:
+    """Make ``length`` the current epoch's number of batches, as if Lightning had read it at
+    setup: its loop's limit, the fetcher of an epoch already iterating, and the validation
+    interval when it is a fraction of the epoch. No change when it already is."""
+    fit_loop = trainer.fit_loop
+    combined = fit_loop._combined_loader
+    if combined is None or length == fit_loop.max_batches:
+        return
+    combined.limits = [length]
+    fit_loop.max_batches = length
+    fetcher = fit_loop._data_fetcher
+    if fetcher is not None and fetcher.length is not None:  # already iterating this epoch
+        fetcher.length = length
+    if isinstance(trainer.val_check_interval, float) and trainer.val_check_batch != float("inf"):
+        trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))
+
+
+def fsdp_strategy_class() -> type:
+    """Ray's FSDP strategy, able to run on CPU workers (gloo) too.
+
+    Lightning hands FSDP ``device_id=root_device.index``, which is None for the CPU, and
+    torch's FSDP then looks for an accelerator and refuses a CPU-only machine; given the
+    CPU device itself it shards on the CPU. Lightning's FSDP precision plugin also refuses
+    to clip gradients by norm, for want of the root FSDP module (``torch.nn.utils``'s
+    clipping would see only this rank's shards); the strategy has it and clips with it.
+    """
+    import torch
+    from lightning.pytorch.strategies.fsdp import (
+        _move_torchmetrics_to_device,
+        _setup_activation_checkpointing,
+    )
+    from ray.train.lightning import RayFSDPStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    class RaytrainFSDPStrategy(RayFSDPStrategy):  # type: ignore[misc]
+        def _setup_model(self, model: Any) -> Any:
+            root = self._wrap(model)
+
+            def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
+                root.clip_grad_norm_(clip_val)  # a collective: every rank clips
+
+            self.precision_plugin.clip_grad_by_norm = clip_grad_by_norm
+            return root
+
+        def _wrap(self, model: Any) -> Any:
+            wrapped = any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+            if self.root_device.type != "cpu" or wrapped:
+                return super()._setup_model(model)
+            model = FullyShardedDataParallel(
+                module=model,
+                cpu_offload=self.cpu_offload,
+                mixed_precision=self.mixed_precision_config,
+                sharding_strategy=self.sharding_strategy,
+                device_id=torch.device("cpu"),
+                **self.kwargs,
+            )
+            _move_torchmetrics_to_device(model, self.root_device)
+            _setup_activation_checkpointing(model, self._activation_checkpointing_kwargs)
+            return model
+
+    return RaytrainFSDPStrategy

@@ -1,0 +1,194 @@
+"""Ray Train internals raytrain relies on, written for Ray 2.60 (``versions.SUPPORTED``).
+
+Ray Train V2's public API has no way to give its controller a failure policy, to skip the
+helper actors a single-machine run never uses, to keep the controller's handle, to run code
+in every worker process when the group starts, or to read a worker's preemption notice
+without a barrier. This module does each through ``ray.train.v2._internal`` and nowhere
+else does raytrain touch it. ``tests/unit/test_compat.py`` pins what each entry relies on.
+
+- ``ControllerTrainer``: ``TorchTrainer`` overriding ``_create_default_callbacks`` (adds
+  worker-group callbacks; drops ``PlacementGroupCleanerCallback`` and, without Ray
+  Datasets, ``DatasetsCallback`` when trimmed) and ``_initialize_and_run_controller``
+  (starts ``TrainController`` itself: on the driver's node, with 0 CPUs, with the policy
+  given, with a runtime env only when the cluster's processes lack the controller's
+  variables). Relies on those two methods' names and ``controller_kwargs`` keys
+  (``scaling_policy``, ``failure_policy``), and on ``_register_sigint_handler``.
+- ``PolicyAdapter``: ``DefaultFailurePolicy`` with a decision taken first
+  (``make_decision(training_failed_error)``, ``FailureDecision.RAISE/RETRY``).
+- ``LocalScalingPolicy``: ``FixedScalingPolicy`` without autoscaler requests.
+- ``OnWorkerGroupStart``: a ``WorkerGroupCallback`` (``after_worker_group_start``).
+- ``worker_preemption_info``: ``get_train_context().preemption_context.preemption_info``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import ray
+from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
+from ray._raylet import RAY_NODE_ID_KEY
+from ray.train.torch import TorchTrainer
+from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+from ray.train.v2._internal.callbacks.placement_group_callback import (
+    PlacementGroupCleanerCallback,
+)
+from ray.train.v2._internal.constants import (
+    DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
+    get_env_vars_to_propagate,
+)
+from ray.train.v2._internal.execution.callback import WorkerGroupCallback
+from ray.train.v2._internal.execution.context import get_train_context
+from ray.train.v2._internal.execution.controller import TrainController
+from ray.train.v2._internal.execution.failure_handling import (
+    DefaultFailurePolicy,
+    FailureDecision,
+)
+from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+
+
+class Policy(Protocol):
+    """What decides first (``raytrain.driver.failure_policy.FailurePolicy``): a decision
+    whose ``value`` is ``"RAISE"``, ``"RETRY"`` or ``"DEFER"`` (Ray's default decides)."""
+
+    def decide(self, errors: Iterable[BaseException | None]) -> Any: ...
+
+
+class RunAborted(Exception):
+    """``fit`` ended because ``abort`` was called."""
+
+
+def controller_env() -> dict[str, str]:
+    """The environment variables Ray Train gives its controller (and its actors)."""
+    env = get_env_vars_to_propagate()
+    env.setdefault(
+        RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR, DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE
+    )
+    return env
+
+
+def worker_preemption_info() -> Any:
+    """Ray Train's preemption info for this worker (a node of the group drains for a
+    preemption), or None. Read locally: no barrier, unlike ``ray.train.get_preemption_info``."""
+    try:
+        return get_train_context().preemption_context.preemption_info
+    except (AttributeError, RuntimeError):  # not inside a Ray Train worker
+        return None
+
+
+class OnWorkerGroupStart(WorkerGroupCallback):  # type: ignore[misc]
+    """Runs ``fn`` in every worker process once the group has started (on each worker
+    actor's main thread, where Python allows signal handlers). ``fn`` must be picklable."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self.fn = fn
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        worker_group.execute(self.fn)
+
+
+class PolicyAdapter(DefaultFailurePolicy):  # type: ignore[misc]
+    """Ray Train's default policy, with raytrain's ``FailurePolicy`` deciding first; what
+    it defers is Ray's (counted against ``max_failures``)."""
+
+    def __init__(self, failure_config: Any, policy: Policy):
+        super().__init__(failure_config)
+        self.policy = policy
+
+    def make_decision(self, training_failed_error: Any) -> Any:
+        failures = getattr(training_failed_error, "worker_failures", None) or {}
+        decision = self.policy.decide(failures.values()).value
+        if decision == "RAISE":
+            return FailureDecision.RAISE
+        if decision == "RETRY":
+            return FailureDecision.RETRY
+        return super().make_decision(training_failed_error)
+
+
+class LocalScalingPolicy(FixedScalingPolicy):  # type: ignore[misc]
+    """A fixed worker count that asks no autoscaler for resources: the cluster is this
+    machine, and a reservation it cannot satisfy is refused in preflight."""
+
+    def after_controller_start(self, train_run_context: Any) -> None:
+        return None
+
+    def _maybe_send_resource_request(self) -> None:
+        return None
+
+    async def before_controller_shutdown(self) -> None:
+        return None
+
+
+class ControllerTrainer(TorchTrainer):  # type: ignore[misc]
+    """``TorchTrainer`` that starts its controller itself (see the module docstring).
+
+    ``trimmed``: skip what only a shared or autoscaling cluster needs; ``embedded_env``:
+    the environment the cluster's processes were started with (None: unknown, give the
+    controller its runtime env); ``policy``: raytrain's failure decisions;
+    ``group_callbacks``: worker-group callbacks added to Ray Train's own.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        policy: Policy,
+        trimmed: bool = False,
+        embedded_env: dict[str, str] | None = None,
+        group_callbacks: Sequence[Any] = (),
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        self._policy = policy
+        self._trimmed = trimmed
+        self._embedded_env = embedded_env
+        self._group_callbacks = list(group_callbacks)
+        self._controller: Any = None
+        self._aborted = threading.Event()
+
+    def abort(self) -> None:
+        """Stop the run: the controller shuts the workers down and ``fit`` raises."""
+        self._aborted.set()
+        if self._controller is not None:
+            self._controller.abort.remote()
+
+    def _create_default_callbacks(self) -> list[Any]:
+        callbacks = [*super()._create_default_callbacks(), *self._group_callbacks]
+        if not self._trimmed:
+            return callbacks
+        drop: tuple[type, ...] = (PlacementGroupCleanerCallback,)
+        if not self.datasets:
+            drop += (DatasetsCallback,)
+        return [cb for cb in callbacks if not isinstance(cb, drop)]
+
+    def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Any:
+        env = controller_env()
+        options: dict[str, Any] = {
+            "num_cpus": 0,
+            "label_selector": {RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()},
+        }
+        # The cluster's processes already have these variables when they are the ones this
+        # process started the cluster with; then no runtime environment is needed.
+        started_with = self._embedded_env or {}
+        inherited = self._trimmed and all(started_with.get(k) == v for k, v in env.items())
+        policy = controller_kwargs["scaling_policy"]
+        if inherited and isinstance(policy, FixedScalingPolicy):  # elastic stays Ray's own
+            controller_kwargs["scaling_policy"] = LocalScalingPolicy(policy.scaling_config)
+        else:
+            options["runtime_env"] = {"env_vars": env}
+        controller_kwargs["failure_policy"] = PolicyAdapter(
+            self.run_config.failure_config, self._policy
+        )
+        controller = ray.remote(**options)(TrainController).remote(**controller_kwargs)
+        self._controller = controller
+        if self._aborted.is_set():  # abort() came before the controller existed
+            controller.abort.remote()
+        if threading.current_thread() is threading.main_thread():
+            self._register_sigint_handler(controller)
+        try:
+            ray.get(controller.run.remote())
+            return ray.get(controller.get_result.remote())
+        except ray.exceptions.RayActorError:
+            if self._aborted.is_set():  # abort() ends the controller's process
+                raise RunAborted("the run was aborted") from None
+            raise

@@ -1,0 +1,161 @@
+"""What a raytrain checkpoint holds, and which one a run resumes from.
+
+A checkpoint is a folder Ray Train committed under the run's folder: ``checkpoint.ckpt`` (the
+full Lightning state) and ``raytrain.json`` (the metrics reported with it). This module needs
+neither Lightning nor Ray, so the driver can read a run's checkpoints without importing them;
+the Lightning callback that writes checkpoints is in ``worker.checkpointing``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from raytrain import storage
+from raytrain.errors import StorageError
+
+if TYPE_CHECKING:
+    from raytrain.spec import StorageSpec
+
+CKPT_FILE = "checkpoint.ckpt"
+META_FILE = "raytrain.json"
+# The reported key Ray Train ranks checkpoints by: the value of ``checkpoint.monitor``.
+SCORE_KEY = "_score"
+# The key of the one report that says the monitored metric was not among the metrics of the
+# first validation; its value lists the keys that were.
+MONITOR_MISSING = "_monitor_missing"
+
+
+def restore_path(checkpoint_dir: str) -> str:
+    """The Lightning checkpoint file inside a raytrain checkpoint folder."""
+    path = os.path.join(checkpoint_dir, CKPT_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{checkpoint_dir}: not a raytrain checkpoint (no {CKPT_FILE})")
+    return path
+
+
+# Ray Train's record of a run's committed checkpoints, beside them in the run's folder, and
+# how it names a checkpoint's folder: ``checkpoint_`` and the time it was made, to the
+# microsecond, so that names sort by age.
+SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
+CHECKPOINT_PREFIX = "checkpoint_"
+_TIMESTAMPED = re.compile(r"^checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What Ray Train's snapshot says of a run: the folders it committed, and the latest."""
+
+    committed: frozenset[str]
+    latest: str | None
+    latest_metrics: dict[str, Any]
+
+
+def read_snapshot(run_dir: str, options: StorageSpec | None = None) -> Snapshot | None:
+    """The run's snapshot, or None when it has none (no checkpoint was ever committed).
+
+    A snapshot that is there but cannot be read (empty, truncated, not Ray's shape) raises
+    ``StorageError`` naming it: Ray Train would fail on it in the middle of starting, and
+    nothing can be known of which checkpoints are whole.
+    """
+    path = storage.join(run_dir, SNAPSHOT_FILE)
+    text = storage.read_text(path, options)
+    if text is None:
+        return None
+    try:
+        tree = json.loads(text)
+        results = [*tree["checkpoint_results"], tree.get("latest_checkpoint_result")]
+        committed = frozenset(_folder_name(r["checkpoint_dir_name"]) for r in results if r)
+        latest = tree.get("latest_checkpoint_result")
+        metrics = dict(latest.get("metrics") or {}) if latest else {}
+        for key in ("epoch", "step"):  # printed and compared as numbers by the driver
+            value = metrics.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"the latest checkpoint's {key} is {value!r}, not a number")
+            if not math.isfinite(value):
+                raise ValueError(f"the latest checkpoint's {key} is {value!r}")
+        return Snapshot(
+            committed=committed,
+            latest=_folder_name(latest["checkpoint_dir_name"]) if latest else None,
+            latest_metrics=metrics,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise StorageError(
+            f"{path}: Ray Train's checkpoint snapshot cannot be read "
+            f"({type(exc).__name__}: {str(exc)[:200] or 'empty'}); which checkpoints are "
+            "complete is unknown. Restore the file, or pass --fresh to start the run over"
+        ) from None
+
+
+def _folder_name(name: Any) -> str:
+    """A checkpoint folder's name as the snapshot gives it: one name inside the run folder
+    (``..`` or a separator would name a folder elsewhere, to resume from or keep)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or re.search(r"[/\\\0]", name):
+        raise ValueError(f"checkpoint_dir_name {str(name)[:80]!r} is not a folder name")
+    return name
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """Checkpoint folders Ray Train never committed: ``partial`` may be deleted; ``kept``
+    are not provably partial, with ``why`` they stay."""
+
+    partial: list[str]
+    kept: list[str]
+    why: str | None = None
+
+
+def uncommitted(run_dir: str, options: StorageSpec | None = None) -> Leftovers:
+    """The checkpoint folders in ``run_dir`` that the snapshot does not list, split into
+    those provably partial and the rest.
+
+    Invariant: a folder is called partial only if a readable snapshot exists, does not list
+    it, names a latest checkpoint, and the folder's time-stamped name is newer than it:
+    an upload begun after the last commit that never completed (a killed driver or worker,
+    a store that stopped answering). A folder older than the latest commit may have been
+    committed by a snapshot since overwritten; with no snapshot at all nothing is known to
+    be partial. Either way nothing is deleted. The caller must hold the run's lease, so no
+    live run is uploading into ``run_dir``.
+    """
+    import pyarrow.fs as pafs
+
+    snapshot = read_snapshot(run_dir, options)
+    folders = sorted(
+        entry.base_name
+        for entry in storage.list_dir(run_dir, options)
+        if entry.type == pafs.FileType.Directory and entry.base_name.startswith(CHECKPOINT_PREFIX)
+    )
+    if snapshot is None or snapshot.latest is None:
+        reason = "is missing" if snapshot is None else "lists no checkpoint"
+        return Leftovers(
+            [],
+            [storage.join(run_dir, f) for f in folders],
+            f"{SNAPSHOT_FILE} {reason}: no checkpoint is known to be committed",
+        )
+    latest = snapshot.latest
+    partial, kept = [], []
+    for name in folders:
+        if name in snapshot.committed:
+            continue
+        provable = name > latest and bool(_TIMESTAMPED.match(name) and _TIMESTAMPED.match(latest))
+        (partial if provable else kept).append(storage.join(run_dir, name))
+    why = "older than the latest committed checkpoint, or not named by Ray" if kept else None
+    return Leftovers(partial, kept, why)
+
+
+def latest_committed(
+    run_dir: str, options: StorageSpec | None = None
+) -> tuple[str, dict[str, Any]] | None:
+    """The run's latest committed checkpoint (its URI and metrics), as Ray Train will restore.
+
+    Ray writes its snapshot only after a checkpoint's upload completed, so a checkpoint
+    named here is whole.
+    """
+    snapshot = read_snapshot(run_dir, options)
+    if snapshot is None or snapshot.latest is None:
+        return None
+    return storage.join(run_dir, snapshot.latest), snapshot.latest_metrics

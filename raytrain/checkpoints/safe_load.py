@@ -1,0 +1,314 @@
+"""Reading checkpoints without running code from them.
+
+A checkpoint is a pickle, and unpickling an arbitrary pickle runs arbitrary code (an object's
+``__reduce__``). Whoever can write to the checkpoint storage must not be able to run code
+where raytrain reads it: on the driver (``raytrain export``, the model logged to MLflow) or
+on the workers (a resume). So every checkpoint raytrain reads goes through here:
+
+- a torch file (DDP's or a full FSDP state dict's ``checkpoint.ckpt``, Lightning's
+  ``meta.pt``): ``torch.load(weights_only=True)``, which accepts tensors, containers and
+  primitives, plus the few types in ``SAFE_GLOBALS`` that Lightning checkpoints hold;
+- a sharded FSDP checkpoint (torch distributed checkpoint, DCP): torch 2.13's reader
+  unpickles ``.metadata`` with a plain ``pickle.load`` and each non-tensor entry with
+  ``torch.load(weights_only=False)``, and it offers no safe reader or planner. Here
+  ``.metadata`` is read by an unpickler that resolves only DCP's own metadata classes
+  (``DCP_METADATA_GLOBALS``) and every non-tensor entry with ``weights_only=True``. Tensor
+  entries torch already reads with ``weights_only=True``.
+
+A refused checkpoint is a ``StorageError`` (exit 2) naming the file and what it holds.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from raytrain._compat.torch import (
+    LAYOUT_REBUILDER,
+    empty_state_dict_planner,
+    layout_rebuilder,
+    load_without_process_group,
+    set_element,
+)
+from raytrain.errors import StorageError
+
+# DCP's metadata file inside a sharded checkpoint folder; Lightning's file beside it.
+DCP_METADATA = ".metadata"
+LIGHTNING_META = "meta.pt"
+
+
+def safe_globals() -> list[Any]:
+    """What a Lightning checkpoint may hold beyond ``weights_only``'s defaults: Lightning's
+    hyperparameter container and paths (a hyperparameter that is a ``Path``). None of them
+    runs code when rebuilt."""
+    import pathlib
+
+    from lightning.fabric.utilities.data import AttributeDict
+
+    return [AttributeDict, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath,
+            pathlib.PureWindowsPath]  # fmt: skip
+
+
+@contextmanager
+def lightning_globals() -> Iterator[None]:
+    """``torch.load(weights_only=True)`` inside accepts ``safe_globals()`` too."""
+    import torch
+
+    with torch.serialization.safe_globals(safe_globals()):
+        yield
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def refusal(label: str, exc: BaseException) -> StorageError:
+    """The error for ``label`` that ``torch.load(weights_only=True)`` refused with ``exc``:
+    a payload (a global outside the allow-list, named) or not a torch file at all."""
+    found = _GLOBAL.search(str(exc))
+    if isinstance(exc, pickle.UnpicklingError) and found:
+        return StorageError(
+            f"{label}: refused: it holds a pickled {found.group(1)}, which is not training "
+            "state; raytrain loads checkpoints with torch.load(weights_only=True) and runs "
+            "no code from them"
+        )
+    return StorageError(f"{label}: not a torch checkpoint ({_short(exc)})")
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def load_torch_file(path: str, label: str | None = None, *, mmap: bool = False) -> Any:
+    """The object in torch file ``path``, loaded with ``weights_only=True`` on the CPU;
+    ``mmap``: tensors stay on disk until read (to check a file without loading it)."""
+    import torch
+
+    label = label or path
+    if not os.path.isfile(path):
+        raise StorageError(f"{label}: not a file")
+    try:
+        with lightning_globals():
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:
+        raise refusal(label, exc) from None
+
+
+def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
+    """The globals a DCP ``.metadata`` pickle may name: DCP's metadata dataclasses and enum,
+    the file reader's storage record, dtypes, ``torch.Size``, layouts by name, and paths
+    (its ``checkpoint_id``). Rebuilding any of them runs no user code."""
+    import collections
+    import dataclasses
+    import enum
+    import pathlib
+
+    import torch
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+    import torch.distributed.checkpoint.metadata as dcp_md
+
+    allowed: dict[tuple[str, str], Any] = {}
+    for name, value in vars(dcp_md).items():
+        own = isinstance(value, type) and value.__module__ == dcp_md.__name__
+        if own and (dataclasses.is_dataclass(value) or issubclass(value, enum.Enum)):
+            allowed[(dcp_md.__name__, name)] = value
+    allowed[(dcp_fs.__name__, "_StorageInfo")] = dcp_fs._StorageInfo
+    for name, value in vars(torch).items():
+        if isinstance(value, torch.dtype | torch.layout | torch.memory_format):
+            allowed[("torch", name)] = value
+    allowed[("torch", "Size")] = torch.Size
+    allowed[LAYOUT_REBUILDER] = layout_rebuilder()
+    allowed[("collections", "OrderedDict")] = collections.OrderedDict
+    for cls in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath,
+                pathlib.PureWindowsPath):  # fmt: skip
+        allowed[("pathlib", cls.__name__)] = cls
+    return allowed
+
+
+class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
+    """Resolves only ``dcp_metadata_globals()``. Every way a pickle reaches a callable
+    (GLOBAL, STACK_GLOBAL, INST, the extension registry) goes through ``find_class``, so a
+    pickle naming anything else is refused before any of it runs.
+
+    BUILD is restricted too: pickle's BUILD sets attributes on whatever object is below it,
+    and with a class there (``GLOBAL pathlib.PosixPath`` then ``BUILD (None, {...})``) it
+    would rewrite that class for the whole process. Only an instance of an allowed class is
+    built, with a plain dict of its fields (or its own ``__setstate__``). Python's
+    pure-Python unpickler is used because BUILD can be overridden only there; metadata
+    files are small.
+    """
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+
+    def __init__(self, file: Any, allowed: dict[tuple[str, str], Any]):
+        super().__init__(file)
+        self._allowed = allowed
+        self._types = {v for v in allowed.values() if isinstance(v, type)}
+
+    def load_build(self) -> None:
+        state, inst = self.stack[-1], self.stack[-2]
+        if isinstance(inst, type) or type(inst) not in self._types:
+            raise pickle.UnpicklingError(
+                f"GLOBAL BUILD of a {type(inst).__name__} is not allowed in DCP metadata"
+            )
+        if "__setstate__" not in vars(type(inst)) and not (
+            isinstance(state, dict)
+            and all(isinstance(k, str) and not k.startswith("__") for k in state)
+        ):
+            raise pickle.UnpicklingError(
+                "GLOBAL BUILD with other than a dict of fields is not allowed in DCP metadata"
+            )
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return self._allowed[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"GLOBAL {module}.{name} is not allowed") from None
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("persistent ids are not allowed in DCP metadata")
+
+
+def read_dcp_metadata(folder: str, label: str | None = None) -> Any:
+    """The DCP ``Metadata`` of sharded checkpoint ``folder``, unpickled safely."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = os.path.join(folder, DCP_METADATA)
+    label = os.path.join(label or folder, DCP_METADATA)
+    try:
+        with open(path, "rb") as handle:
+            metadata = _MetadataUnpickler(handle, dcp_metadata_globals()).load()
+    except FileNotFoundError:
+        raise StorageError(f"{label}: missing: not a sharded checkpoint") from None
+    except Exception as exc:
+        raise refusal(label, exc) from None
+    if not isinstance(metadata, Metadata):
+        raise StorageError(f"{label}: not DCP metadata (holds a {type(metadata).__name__})")
+    return metadata
+
+
+def _safe_reader(folder: str, metadata: Any) -> Any:
+    """A DCP ``FileSystemReader`` for ``folder`` that returns ``metadata`` (read safely, by
+    ``read_dcp_metadata``) instead of unpickling ``.metadata`` itself."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(folder)
+
+
+class _Refusals:
+    """Where a planner's ``load_bytes`` records a refusal: torch wraps exceptions raised
+    inside its load in a ``CheckpointException`` with the traceback in its text."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.error: StorageError | None = None
+
+    def load(self, fqn: str, value: io.BytesIO) -> Any:
+        try:
+            return _safe_bytes(self.label, fqn, value)
+        except StorageError as exc:
+            self.error = self.error or exc
+            raise
+
+    def run(self, load: Any) -> None:
+        try:
+            load()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # torch's CheckpointException is a BaseException
+            if self.error is not None:
+                raise self.error from None
+            raise StorageError(
+                f"{self.label}: cannot read this sharded checkpoint ({_short(exc)})"
+            ) from None
+
+
+def _safe_bytes(label: str, fqn: str, value: io.BytesIO) -> Any:
+    import torch
+
+    try:
+        with lightning_globals():
+            return torch.load(value, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise refusal(f"{label} (entry {fqn})", exc) from None
+
+
+def load_dcp(folder: str, keys: set[str] | None = None, label: str | None = None) -> dict:
+    """The state in sharded checkpoint ``folder`` (only ``keys``' entries when given),
+    merged on this CPU without a process group, every part read safely."""
+    name = label or folder
+    metadata = read_dcp_metadata(folder, label)
+    refusals = _Refusals(name)
+
+    class SafePlanner(empty_state_dict_planner()):  # type: ignore[misc]
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
+            loaded = refusals.load(fqn, value)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    # as torch's dcp_to_torch_save does: the public load() fills a copy of the dict
+    state: dict[str, Any] = {}
+    reader, planner = _safe_reader(folder, metadata), SafePlanner(keys=keys)
+    refusals.run(lambda: load_without_process_group(state, reader, planner))
+    return state
+
+
+def verify_dcp(folder: str, label: str | None = None) -> None:
+    """Check sharded checkpoint ``folder`` before a reader that trusts it (torch's, as
+    Lightning uses it) loads it: its metadata, every non-tensor entry and Lightning's
+    ``meta.pt`` must load safely. Tensor entries are not read (torch reads them with
+    ``weights_only=True``), so this costs the small entries only, on every rank."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    name = label or folder
+    metadata = read_dcp_metadata(folder, label)
+    refusals = _Refusals(name)
+
+    class BytesOnly(DefaultLoadPlanner):
+        def __init__(self) -> None:
+            super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+        def set_up_planner(self, state_dict: Any, metadata: Any = None,
+                           is_coordinator: bool = False) -> None:  # fmt: skip
+            entries = metadata.state_dict_metadata.items() if metadata is not None else []
+            only = {k: None for k, v in entries if isinstance(v, BytesStorageMetadata)}
+            super().set_up_planner(only, metadata, is_coordinator)
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            refusals.load(read_item.dest_index.fqn, value)
+
+    reader, planner = _safe_reader(folder, metadata), BytesOnly()
+    refusals.run(lambda: load_without_process_group({}, reader, planner))
+    meta = os.path.join(folder, LIGHTNING_META)
+    if os.path.exists(meta):
+        load_torch_file(meta, os.path.join(name, LIGHTNING_META), mmap=True)
+
+
+def verify_checkpoint(path: str, label: str | None = None) -> None:
+    """Check the Lightning checkpoint at local ``path`` (a file, or a sharded folder) before
+    a reader that trusts it loads it: a worker's resume. A file is parsed with
+    ``weights_only=True`` and its tensors memory-mapped, not read."""
+    if os.path.isdir(path):
+        verify_dcp(path, label)
+    else:
+        load_torch_file(path, label, mmap=True)

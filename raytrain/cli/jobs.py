@@ -1,0 +1,116 @@
+"""The CLI's job commands, ``raytrain submit|status|logs|stop|list``, over ``jobs_client``.
+
+``submit --follow`` and ``logs --follow`` exit with the job's outcome: 0 when it SUCCEEDED,
+1 when it FAILED or was STOPPED. Ctrl-C stops following, never the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+
+from raytrain.errors import EXIT_FAILED, EXIT_OK
+from raytrain.redaction import redact
+from raytrain.submit import client as jobs_client
+
+EXIT_INTERRUPTED = 130
+
+
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    """``--env KEY=VALUE`` flags as a mapping. A malformed one is named by its position and
+    never echoed: it may be a credential given without its name."""
+    env = {}
+    for number, pair in enumerate(pairs, 1):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise jobs_client.JobsError(
+                f"--env #{number}: expected KEY=VALUE, got a value without '=' (not shown)"
+            )
+        if not key:
+            raise jobs_client.JobsError(f"--env #{number}: expected KEY=VALUE, the KEY is empty")
+        env[key] = value
+    return env
+
+
+def _follow(handle: jobs_client.JobHandle) -> int:
+    """Print the job's output until it ends; its outcome as an exit code."""
+    try:
+        for chunk in handle.follow():
+            print(chunk, end="", flush=True)
+    except KeyboardInterrupt:
+        print(
+            f"\nraytrain: stopped following; job {handle.job_id} keeps running "
+            f"(raytrain stop {handle.job_id} to stop it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    return _outcome(handle, handle.wait())
+
+
+def _outcome(handle: jobs_client.JobHandle, status: str) -> int:
+    info = handle.info()
+    message = f": {redact(info.message)}" if info.message else ""
+    print(f"raytrain: job {handle.job_id} {status}{message}", file=sys.stderr)
+    return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
+
+
+def _when(seconds_ms: int | None) -> str:
+    if not seconds_ms:
+        return "-"
+    return datetime.fromtimestamp(seconds_ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def run_job_command(args: argparse.Namespace) -> int:
+    """Run one job command; ``JobsError`` (exit 2) for a bad address, token or job id."""
+    if args.command == "submit":
+        handle = jobs_client.submit(
+            args.spec,
+            args.overrides,
+            address=args.address,
+            working_dir=args.working_dir,
+            pip=args.pip,
+            env=_env_pairs(args.env),
+            job_id=args.job_id,
+            fresh=args.fresh,
+            resume_anyway=args.resume_anyway,
+            force=args.force,
+            insecure=args.insecure,
+            include=args.include,
+        )
+        print(handle.job_id)
+        print(
+            f"raytrain: submitted job {handle.job_id} to {handle.server.address}; "
+            f"raytrain logs {handle.job_id} --follow",
+            file=sys.stderr,
+        )
+        return _follow(handle) if args.follow else EXIT_OK
+    server = jobs_client.JobServer(args.address, insecure=args.insecure)
+    if args.command == "list":
+        print(f"{'JOB ID':<34} {'STATUS':<10} {'STARTED':<19}  JOB")
+        for job in server.jobs():
+            name = (job.metadata or {}).get("raytrain_job") or job.entrypoint
+            print(f"{job.submission_id or job.job_id:<34} {job.status.value:<10} "
+                  f"{_when(job.start_time):<19}  {name}")  # fmt: skip
+        return EXIT_OK
+    handle = server.handle(args.job_id)
+    if args.command == "status":
+        info = handle.info()
+        print(info.status.value)
+        if info.message:
+            print(f"  {redact(info.message)}")
+        return EXIT_OK
+    if args.command == "logs":
+        if args.follow:
+            return _follow(handle)
+        print(handle.logs(), end="")
+        return EXIT_OK
+    stopped = handle.stop()
+    if not stopped:
+        print(f"raytrain: job {handle.job_id} had already ended: {handle.status()}")
+        return EXIT_OK
+    if args.wait:
+        print(handle.wait())
+    else:
+        print(f"raytrain: stopping job {handle.job_id}")
+    return EXIT_OK

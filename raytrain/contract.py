@@ -1,0 +1,56 @@
+"""What the driver hands every Ray Train worker: one typed, frozen object.
+
+Ray Train passes ``train_loop_config`` (a dict) to each worker by pickling it. raytrain puts
+exactly one entry in it, a ``WorkerConfig``, under ``CONFIG_KEY``: the driver builds it
+(``driver.launcher``) and the worker reads it (``worker.loop``), so the fields each side
+relies on are checked by the type checker, not by string keys. Nothing here imports Ray,
+torch or Lightning: both sides import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from raytrain.spec import JobSpec
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+CONFIG_KEY = "raytrain"
+
+
+@dataclass(frozen=True)
+class CachedSet:
+    """A split read once into the object store: the refs of its Arrow blocks.
+
+    The driver owns the blocks; holding the refs keeps them alive for the whole run.
+    """
+
+    refs: list[Any]  # ray.ObjectRef of pyarrow Tables, in row order
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs beyond what Ray Train itself gives it (its rank, its
+    streamed shards, the latest checkpoint)."""
+
+    spec: JobSpec  # the validated job spec
+    sink: ActorHandle | None = None  # the MetricsSink actor rank 0 publishes events to
+    cached: Mapping[str, CachedSet] = field(default_factory=dict)  # by split name
+
+    def as_train_loop_config(self) -> dict[str, Any]:
+        """The ``train_loop_config`` Ray Train pickles to every worker."""
+        return {CONFIG_KEY: self}
+
+    @classmethod
+    def from_train_loop_config(cls, config: Mapping[str, Any]) -> WorkerConfig:
+        """The worker's side of ``as_train_loop_config``; anything else is a bug, said so."""
+        value = config.get(CONFIG_KEY)
+        if not isinstance(value, cls):
+            raise TypeError(
+                f"train_loop_config[{CONFIG_KEY!r}] is {type(value).__name__}, not a "
+                "WorkerConfig: the driver and the worker run different raytrain code"
+            )
+        return value

@@ -1,0 +1,2 @@
+"""Datasets: ``sources`` reads splits on the driver (or into Ray Data), ``loaders`` cuts each
+worker's batches from them."""

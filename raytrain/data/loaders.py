@@ -1,0 +1,237 @@
+"""Each worker's batches: cut from a cached split's Arrow blocks, or read from its shard of
+a streamed one (see ``raytrain.data.sources`` for how a split takes one path or the other).
+
+Both loaders give every rank the same number of batches, which DDP needs, and both are
+resumable through Lightning's ``state_dict``/``load_state_dict`` loader protocol.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+from raytrain.contract import CachedSet
+from raytrain.spec import JobSpec
+
+
+def _epoch_seed(seed: int, epoch: int, rank: int = 0) -> int:
+    return zlib.crc32(f"{seed}/{epoch}/{rank}".encode())
+
+
+def step_slices(num_rows: int, batch_size: int, world_size: int) -> list[list[tuple[int, int]]]:
+    """How an epoch's ``num_rows`` (in order) become steps: for each step, each rank's
+    ``(start, stop)`` slice of that order.
+
+    A step takes the next ``world_size * batch_size`` rows and splits them between the ranks
+    as evenly as possible; the last step takes what is left. Every row is in exactly one
+    batch, and every rank has the same number of steps with at least one row in each (a
+    remainder smaller than ``world_size`` joins the step before), which DDP needs: the same
+    number of all-reduces on every rank, and every rank at each metric sync.
+    """
+    if num_rows < world_size:
+        raise ValueError(f"{num_rows} rows cannot give each of {world_size} workers a batch")
+    per_step = world_size * batch_size
+    steps = max(1, math.ceil(num_rows / per_step))
+    if steps > 1 and num_rows - (steps - 1) * per_step < world_size:
+        steps -= 1
+    out = []
+    for step in range(steps):
+        lo = step * per_step
+        hi = num_rows if step == steps - 1 else lo + per_step
+        cuts = [lo + r * (hi - lo) // world_size for r in range(world_size + 1)]
+        out.append(list(itertools.pairwise(cuts)))
+    return out
+
+
+class CachedBatches:
+    """This rank's batches of a cached set, one pass per epoch, as dicts of tensors.
+
+    The epoch's order is a permutation of all rows seeded by (seed, epoch), the same on every
+    rank (no shuffle: the stored order). ``step_slices`` cuts it into steps and each step
+    into one batch per rank. So every row is seen exactly once per epoch, by one rank; every
+    epoch reshuffles globally; and a rerun of an epoch repeats it exactly.
+
+    It is resumable (Lightning's ``state_dict``/``load_state_dict`` loader protocol): its
+    state is the epoch and how far into that epoch's order training got, in rows. Restored
+    mid-epoch, it yields the rest of that epoch's order, cut into steps for the current
+    world size (which may differ from the one that saved it: elastic runs), and its length
+    is the steps already done plus those left, as Lightning's restored loop counts them.
+    """
+
+    def __init__(
+        self,
+        table: Any,
+        batch_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        shuffle_seed: int | None = None,
+    ):
+        self._table = table
+        self._batch_size = batch_size
+        self._rank = rank
+        self._world = world_size
+        self._seed = shuffle_seed
+        self.epoch = 0
+        # Lightning's count of this epoch's batches begun (set by ``LoaderPosition``).
+        self.position = 0
+        # A mid-epoch restore: (epoch, steps done, rows of its order done) until it is used.
+        self._resume: tuple[int, int, int] | None = None
+        # The pass under way: its epoch and schedule.
+        self._pass: tuple[int, tuple[int, int, list[list[tuple[int, int]]]]] | None = None
+
+    def _schedule(self) -> tuple[int, int, list[list[tuple[int, int]]]]:
+        """This epoch's (steps already done, first row, steps left as slices of the order)."""
+        if self._pass is not None and self._pass[0] == self.epoch:
+            return self._pass[1]
+        n = self._table.num_rows
+        done, start = 0, 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            _, done, start = self._resume
+        left = n - start
+        if left == 0:
+            return done, start, []
+        if left < self._world:  # only after a resize: too few rows left to give each rank one
+            logger.warning("%d rows left in epoch %d for %d workers: skipped", left, self.epoch,
+                           self._world)  # fmt: skip
+            return done, n, []
+        steps = step_slices(left, self._batch_size, self._world)
+        return done, start, [[(lo + start, hi + start) for lo, hi in step] for step in steps]
+
+    def __len__(self) -> int:
+        done, _, steps = self._schedule()
+        return done + len(steps)
+
+    def order(self) -> Any:
+        """The current epoch's order of all rows (the same on every rank)."""
+        import numpy as np
+
+        n = self._table.num_rows
+        if self._seed is None:
+            return np.arange(n)
+        return np.random.default_rng(_epoch_seed(self._seed, self.epoch)).permutation(n)
+
+    def rows_done(self) -> int:
+        """How many rows of this epoch's order the first ``position`` steps cover."""
+        done, start, steps = self._schedule()
+        if self.position <= done:
+            return start
+        return steps[min(self.position - done, len(steps)) - 1][-1][1]
+
+    def state_dict(self) -> dict[str, int]:
+        """Where training is in the data: saved in every Lightning checkpoint."""
+        return {"epoch": self.epoch, "steps": self.position, "rows": self.rows_done()}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume from ``state``: the next pass over its epoch starts at the row it reached."""
+        self.epoch = int(state["epoch"])
+        self._resume = (self.epoch, int(state["steps"]), int(state["rows"]))
+        self.position = int(state["steps"])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        from ray.data.util.torch_utils import arrow_batch_to_tensors
+
+        order = self.order()
+        self._pass = None
+        schedule = self._schedule()
+        self._pass, self._resume = (self.epoch, schedule), None  # later passes: whole epochs
+        for step in schedule[2]:
+            lo, hi = step[self._rank]
+            yield arrow_batch_to_tensors(self._table.take(order[lo:hi]), combine_chunks=True)
+
+
+class ShardBatches:
+    """This worker's shard of a streamed set: one pass per epoch, as dicts of tensors.
+
+    The local shuffle is seeded by (seed, epoch, rank), so each epoch has its own order.
+
+    Resumable like ``CachedBatches``, by count: restored mid-epoch, it skips as many rows of
+    its shard as the ranks had trained in that epoch (read and dropped: a stream cannot seek).
+    Ray Data hands out a stream's blocks to the shards as they ask, so after a restart a
+    shard need not hold the same rows as before: the epoch trains the right number of rows,
+    not necessarily the same ones. Exactly-once per row holds for cached sets.
+    """
+
+    def __init__(
+        self,
+        shard: Any,
+        batch_size: int,
+        *,
+        shuffle_seed: int | None = None,
+        shuffle_buffer: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        self._shard = shard
+        self._batch_size = batch_size
+        self._seed = shuffle_seed
+        self._buffer = shuffle_buffer
+        self._rank = rank
+        self._world = world_size
+        self.epoch = 0
+        self.position = 0  # Lightning's count of this epoch's batches begun
+        self._skip: tuple[int, int] | None = None  # (epoch, batches to skip) after a restore
+
+    def state_dict(self) -> dict[str, int]:
+        """Where training is in the data: saved in every Lightning checkpoint."""
+        return {"epoch": self.epoch, "steps": self.position, "world_size": self._world}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume from ``state``: the next pass over its epoch skips what was trained."""
+        self.epoch = int(state["epoch"])
+        rows = int(state["steps"]) * self._batch_size * int(state.get("world_size", self._world))
+        self._skip = (self.epoch, math.ceil(rows / (self._batch_size * self._world)))
+        self.position = int(state["steps"])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        from ray.data.util.torch_utils import arrow_batch_to_tensors
+
+        skip = self._skip[1] if self._skip is not None and self._skip[0] == self.epoch else 0
+        self._skip = None
+        kwargs: dict[str, Any] = {}
+        if self._seed is not None:
+            kwargs = {
+                "local_shuffle_buffer_size": self._buffer,
+                "local_shuffle_seed": _epoch_seed(self._seed, self.epoch, self._rank),
+            }
+        # Arrow batches, made tensors here as the cached path does: Ray Data's numpy
+        # format turns list columns (a feature vector per row) into object arrays, which
+        # cost a Python loop per row to become a tensor.
+        batches = self._shard.iter_batches(
+            batch_size=self._batch_size, batch_format="pyarrow", prefetch_batches=2, **kwargs
+        )
+        for batch in itertools.islice(batches, skip, None):
+            yield arrow_batch_to_tensors(batch, combine_chunks=True)
+
+
+def worker_loaders(
+    spec: JobSpec, cached: dict[str, CachedSet], rank: int, world_size: int
+) -> tuple[Any, Any | None]:
+    """This worker's train and val loaders: cached sets from the object store, streamed
+    ones from the shards Ray Train handed it."""
+    import ray
+    import ray.train
+
+    shuffle = spec.data.shuffle
+
+    def loader(name: str, seed: int | None) -> Any:
+        if name in cached:
+            import pyarrow as pa
+
+            # Arrow blocks come out of the object store zero-copy; batches are cut from them.
+            table = pa.concat_tables(ray.get(cached[name].refs))
+            return CachedBatches(
+                table, spec.data.batch_size, rank=rank, world_size=world_size, shuffle_seed=seed
+            )
+        return ShardBatches(
+            ray.train.get_dataset_shard(name), spec.data.batch_size, shuffle_seed=seed,
+            shuffle_buffer=shuffle.buffer_size if shuffle else 0, rank=rank,
+            world_size=world_size,
+        )  # fmt: skip
+
+    train = loader("train", shuffle.seed if shuffle else None)
+    val = loader("val", None) if spec.data.val is not None else None
+    return train, val

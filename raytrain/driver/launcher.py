@@ -1,0 +1,178 @@
+"""Driver side of a run: spec -> preflight -> Ray -> datasets -> TorchTrainer -> result.
+
+``fit`` is the one entry point: the CLI calls it, pipelines call it. It stops with a
+``SpecError`` (exit 2) before Ray starts or anything is written when the spec is bad; it
+resumes a run from its latest committed checkpoint when the same name and storage ran before.
+The phases live beside it: ``run_folder`` (state, lease, checkpoints), ``training`` (the
+trainer and its events), ``results`` (what a run gives back).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, TextIO
+
+from raytrain import storage
+from raytrain._compat.versions import check_supported
+from raytrain.driver import preflight, ray_runtime, run_folder, runstate, source_check, training
+from raytrain.driver.background import Background
+from raytrain.driver.lease import Lease
+from raytrain.driver.results import (
+    FitResult,
+    Trained,
+    best_checkpoint,
+    checkpoint_uri,
+    final_metrics,
+    worker_timings,
+)
+from raytrain.driver.run_record import RunRecord
+from raytrain.imports import import_object
+from raytrain.redaction import redact
+from raytrain.spec import JobSpec, load_spec
+from raytrain.worker.strategy import strategy_problems
+
+__all__ = ["FitResult", "fit", "validate"]
+
+
+def validate(
+    spec: str | os.PathLike[str] | Mapping[str, Any] | JobSpec, overrides: Iterable[str] = ()
+) -> JobSpec:
+    """Load and check ``spec`` as ``fit`` would, writing nothing; raises ``SpecError``."""
+    job = _check_before_ray(load_spec(spec, overrides))
+    preflight.raise_if(preflight.check_model(job))
+    return job
+
+
+def _check_before_ray(job: JobSpec) -> JobSpec:
+    """Every check that needs no import of the model's code (cheap: a spec, file footers,
+    the machine); the model's import is checked while Ray starts (``fit``) or after."""
+    check_supported()
+    capacity = None if ray_runtime.joins_cluster() else preflight.local_capacity(job)
+    preflight.raise_if(
+        preflight.check_model_located(job)
+        + strategy_problems(job)
+        + (preflight.check_capacity(job, capacity) if capacity is not None else [])
+        + (preflight.check_local_cpus(job) if capacity is not None else [])
+        + preflight.check_stores(job, allow_prepare=True)
+    )
+    return job
+
+
+def _prepare_data(spec: JobSpec) -> None:
+    """Run ``data.prepare`` when the train set is missing, then check what it wrote.
+
+    ``validate`` has already checked data that existed; only freshly written data is new.
+    """
+    train = storage.resolve(spec.data.train.uri)
+    if spec.data.prepare and not storage.exists(train, spec.storage):
+        val = storage.resolve(spec.data.val.uri) if spec.data.val else None
+        print(f"raytrain: writing {redact(train)} with {spec.data.prepare}", file=sys.stderr)
+        import_object(spec.data.prepare)(train, val)
+        preflight.raise_if(preflight.check_data(spec))
+
+
+def fit(
+    spec: str | os.PathLike[str] | Mapping[str, Any] | JobSpec,
+    overrides: Iterable[str] = (),
+    *,
+    fresh: bool = False,
+    resume_anyway: bool = False,
+    force: bool = False,
+    progress: bool | TextIO = True,
+    verbose: bool = False,
+) -> FitResult:
+    """Train the job ``spec`` describes and return its result.
+
+    ``spec`` is a YAML path, a mapping or a ``JobSpec``; ``overrides`` are ``a.b=value``
+    strings. A run with the same ``name`` and ``checkpoint.storage`` as an earlier one resumes
+    it from its latest checkpoint and continues its MLflow run; ``fresh`` starts it over.
+    """
+    start = time.time()
+    timings: dict[str, float] = {}
+
+    def mark(phase: str) -> None:
+        timings[phase] = round(time.time() - start, 3)
+
+    job = _check_before_ray(load_spec(spec, overrides))
+    state = run_folder.check_resumable(job, fresh, resume_anyway)
+    run_folder.check_run_folder(job, fresh, force)
+    mark("validated")
+    done = None if fresh else run_folder.already_complete(job, state, start)
+    if done is not None:
+        return done
+    # The driver's own modules (torch with Ray Train) are imported while Ray starts: starting
+    # Ray is mostly waiting on its daemons. The model's module (Lightning) is imported here
+    # only if its source does not show a LightningModule; the workers import it anyway.
+    module, _, name = job.model.class_path.partition(":")
+    import_model = not source_check.is_lightning_module(module, name)
+    model_check = Background(lambda: _check_model_and_import(job, import_model))
+    ray_handle = ray_runtime.connect(job, verbose=verbose)
+    mark("ray_ready")
+    record = held = None
+    try:
+        preflight.raise_if(model_check.result())
+        mark("model_checked")
+        held = Lease(runstate.run_dir(job), job.storage).acquire(force=force)
+        held.start_heartbeat()
+        _prepare_data(job)
+        record = RunRecord(job, run_folder.open_run(job, state, fresh, held))
+        record.resumed_from = run_folder.resume_point(job, held)
+        trained = training.train(job, ray_handle, record, held, progress, mark)
+        if record.opened_at is not None:
+            timings["tracking_ready"] = round(record.opened_at - start, 3)
+        timings.update(worker_timings(trained.latest, start))
+    except BaseException as exc:
+        if record is not None:
+            killed = isinstance(exc, KeyboardInterrupt)
+            record.finish("KILLED" if killed else "FAILED", error=str(exc))
+        if held is not None:
+            held.release()
+        raise
+    finally:
+        ray_handle.shutdown()
+        mark("ray_stopped")
+    result = _finish(job, trained, record, held, mark)
+    result.wall_time_s, result.timings = time.time() - start, timings
+    return result
+
+
+def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark: Any) -> FitResult:
+    """After training: drop what failed attempts left, log the model, close the records."""
+    try:
+        run_folder.drop_uncommitted(job, held)  # left by attempts that failed during this run
+        metrics = final_metrics(trained.result, trained.latest, job)
+        best = best_checkpoint(job, trained.result)
+        model_uri = record.log_model(best)
+        mark("model_logged")
+        record.finish("FINISHED", best=best or "")
+        record.raise_if_unregistered()  # register_as asked for, model missing: exit 1
+    finally:
+        held.release()
+    result = trained.result
+    return FitResult(
+        name=job.name,
+        metrics=metrics,
+        best_checkpoint_uri=best,
+        latest_checkpoint_uri=checkpoint_uri(job, result.checkpoint),
+        mlflow_run_id=record.state.mlflow_run_id,
+        tracking_uri=redact(record.tracking_uri),  # no user info: results get printed
+        run_dir=runstate.run_dir(job),
+        resumed_from=record.resumed_from,
+        data_paths=trained.data_paths,
+        checkpoints=[checkpoint_uri(job, c) for c, _ in result.best_checkpoints or []],
+        model_uri=model_uri,
+    )
+
+
+def _check_model_and_import(job: JobSpec, import_model: bool) -> list[str]:
+    """Import and check the model class if asked, then the modules ``_train`` needs first
+    (MLflow's are imported later, beside the workers' start, by ``RunRecord``)."""
+    problems = preflight.check_model(job) if import_model else []
+    if not problems:
+        import ray.train.torch  # noqa: F401
+
+        import raytrain.worker.loop  # noqa: F401
+    return problems

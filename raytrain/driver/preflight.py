@@ -1,0 +1,304 @@
+"""Checks against the world, before Ray starts or anything is written.
+
+``spec.py`` validates a spec's shape; this module checks what it names: that the model class
+imports and is a LightningModule, that the data exists with the columns the spec asks for,
+and that the cluster can ever hold the workers. Every problem found is collected, so one run
+shows the user all of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from typing import Any
+
+from raytrain import storage
+from raytrain.driver import source_check
+from raytrain.errors import SpecError
+from raytrain.imports import import_object
+from raytrain.spec import JobSpec, StorageSpec
+
+
+def check_model_located(spec: JobSpec) -> list[str]:
+    """The model's module can be found and defines the class's name, read from its source
+    without running it (``check_model`` imports it: Lightning and torch, seconds)."""
+    path = spec.model.class_path
+    module, _, attr = path.partition(":")
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:  # a parent package is missing or broken
+        return [f"model.class_path: cannot import {path!r}: {exc}"]
+    if found is None:
+        return [f"model.class_path: cannot import {path!r}: No module named {module!r}"]
+    names = source_check.top_level_names(found.origin)
+    if names is not None and attr not in names:
+        return check_model(spec)  # the source does not bind it: confirm by importing
+    return []
+
+
+def check_model(spec: JobSpec) -> list[str]:
+    """The model class imports and is a LightningModule subclass."""
+    path = spec.model.class_path
+    try:
+        cls = import_object(path)
+    except ModuleNotFoundError as exc:
+        return [f"model.class_path: cannot import {path!r}: {exc}"]
+    except AttributeError:
+        module = path.partition(":")[0]
+        return [f"model.class_path: module {module!r} has no attribute {path.partition(':')[2]!r}"]
+    except Exception as exc:
+        return [f"model.class_path: importing {path!r} failed: {type(exc).__name__}: {exc}"]
+    import lightning.pytorch as pl
+
+    if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
+        return [f"model.class_path: {path!r} is not a lightning.pytorch.LightningModule subclass"]
+    return []
+
+
+def local_capacity(spec: JobSpec) -> dict[str, float]:
+    """What an embedded local Ray cluster on this machine can ever give training workers.
+
+    GPUs are counted (through torch, a second's import) only when ``spec`` asks for them."""
+    capacity: dict[str, float] = {"CPU": float(os.cpu_count() or 1)}
+    if not spec.scaling.use_gpu:
+        return capacity
+    try:
+        import torch
+
+        capacity["GPU"] = float(torch.cuda.device_count())
+    except Exception:
+        capacity["GPU"] = 0.0
+    return capacity
+
+
+def check_capacity(spec: JobSpec, capacity: dict[str, float]) -> list[str]:
+    """``num_workers`` workers (the minimum, if a range) of ``resources_per_worker`` each
+    fit into ``capacity``."""
+    problems = []
+    per_worker = spec.scaling.worker_resources()
+    workers = spec.scaling.min_workers
+    for resource, amount in per_worker.items():
+        if amount <= 0:
+            continue
+        have = capacity.get(resource, 0.0)
+        fits = int(have // amount)
+        if fits < workers:
+            field = "scaling.use_gpu" if resource == "GPU" and spec.scaling.use_gpu else None
+            field = field or "scaling.num_workers"
+            problems.append(
+                f"{field}: {workers} workers need {workers * amount:g} {resource} "
+                f"({amount:g} each) but the cluster can hold at most {have:g} "
+                f"(room for {fits} worker{'s' if fits != 1 else ''})"
+            )
+    return problems
+
+
+def check_local_cpus(spec: JobSpec) -> list[str]:
+    """``$RAYTRAIN_LOCAL_CPUS``, if set, leaves Ray Data at least one CPU beside the workers."""
+    from raytrain.driver.ray_runtime import LOCAL_CPUS_ENV, workers_cpus
+
+    requested = os.environ.get(LOCAL_CPUS_ENV)
+    if not requested:
+        return []
+    need = workers_cpus(spec) + 1
+    if not requested.isdigit() or int(requested) < need:
+        return [
+            f"scaling.num_workers: {LOCAL_CPUS_ENV}={requested} must be a whole number of at "
+            f"least {need}: the workers' {need - 1} CPUs and one for Ray Data"
+        ]
+    return []
+
+
+def dataset_schema(uri: str, fmt: str, options: StorageSpec | None = None) -> Any:
+    """The pyarrow schema of the dataset at ``uri`` (read from file footers/headers only)."""
+    import pyarrow.dataset as pads
+
+    fs, path = storage.filesystem(uri, options)
+    return pads.dataset(path, filesystem=fs, format=fmt).schema
+
+
+def dataset_schema_names(uri: str, fmt: str, options: StorageSpec | None = None) -> list[str]:
+    """The column names of the dataset at ``uri`` (read from file footers/headers only)."""
+    return list(dataset_schema(uri, fmt, options).names)
+
+
+def tensor_type_problem(arrow_type: Any) -> str | None:
+    """Why a column of ``arrow_type`` cannot become a tensor in a batch (Arrow -> numpy ->
+    ``torch.as_tensor``, ``data.arrow_batch_to_tensors``), or None when it can: numbers and
+    booleans, lists (fixed or not) of them, and tensor extension types."""
+    import pyarrow as pa
+    import pyarrow.types as pat
+
+    if isinstance(arrow_type, pa.ExtensionType):
+        return tensor_type_problem(arrow_type.storage_type) if not _is_tensor_ext(arrow_type) \
+            else None  # fmt: skip
+    if pat.is_integer(arrow_type) or pat.is_floating(arrow_type) or pat.is_boolean(arrow_type):
+        return None
+    if pat.is_dictionary(arrow_type):
+        return tensor_type_problem(arrow_type.value_type)
+    lists = (pat.is_list, pat.is_large_list, pat.is_fixed_size_list)
+    if any(is_list(arrow_type) for is_list in lists):
+        inner = arrow_type.value_type
+        if any(is_list(inner) for is_list in lists):  # becomes an object array, no tensor
+            return f"{arrow_type}, a list of lists, which cannot become a tensor (store it " \
+                "flat, or as a tensor column)"  # fmt: skip
+        return tensor_type_problem(inner)
+    return f"{arrow_type}, which cannot become a tensor (numbers, booleans, or lists of them)"
+
+
+def _is_tensor_ext(arrow_type: Any) -> bool:
+    return "Tensor" in type(arrow_type).__name__  # Ray Data's ArrowTensorType(V2), ...
+
+
+# Storage checks (listings, a probe write) get this long in all; a store that has not
+# answered by then is reported, instead of hanging the command.
+STORAGE_CHECK_TIMEOUT_S = 25.0
+
+
+def check_stores(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
+    """``check_storage`` and ``check_data``, side by side (a store that does not answer
+    costs its retries once, not once per URI), given ``STORAGE_CHECK_TIMEOUT_S`` in all."""
+    import time
+
+    from raytrain.driver.background import Background
+
+    tasks = [Background(lambda: check_storage(spec))]
+    tasks += [Background(lambda f=f: check_data(spec, allow_prepare=allow_prepare, only=f))
+              for f in ("train", "val")]  # fmt: skip
+    deadline = time.monotonic() + STORAGE_CHECK_TIMEOUT_S
+    problems: list[str] = []
+    try:
+        for task in tasks:
+            problems += task.result(timeout=max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        uris = [spec.checkpoint.storage, spec.data.train.uri]
+        uris += [spec.data.val.uri] if spec.data.val else []
+        return [
+            f"checkpoint.storage/data: no answer from {', '.join(uris)} within "
+            f"{STORAGE_CHECK_TIMEOUT_S:.0f} s: the endpoint cannot be reached "
+            "(check storage.*.endpoint_url and the network)"
+        ]
+    return problems
+
+
+def check_storage(spec: JobSpec) -> list[str]:
+    """The run's folder under ``checkpoint.storage`` can be listed, written and deleted
+    from (object stores: a small probe file, removed again; local: permissions only)."""
+    from raytrain.driver.runstate import run_dir
+
+    location = storage.resolve(spec.checkpoint.storage)
+    if not storage.is_uri(location):
+        parent = location
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+            return [f"checkpoint.storage: {location}: cannot create or write it ({parent} "
+                    "is not a writable folder)"]  # fmt: skip
+        return []
+    why = storage.check_writable(run_dir(spec), spec.storage)
+    return [f"checkpoint.storage: {location}: {why}"] if why else []
+
+
+def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None = None) -> list[str]:
+    """Each dataset (or the ``only`` one: ``train``/``val``) exists, holds files of its
+    format, and has the columns the spec projects.
+
+    With ``allow_prepare``, a missing train set that ``data.prepare`` will write is no problem.
+    """
+    problems = []
+    options = spec.storage
+
+    # data.prepare runs when the train set is missing, and writes the val set too
+    def will_prepare() -> bool:
+        if not allow_prepare or spec.data.prepare is None:
+            return False
+        return _missing(storage.resolve(spec.data.train.uri), options) is not None
+
+    sources = {"data.train": spec.data.train, "data.val": spec.data.val}
+    for field, source in sources.items():
+        if source is None or (only is not None and field != f"data.{only}"):
+            continue
+        uri = storage.resolve(source.uri)
+        try:
+            missing = _missing(uri, options)
+            if missing is not None:
+                if not will_prepare():
+                    problems.append(f"{field}.uri: {missing}")
+                continue
+            names = _source_columns(source, uri, options)
+        except Exception as exc:
+            problems.append(f"{field}.uri: cannot read {source.format} data at {uri}: "
+                            f"{storage.describe(exc)}")  # fmt: skip
+            continue
+        if not names:
+            problems.append(f"{field}.uri: no {source.format} files found under {uri}")
+            continue
+        absent = [c for c in spec.data.columns or [] if c not in names]
+        if absent:
+            problems.append(
+                f"data.columns: {', '.join(map(repr, absent))} not in {field} "
+                f"({uri} has: {', '.join(names)})"
+            )
+        elif source.format != "images" and spec.data.preprocess is None:
+            problems += _column_type_problems(spec, field, source, uri, options)
+    return problems
+
+
+def _column_type_problems(
+    spec: JobSpec, field: str, source: Any, uri: str, options: Any
+) -> list[str]:
+    """Each column the workers get (the projection, else all) can become a tensor, as the
+    batches need; checked from the schema (a Parquet footer), not in the run. A
+    ``data.preprocess`` step may turn any column into numbers, so it is not checked then."""
+    try:
+        schema = dataset_schema(uri, source.format, options)
+    except Exception:  # read once already (the column names): the run will say
+        return []
+    projected = spec.data.columns
+    out = []
+    for name in projected or schema.names:
+        why = tensor_type_problem(schema.field(name).type)
+        if why is not None:
+            where = "data.columns" if projected else f"{field}.uri"
+            out.append(
+                f"{where}: column {name!r} of {field} ({uri}) is {why}; project it away "
+                "with data.columns, or convert it with data.preprocess"
+            )
+    return out
+
+
+def _missing(uri: str, options: Any) -> str | None:
+    """Why nothing can be read at ``uri`` (no such path, missing bucket, empty prefix), or
+    None when something is there. Store errors (credentials, endpoint) raise."""
+    if not storage.is_uri(uri):
+        return None if os.path.exists(uri) else f"no such file or folder: {uri}"
+    # A listing first: it tells rejected credentials apart from a missing key.
+    if storage.list_dir(uri, options) or storage.exists(uri, options):
+        return None
+    bucket = storage.missing_bucket(uri, options)
+    if bucket:
+        return f"{uri}: the bucket {bucket!r} does not exist"
+    return f"{uri}: nothing there (an empty or missing prefix)"
+
+
+def _source_columns(source: Any, uri: str, options: Any) -> list[str]:
+    """The columns a split's files give (for images: ``image``, and ``label`` when the
+    files sit in class folders); empty when no file of the format is there."""
+    if source.format != "images":
+        return dataset_schema_names(uri, source.format, options)
+    import pyarrow.fs as pafs
+
+    from raytrain.data.sources import IMAGE_EXTENSIONS, image_classes
+
+    fs, path = storage.filesystem(uri, options)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    if not any(i.extension.lower() in IMAGE_EXTENSIONS for i in infos):
+        return []
+    return ["image", "label"] if image_classes(fs, path) else ["image"]
+
+
+def raise_if(problems: list[str]) -> None:
+    """Raise one ``SpecError`` listing every problem, if there are any."""
+    if problems:
+        raise SpecError(problems)

@@ -1,0 +1,212 @@
+"""What a run records beside its checkpoints: the run-state file and the MLflow run.
+
+``RunRecord.start`` starts opening both in a background thread, so MLflow's setup (its
+import, a SQLite schema or a server round trip) runs while Ray Train starts the workers
+instead of before. Events that arrive first wait for it. If it fails, ``on_error`` is called
+(the launcher aborts training) and the error is re-raised wherever the record is used.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from raytrain.checkpoints.layout import MONITOR_MISSING
+from raytrain.driver import runstate
+from raytrain.driver.background import Background
+from raytrain.errors import TrackingError
+from raytrain.redaction import redact, redact_tree
+from raytrain.spec import JobSpec
+
+
+def spec_yaml(job: JobSpec) -> str:
+    """The resolved spec as the run's ``spec.yaml`` artifact holds it: credentials masked
+    (a credential-like field keeps its name, its value is ``***``)."""
+    return yaml.safe_dump(redact_tree(job.model_dump(mode="json")), sort_keys=False)
+
+
+def tracking_error(tracking_uri: str, exc: BaseException) -> TrackingError:
+    """The error for a tracking store that cannot be opened: the URI once, redacted (MLflow's
+    own message repeats it, user info and all, in the URL it requested)."""
+    detail = str(exc)
+    for form in {tracking_uri, tracking_uri.rstrip("/")} - {""}:
+        detail = detail.replace(form, "")
+    return TrackingError(
+        "tracking.mlflow.tracking_uri: cannot open an MLflow run at "
+        f"{redact(tracking_uri)}: {type(exc).__name__}: {redact(detail)}"
+    )
+
+
+class RunRecord:
+    """The run's state file and MLflow run (see module docstring)."""
+
+    def __init__(self, job: JobSpec, state: runstate.RunState | None):
+        self.job = job
+        self.state = state or runstate.new_state(job)
+        self.tracking_uri = ""
+        self.opened_at: float | None = None  # wall clock, once open
+        self.resumed_from: str | None = None  # the checkpoint this attempt starts from
+        self._opening: Background | None = None
+        self._group_starts = 0  # worker groups started in this attempt (restarts + 1)
+        self._preload: Background | None = None
+        # (checkpoint, why) when register_as was asked for and the model was not logged
+        self.model_missing: tuple[str, str] | None = None
+
+    def start(self, on_error: Callable[[BaseException], None] | None = None) -> None:
+        """Start opening the run's records in the background; see :meth:`tracker`."""
+        self._opening = Background(lambda: self._open(on_error))
+
+    def _open(self, on_error: Callable[[BaseException], None] | None) -> Any:
+        try:
+            from raytrain.tracking.mlflow_tracker import (
+                MlflowTracker,
+                default_tracking_uri,
+                redacted_params,
+            )
+
+            job, state = self.job, self.state
+            state.attempts += 1
+            state.spec, state.spec_digest = job.flat(), job.digest()
+            self.tracking_uri = job.tracking.mlflow.tracking_uri or default_tracking_uri()
+            try:
+                tracker, _ = MlflowTracker.open(job, self.tracking_uri, state.mlflow_run_id)
+            except Exception as exc:
+                raise tracking_error(self.tracking_uri, exc) from exc
+            state.mlflow_run_id, state.tracking_uri, state.status = (
+                tracker.run_id,
+                self.tracking_uri,
+                "RUNNING",
+            )
+            runstate.save(job, state)
+            tracker.log_params(redacted_params(job.flat()))
+            started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            tracker.set_tags(
+                {
+                    "raytrain.attempts": str(state.attempts),
+                    f"raytrain.attempt.{state.attempts}": f"started {started}, "
+                    f"from {self.resumed_from or 'the start'}",
+                }
+            )
+            tracker.log_text(spec_yaml(job), "spec.yaml")
+            self.opened_at = time.time()
+            return tracker
+        except BaseException as exc:
+            if on_error is not None:
+                on_error(exc)
+            raise
+
+    def tracker(self) -> Any:
+        """The open ``MlflowTracker``; waits for it, and raises what opening it raised."""
+        assert self._opening is not None, "RunRecord.start() was not called"
+        return self._opening.result()
+
+    def log_metrics(self, event: dict[str, Any]) -> None:
+        """Log a report's metrics at its step. A report that opens a worker group (rank 0's
+        startup times ride on its first report) after the first is a restart: it is
+        counted on the run (``raytrain.restarts``, across attempts) and described."""
+        tracker = self.tracker()
+        step = int(event.get("step", 0))
+        if self._preload is None and self.job.tracking.mlflow.log_model:
+            # what logging the model at the end imports (mlflow.pytorch alone takes seconds:
+            # it imports Lightning), started once training runs instead of after it
+            self._preload = Background(self._import_for_model)
+        if "_worker_started_at" in event:
+            self._group_starts += 1
+            if self._group_starts > 1:
+                self.state.restarts += 1
+                tracker.set_tags(
+                    {
+                        "raytrain.restarts": str(self.state.restarts),
+                        f"raytrain.restart.{self.state.restarts}": (
+                            f"attempt {self.state.attempts}: workers restarted, "
+                            f"{event.get('world_size', '?')} of them, first report at step {step}"
+                        ),
+                    }
+                )
+        if MONITOR_MISSING in event:
+            self._monitor_missing(tracker, event[MONITOR_MISSING])
+        tracker.log_metrics(event, step=step)
+
+    def _monitor_missing(self, tracker: Any, reported: list[str]) -> None:
+        """Say, once, that ``checkpoint.monitor`` was not among the first validation's
+        metrics: checkpoints are ranked by recency until it appears."""
+        monitor = self.job.checkpoint.monitor
+        text = (
+            f"checkpoint.monitor {monitor!r} was not reported by the first validation "
+            f"(reported: {', '.join(reported) or 'nothing'}); checkpoints are ranked by "
+            "recency until it is"
+        )
+        print(f"raytrain: warning: {text}", file=sys.stderr)
+        tracker.set_tags({"raytrain.checkpoint_ranking": text})
+
+    def _import_for_model(self) -> None:
+        import mlflow.pytorch  # noqa: F401
+
+        from raytrain.imports import import_object
+
+        import_object(self.job.model.class_path)
+
+    def log_model(self, checkpoint: str | None) -> str | None:
+        """Log the model with ``checkpoint``'s weights to the run (and the registry, with
+        ``tracking.mlflow.register_as``); returns its URI. A failure here does not undo the
+        training: it is printed and tagged (``raytrain.model_error``), and None returned;
+        with ``register_as`` it is also kept for ``raise_if_unregistered`` (exit 1)."""
+        mlflow_spec = self.job.tracking.mlflow
+        if not mlflow_spec.log_model or not checkpoint:
+            return None
+        tracker = self.tracker()
+        try:
+            if self._preload is not None:
+                self._preload.result()
+            from raytrain.checkpoints.export import trained_model
+
+            uri = tracker.log_model(
+                trained_model(self.job, checkpoint),
+                register_as=mlflow_spec.register_as,
+                job=self.job,
+            )
+        except Exception as exc:
+            message = redact(f"{type(exc).__name__}: {exc}")
+            print(f"raytrain: warning: the model was not logged to MLflow: {message}",
+                  file=sys.stderr)  # fmt: skip
+            tracker.set_tags({"raytrain.model_error": message[:5000]})
+            if mlflow_spec.register_as:
+                self.model_missing = (checkpoint, message)
+            return None
+        tracker.set_tags({"raytrain.model_uri": uri})  # its weights: raytrain.best_checkpoint
+        return uri
+
+    def raise_if_unregistered(self) -> None:
+        """``ModelNotRegistered`` (exit 1) when ``register_as`` was asked for and the model
+        was not logged: the run is FINISHED in MLflow (training did finish), but whatever
+        deploys ``models:/NAME`` must not find an older version and carry on."""
+        if self.model_missing is None:
+            return
+        from raytrain.errors import ModelNotRegistered
+
+        checkpoint, message = self.model_missing
+        raise ModelNotRegistered(
+            f"tracking.mlflow.register_as: the model was not registered as "
+            f"{self.job.tracking.mlflow.register_as!r}: {message}. Training finished (MLflow "
+            f"run {self.state.mlflow_run_id}, tag raytrain.model_error); its checkpoint is "
+            f"kept: {checkpoint} (raytrain export writes its weights)"
+        )
+
+    def finish(self, status: str, *, error: str | None = None, best: str | None = None) -> None:
+        """Close the MLflow run with ``status`` and save the state; nothing if opening failed
+        or never started."""
+        if self._opening is None:
+            return
+        try:
+            tracker = self._opening.result()
+        except BaseException:
+            return
+        if best is not None:
+            tracker.set_tags({"raytrain.best_checkpoint": best})
+        tracker.finish(status, error=error)
+        self.state.status = "FINISHED" if status == "FINISHED" else "FAILED"
+        runstate.save(self.job, self.state)

@@ -1,0 +1,153 @@
+"""The training phase of a run on the driver: datasets, the trainer, and the run's events.
+
+``train`` builds the datasets and Ray Train's configs, opens the run's records while the
+workers start (a failure to open them aborts the run; so does another run taking the lease
+over), drains rank 0's metric events into the progress line and MLflow, and turns Ray's
+failures into raytrain's errors.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from raytrain import storage
+from raytrain.checkpoints.layout import SCORE_KEY
+from raytrain.contract import CachedSet, WorkerConfig
+from raytrain.driver.lease import Lease
+from raytrain.driver.ray_runtime import RayHandle
+from raytrain.driver.results import Trained, worker_errors
+from raytrain.driver.run_record import RunRecord
+from raytrain.errors import RunStateError, TrainingFailed
+from raytrain.spec import JobSpec
+
+Mark = Callable[[str], None]
+
+
+def run_config(job: JobSpec) -> Any:
+    """Ray Train's ``RunConfig``: the run folder on the spec's storage, the failure limits,
+    and how many checkpoints to keep, ranked by ``SCORE_KEY`` when a metric is monitored."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+
+    ckpt = job.checkpoint
+    storage_fs, storage_path = storage.filesystem(ckpt.storage, job.storage)
+    return RunConfig(
+        name=job.name,
+        storage_path=storage_path,
+        storage_filesystem=storage_fs,
+        failure_config=FailureConfig(
+            max_failures=job.failure.max_failures,
+            max_preemption_failures=job.failure.max_preemptions,
+        ),
+        checkpoint_config=CheckpointConfig(
+            num_to_keep=ckpt.keep,
+            checkpoint_score_attribute=SCORE_KEY if ckpt.monitor else None,
+            checkpoint_score_order=ckpt.mode,
+        ),
+    )
+
+
+def make_trainer(
+    job: JobSpec, ray_handle: RayHandle, sink: Any, datasets: dict[str, Any],
+    cached: dict[str, CachedSet],
+) -> Any:  # fmt: skip
+    """The run's trainer: ``worker.loop.train_loop`` on every worker, with its
+    ``WorkerConfig``."""
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchConfig
+
+    from raytrain.data.sources import dataset_config
+    from raytrain.driver.trainer import build_trainer
+    from raytrain.worker.loop import train_loop
+
+    work = WorkerConfig(spec=job, sink=sink, cached=cached)
+    return build_trainer(
+        embedded_env=ray_handle.embedded_env,
+        max_preemptions=job.failure.max_preemptions,
+        train_loop_per_worker=train_loop,
+        train_loop_config=work.as_train_loop_config(),
+        torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=job.scaling.num_workers,
+            elastic_resize_monitor_interval_s=job.scaling.resize_check_s,
+            use_gpu=job.scaling.use_gpu,
+            resources_per_worker=job.scaling.worker_resources(),
+        ),
+        run_config=run_config(job),
+        datasets=datasets,
+        dataset_config=dataset_config(),
+    )
+
+
+def train(
+    job: JobSpec,
+    ray_handle: RayHandle,
+    record: RunRecord,
+    held: Lease,
+    progress: bool | TextIO,
+    mark: Mark,
+) -> Trained:
+    """Build the datasets and the trainer, open the run's records while the workers start,
+    and train (see the module docstring)."""
+    from raytrain.data.sources import build_datasets
+    from raytrain.driver.progress import start_sink
+
+    datasets, cached = build_datasets(job, ray_handle.object_store_bytes())
+    mark("datasets_ready")
+    sink = start_sink()
+    trainer = make_trainer(job, ray_handle, sink, datasets, cached)
+    # A run that cannot be recorded does not train: opening the records aborts it; so does
+    # another run taking the lease over.
+    record.start(on_error=lambda exc: trainer.abort())
+    held.on_lost = lambda holder: trainer.abort()
+    result, latest = _fit(job, trainer, sink, record, held, progress, mark)
+    data_paths = {**{k: "streamed" for k in datasets}, **{k: "cached" for k in cached}}
+    return Trained(result=result, latest=latest, data_paths=data_paths)
+
+
+def _fit(
+    job: JobSpec, trainer: Any, sink: Any, record: RunRecord, held: Lease,
+    progress: bool | TextIO, mark: Mark,
+) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """``trainer.fit()`` with rank 0's events pumped to MLflow and the progress line;
+    returns Ray's result and the newest value of every metric."""
+    from ray.train import TrainingFailedError
+
+    from raytrain._compat.ray_train import RunAborted
+    from raytrain.driver.progress import ProgressLine, ReportPump
+
+    handlers: list[Callable[[dict[str, Any]], None]] = [record.log_metrics]
+    line = None
+    if progress:
+        stream = progress if not isinstance(progress, bool) else sys.stderr
+        line = ProgressLine(job.trainer.max_epochs, job.trainer.max_steps, stream=stream)
+        handlers.append(line)
+    try:
+        with ReportPump(sink, handlers) as pump:
+            result = trainer.fit()
+            mark("trained")
+    except RunAborted:
+        if held.lost_to is not None:
+            raise RunStateError(
+                f"name: {held.path} was taken over by another run "
+                f"({held.lost_to.describe(time.time())}); this run stopped"
+            ) from None
+        record.tracker()  # raises why the run was aborted
+        raise
+    except TrainingFailedError as exc:
+        raise TrainingFailed(worker_errors(exc)) from exc
+    finally:
+        if line is not None:
+            line.close()
+    record.tracker()
+    if result.error is not None:
+        raise TrainingFailed(worker_errors(result.error))
+    if pump.errors:  # training finished; say what the progress line or MLflow missed
+        print(
+            f"raytrain: warning: {len(pump.errors)} metric report(s) were not recorded; "
+            f"first: {type(pump.errors[0]).__name__}: {pump.errors[0]}",
+            file=sys.stderr,
+        )
+    return result, pump.latest

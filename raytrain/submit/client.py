@@ -1,0 +1,504 @@
+"""Sending a job spec to a Ray cluster's job server, and following it there.
+
+``submit`` checks the spec here (its schema: nothing on the cluster is touched for a typo),
+uploads the working directory (Ray's runtime environment: it honours ``.gitignore`` and
+``.rayignore``; raytrain leaves secret-shaped files out too, says which, and refuses a link
+that leads out of the directory), and starts ``python -m raytrain run SPEC ...`` as a Ray
+job; the job's driver joins the cluster through the ``RAY_ADDRESS`` Ray sets for it. The
+returned ``JobHandle`` follows the job by id, so a pipeline step can submit in one task and
+wait or stop in another.
+
+The cluster's token (Ray token authentication) comes from ``token=``, ``$RAY_AUTH_TOKEN``,
+the file ``$RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, in that order. It travels in the
+HTTP ``Authorization`` header only: it is never printed, logged, or put in the job's
+runtime environment (the job's driver gets the cluster's own). It is not sent over plain
+http to a host other than this machine unless asked (``insecure=True``, ``--insecure``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raytrain import storage
+from raytrain._compat.ray_core import NOISY_LOGGERS
+from raytrain.errors import EXIT_BAD_INPUT, RaytrainError
+from raytrain.provenance import GIT_COMMIT_ENV, git_commit
+from raytrain.redaction import is_secret_env, is_secret_name, masked_fields, redact
+
+# Where a job server is found when no address is given: Ray's own variables for its CLI.
+ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+DEFAULT_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+# Never sent with a working directory, on top of what its .gitignore leaves out.
+WORKING_DIR_EXCLUDES = [".git", ".venv", "__pycache__", "*.egg-info"]
+
+# Secret-shaped names, never sent either (and named when left out). Gitignore syntax, the way
+# Ray's ``excludes`` reads it: a name without a slash matches at any depth, and the last line
+# that matches wins. The first two lines match names that hold a secret only sometimes, so the
+# next two let Python files and a tokenizer's files back in (``tokenizer.json``,
+# ``credentials.py``) before the names that always hold one. OpenSSH's key files are named by
+# type (``id_*`` would also take ``id_to_label.json``).
+SECRET_EXCLUDES = [
+    "*token*", "credentials*",
+    "!*.py", "!*tokeniz*", "!*tokeniz*/**",
+    ".env*", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore",
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
+    ".aws", ".ssh", ".gnupg", ".azure", ".kube", "**/.config/gcloud", ".netrc", ".pgpass",
+    ".git-credentials", ".docker/config.json",
+    "*.db", "*.sqlite", "*.sqlite3",
+]  # fmt: skip
+
+
+class JobsError(RaytrainError):
+    """The job server cannot be reached or used: address, token, job id (bad input)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+def resolve_address(address: str | None) -> str:
+    """The job server's URL: ``address``, else ``$RAY_API_SERVER_ADDRESS`` or
+    ``$RAY_ADDRESS`` when it is an http(s) URL; a bare ``host:port`` gets ``http://``."""
+    if not address:
+        for name in ADDRESS_ENVS:
+            value = os.environ.get(name, "")
+            if value.startswith(("http://", "https://")):
+                address = value
+                break
+    if not address:
+        raise JobsError(
+            "no cluster address: pass --address http://HEAD:8265 (the head's dashboard "
+            "and job server) or set RAY_API_SERVER_ADDRESS"
+        )
+    address = address.strip()
+    if "://" not in address:
+        address = f"http://{address}"
+    scheme, _, rest = address.partition("://")
+    address = f"{scheme.lower()}://{rest}"  # a scheme is case-insensitive: HTTP:// is http
+    if not address.startswith(("http://", "https://")):
+        raise JobsError(f"--address {address}: the job server is an http:// or https:// URL")
+    return address.rstrip("/")
+
+
+def _find_token(token: str | None = None) -> tuple[str | None, str | None]:
+    """(the cluster's token, where it came from), see ``resolve_token``; (None, None)."""
+    if token:
+        return token.strip(), "the token argument"
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV].strip(), f"${TOKEN_ENV}"
+    path = os.environ.get(TOKEN_PATH_ENV)
+    if path:
+        try:
+            return Path(path).read_text().strip(), f"{path} (${TOKEN_PATH_ENV})"
+        except OSError as exc:
+            raise JobsError(
+                f"{TOKEN_PATH_ENV}={path}: cannot read the token file ({exc.strerror})"
+            ) from None
+    if DEFAULT_TOKEN_FILE.is_file():
+        return DEFAULT_TOKEN_FILE.read_text().strip(), str(DEFAULT_TOKEN_FILE)
+    return None, None
+
+
+def resolve_token(token: str | None = None) -> str | None:
+    """The cluster's token, from ``token``, ``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH`` or
+    ``~/.ray/auth_token``; None when there is none (a cluster without authentication)."""
+    return _find_token(token)[0]
+
+
+def _loopback(host: str | None) -> bool:
+    """Whether ``host`` (a URL's host name) is this machine: ``localhost``, 127.0.0.0/8, ::1.
+    Other names are not looked up: what they resolve to is not known to be this machine."""
+    if not host:
+        return False
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_transport(address: str, token: str | None, insecure: bool = False) -> None:
+    """Refuse to send ``token`` over plain http to a host other than this machine (anyone on
+    the path could read it and use the cluster) unless ``insecure``; ``insecure`` warns."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(address)
+    if not token or parsed.scheme != "http" or _loopback(parsed.hostname):
+        return
+    if insecure:
+        print(f"raytrain: warning: --insecure: the cluster's token goes to {address} in clear "
+              "over http", file=sys.stderr)  # fmt: skip
+        return
+    raise JobsError(
+        f"--address {address}: the cluster's token would travel in clear over http to "
+        f"{parsed.hostname}; use https:// (a TLS proxy in front of the dashboard), or a tunnel "
+        "to the head (`ray dashboard CLUSTER.yaml`, or `ssh -L 8265:localhost:8265 HEAD`) and "
+        "--address http://127.0.0.1:8265; --insecure sends it anyway"
+    )
+
+
+def _refused(exc: Exception, address: str, source: str | None = None) -> JobsError | None:
+    """Our message for the job server's 'no token' (401) and 'wrong token' (403): Ray's own
+    names neither the address nor where raytrain looks for the token. ``source``: where the
+    token that was sent came from; None when none was sent."""
+    from ray.exceptions import AuthenticationError
+
+    text = str(exc)
+    if not isinstance(exc, AuthenticationError) and "status code 40" not in text:
+        return None
+    where = f"{TOKEN_ENV}, the file {TOKEN_PATH_ENV} names, or {DEFAULT_TOKEN_FILE}"
+    missing = "Missing" in text or "required" in text
+    invalid = "Invalid" in text or "failed" in text or "403" in text
+    if missing and source is not None:
+        return JobsError(
+            f"{address}: the token was refused: one was sent (from {source}) and the cluster "
+            "answered that it requires one; a proxy in front of the dashboard may drop the "
+            "Authorization header"
+        )
+    if missing:
+        return JobsError(f"{address}: the cluster requires a token; none was found in {where}")
+    if invalid:
+        return JobsError(f"{address}: the cluster refused the token from {source or where}")
+    return None
+
+
+class JobServer:
+    """A connection to one cluster's job server (``ray.job_submission.JobSubmissionClient``
+    with the token in its headers), translating its failures into ``JobsError``."""
+
+    def __init__(
+        self, address: str | None = None, *, token: str | None = None, insecure: bool = False
+    ):
+        from ray.job_submission import JobSubmissionClient
+
+        self.address = resolve_address(address)
+        secret, self._token_source = _find_token(token)
+        check_transport(self.address, secret, insecure)
+        headers = {"Authorization": f"Bearer {secret}"} if secret else None
+        try:
+            self.client = JobSubmissionClient(self.address, headers=headers)
+            # the version check above is open to all; this call needs the token
+            self.client.list_jobs()
+        except ConnectionError:
+            raise JobsError(
+                f"{self.address}: no Ray job server answers there (is the head up, and "
+                "is this its dashboard port, 8265 by default?)"
+            ) from None
+        except Exception as exc:
+            refused = _refused(exc, self.address, self._token_source)
+            raise (refused or JobsError(f"{self.address}: {exc}")) from None
+
+    def call(self, what: str, job_id: str | None, fn, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args)`` on the client; an unknown job id or a refusal is a ``JobsError``."""
+        try:
+            return fn(*args, **kwargs)
+        except ConnectionError:
+            raise JobsError(f"{self.address}: the job server stopped answering") from None
+        except Exception as exc:
+            if job_id and "404" in str(exc):
+                raise JobsError(f"job {job_id}: no such job on {self.address}") from None
+            refused = _refused(exc, self.address, self._token_source)
+            if refused:
+                raise refused from None
+            raise JobsError(f"{what} on {self.address}: {exc}") from None
+
+    def handle(self, job_id: str) -> JobHandle:
+        """The handle of an existing job; an unknown id is a ``JobsError``."""
+        self.call("status", job_id, self.client.get_job_status, job_id)
+        return JobHandle(job_id, self)
+
+    def jobs(self) -> list[Any]:
+        """Every job the server knows, oldest first (Ray's ``JobDetails``)."""
+        found = self.call("list", None, self.client.list_jobs)
+        return sorted(found, key=lambda j: j.start_time or 0)
+
+
+@dataclass
+class JobHandle:
+    """A job on a cluster, by id: what a pipeline keeps between steps."""
+
+    job_id: str
+    server: JobServer
+
+    def _call(self, what: str, fn, *args: Any) -> Any:
+        return self.server.call(what, self.job_id, fn, self.job_id, *args)
+
+    def status(self) -> str:
+        """PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
+        return str(self._call("status", self.server.client.get_job_status).value)
+
+    def info(self) -> Any:
+        """Ray's ``JobDetails``: status, message, entrypoint, times, metadata."""
+        return self._call("info", self.server.client.get_job_info)
+
+    def logs(self) -> str:
+        """The job's driver output so far."""
+        return self._call("logs", self.server.client.get_job_logs)
+
+    def follow(self) -> Iterator[str]:
+        """The driver's output as it comes, until the job ends."""
+        stream = self._call("logs", self.server.client.tail_job_logs)
+        loop = asyncio.new_event_loop()
+        try:
+            while True:
+                try:
+                    yield loop.run_until_complete(stream.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            loop.run_until_complete(stream.aclose())
+            loop.close()
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 1.0) -> str:
+        """Block until the job ends and return its final status; ``TimeoutError`` after
+        ``timeout_s`` (the job keeps running)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while (status := self.status()) not in TERMINAL:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.job_id} still {status} after {timeout_s}s")
+            time.sleep(poll_s)
+        return status
+
+    def stop(self) -> bool:
+        """Ask the cluster to stop the job (SIGTERM to its driver, then SIGKILL); False
+        when it had already ended."""
+        return bool(self._call("stop", self.server.client.stop_job))
+
+
+def entrypoint(spec_path: str, overrides: Iterable[str], flags: Sequence[str] = ()) -> str:
+    """The job's command: raytrain's own CLI, from the working directory's copy or the
+    cluster's install."""
+    return shlex.join(["python", "-m", "raytrain", "run", spec_path, *overrides, *flags])
+
+
+def _spec_in_working_dir(spec: str | os.PathLike[str], working_dir: Path) -> str:
+    """``spec`` relative to ``working_dir``: the job reads it from the uploaded copy."""
+    path = Path(spec).resolve()
+    try:
+        return path.relative_to(working_dir).as_posix()
+    except ValueError:
+        raise JobsError(
+            f"{spec}: the spec is outside the working directory {working_dir}; the cluster "
+            "only gets that directory (move the spec there or pass --working-dir)"
+        ) from None
+
+
+def upload_excludes(root: Path, include: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """(Ray's ``excludes`` for uploading the working dir ``root``, the paths left out of it
+    for a secret-shaped name, relative to ``root``, folders with a trailing ``/``).
+
+    The walk skips what Ray's own defaults, ``WORKING_DIR_EXCLUDES`` and the ``.gitignore``
+    and ``.rayignore`` files leave out, with Ray's own matching, so it sees what Ray would
+    upload. Ray follows symbolic links and uploads what they point at: a link that resolves
+    outside ``root`` is refused (``JobsError``, naming it), and one that leads to a
+    secret-shaped file inside it is left out. ``include``: gitignore patterns sent although
+    they look secret (``tokens.txt``).
+    """
+    from raytrain._compat.ray_core import upload_matchers
+
+    ray_rules = upload_matchers()
+    PathSpec = ray_rules.path_spec
+    base = [*ray_rules.default_excludes, *WORKING_DIR_EXCLUDES]
+    secret = [*SECRET_EXCLUDES, *(f"!{pattern}" for pattern in include)]
+    ignored = PathSpec.from_lines("gitwildmatch", base)
+    excluded = PathSpec.from_lines("gitwildmatch", [*base, *secret])
+    gitignore = ray_rules.reads_gitignore
+    quiet = logging.getLogger("raytrain.upload")  # Ray logs each ignore file it reads
+    quiet.setLevel(logging.WARNING)
+    left_out: list[str] = []
+    links: list[str] = []
+    outside: list[str] = []
+
+    def walk(folder: Path, ignores: list[Any], chain: frozenset[Path] = frozenset()) -> None:
+        # chain: the real folders this walk is inside, so a link to one of them (a loop)
+        # is not walked again
+        chain = chain | {folder.resolve()}
+        ignores = [*ignores, *ray_rules.excludes_from_ignore_files(folder, gitignore, logger=quiet)]
+        try:
+            children = sorted(folder.iterdir())
+        except OSError as exc:
+            raise JobsError(f"--working-dir: cannot list {folder} ({exc.strerror})") from None
+        for path in children:
+            rel = path.relative_to(root).as_posix()
+            if ignored.match_file(rel) or any(ignore(path) for ignore in ignores):
+                continue
+            if excluded.match_file(rel):
+                folder_mark = "/" if path.is_dir() and not path.is_symlink() else ""
+                left_out.append(rel + folder_mark)
+            elif path.is_symlink():
+                target = path.resolve()
+                if not target.exists():
+                    continue  # Ray uploads nothing for a dangling link
+                if not target.is_relative_to(root):
+                    outside.append(f"{rel} -> {target}")
+                elif excluded.match_file(target.relative_to(root).as_posix()):
+                    left_out.append(f"{rel} (a link to {target.relative_to(root).as_posix()})")
+                    links.append("/" + ray_rules.escape(rel))
+                elif target.is_dir() and target not in chain:
+                    # Ray uploads a linked folder's files under the link's path, whatever
+                    # ignores the folder where it really is: walked as Ray sees it
+                    walk(path, ignores, chain)
+            elif path.is_dir():
+                walk(path, ignores, chain)
+
+    walk(root, [])
+    if outside:
+        raise JobsError(
+            [
+                f"--working-dir {root}: {link} is a symbolic link out of the working dir; "
+                "Ray would upload what it points at (remove the link, copy what the job "
+                "needs into the working dir, or list the link in .rayignore)"
+                for link in outside
+            ]
+        )
+    return [*WORKING_DIR_EXCLUDES, *secret, *links], left_out
+
+
+def _warnings(job: Any, env: Mapping[str, str], overrides: Sequence[str] = ()) -> list[str]:
+    """What a run on a cluster keeps only until its job's working dir is deleted, and
+    credentials about to be recorded in the job's runtime environment or entrypoint."""
+    notes = [
+        f"--env {key}: the job's runtime environment is recorded and shown by the dashboard "
+        "and `ray job list`; give the cluster this credential through its own environment "
+        "(the node setup, a Kubernetes Secret)"
+        for key, value in env.items()
+        if is_secret_env(key, value)
+    ]
+    notes += [
+        f"override {key}: the job's entrypoint, overrides and all, is recorded and shown by "
+        "the dashboard and `ray job list`; give the cluster this credential through its own "
+        "environment"
+        for key, _, value in (item.partition("=") for item in overrides)
+        if is_secret_name(key) or redact(value) != value
+    ]
+    masked = masked_fields(job.flat())
+    if masked:
+        notes.append(
+            f"{', '.join(masked)}: credential-like values in the spec; raytrain masks them in "
+            "what it records, but the spec file is uploaded with the working dir as it is"
+        )
+    if storage.is_relative_path(job.checkpoint.storage):
+        notes.append(
+            f"checkpoint.storage {job.checkpoint.storage!r} is a relative path: on the "
+            "cluster it lands in the job's copy of the working dir and goes with it; use "
+            "s3://, gs://, abfs:// or a path every node shares"
+        )
+    if not job.tracking.mlflow.tracking_uri and "MLFLOW_TRACKING_URI" not in env:
+        notes.append(
+            "no tracking.mlflow.tracking_uri and no --env MLFLOW_TRACKING_URI: the run's "
+            "MLflow record lands in the job's working dir; point it at an MLflow server"
+        )
+    return notes
+
+
+def submit(
+    spec: str | os.PathLike[str],
+    overrides: Iterable[str] = (),
+    *,
+    address: str | None = None,
+    token: str | None = None,
+    working_dir: str | os.PathLike[str] | None = ".",
+    pip: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    job_id: str | None = None,
+    fresh: bool = False,
+    resume_anyway: bool = False,
+    force: bool = False,
+    warn: bool = True,
+    insecure: bool = False,
+    include: Sequence[str] = (),
+) -> JobHandle:
+    """Submit the job spec at ``spec`` (with dotted ``overrides``) to the cluster at
+    ``address`` and return its handle at once.
+
+    ``working_dir`` (uploaded; the spec must be inside it) carries the job's code, raytrain's
+    too when it is a raytrain checkout; with ``working_dir=None`` the spec path is taken as
+    it is on the cluster. ``pip`` installs packages for the job (``["raytrain==0.3"]`` on a
+    cluster without it). ``env`` sets the job's environment (an MLflow server's URI, ...).
+    Secret-shaped files are left out of the upload (``upload_excludes``; ``include``: gitignore
+    patterns to send anyway), and named on stderr. ``insecure``: send the cluster's token
+    over plain http to another machine (refused otherwise).
+    """
+    from raytrain.spec import load_spec
+
+    overrides = list(overrides)
+    env = dict(env or {})
+    if TOKEN_ENV in env:
+        raise JobsError(
+            f"--env {TOKEN_ENV}: the job's driver uses the cluster's own token; sending it "
+            "would put it in the job's recorded runtime environment"
+        )
+    runtime_env: dict[str, Any] = {}
+    if working_dir is not None:
+        root = Path(working_dir).resolve()
+        if not root.is_dir():
+            raise JobsError(f"--working-dir {working_dir}: not a directory")
+        spec_path = _spec_in_working_dir(spec, root)
+        runtime_env["working_dir"] = str(root)
+        runtime_env["excludes"], left_out = upload_excludes(root, include)
+        if left_out:  # by name only: what they hold is never read
+            print(f"raytrain: left out of the upload (secret-shaped; --include PATTERN sends "
+                  f"one): {', '.join(left_out)}", file=sys.stderr)  # fmt: skip
+    else:
+        spec_path = str(spec)
+    # checked here when it is here: a typo fails before anything reaches the cluster
+    job = load_spec(spec, overrides) if working_dir is not None or Path(spec).is_file() else None
+    if job is not None and warn:
+        for line in _warnings(job, env, overrides):
+            print(f"raytrain: warning: {line}", file=sys.stderr)
+    if working_dir is not None and GIT_COMMIT_ENV not in env:
+        # the job's copy has no .git: the run's MLflow record gets the commit from here
+        found = git_commit(str(working_dir))
+        if found:
+            env[GIT_COMMIT_ENV] = found[0] + ("+dirty" if found[1] else "")
+    if pip:
+        runtime_env["pip"] = list(pip)
+    if env:
+        runtime_env["env_vars"] = env
+    flags = [
+        *(["--fresh"] if fresh else []),
+        *(["--resume-anyway"] if resume_anyway else []),
+        *(["--force"] if force else []),
+    ]
+    # Ray warns on every upload that it leaves .git and .venv out; so does WORKING_DIR_EXCLUDES
+    logging.getLogger(NOISY_LOGGERS["working_dir"]).setLevel(logging.ERROR)
+    server = JobServer(address, token=token, insecure=insecure)
+    submitted = server.call(
+        "submit",
+        None,
+        server.client.submit_job,
+        entrypoint=entrypoint(spec_path, overrides, flags),
+        runtime_env=runtime_env or None,
+        submission_id=job_id,
+        metadata={"raytrain_job": job.name if job else spec_path},
+    )
+    return JobHandle(submitted, server)
+
+
+def attach(
+    job_id: str, *, address: str | None = None, token: str | None = None, insecure: bool = False
+) -> JobHandle:
+    """The handle of a job submitted earlier (a pipeline's later step); ``JobsError`` for an
+    unknown id."""
+    return JobServer(address, token=token, insecure=insecure).handle(job_id)
+
+
+def list_jobs(
+    *, address: str | None = None, token: str | None = None, insecure: bool = False
+) -> list[Any]:
+    """Every job on the cluster's job server, oldest first (Ray's ``JobDetails``)."""
+    return JobServer(address, token=token, insecure=insecure).jobs()

@@ -1,0 +1,321 @@
+"""MLflow tracking: one MLflow run per job, continued across resumes. Driver side only.
+
+The driver records what the workers report (they never talk to MLflow), so a local SQLite
+store works on a multi-node cluster and tracking credentials live only on the driver.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from typing import Any
+
+from raytrain._compat.mlflow import last_steps
+from raytrain.provenance import git_commit
+from raytrain.redaction import redact, redact_flat, redact_value
+from raytrain.spec import JobSpec
+
+_PARAM_BATCH = 100
+_PARAM_MAX_CHARS = 6000
+
+
+def default_tracking_uri() -> str:
+    """``$MLFLOW_TRACKING_URI``, else MLflow's own default: ``mlflow.db`` in this folder.
+
+    That is the store a plain ``mlflow ui`` started in the same folder shows.
+    """
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath('mlflow.db')}"
+
+
+def redacted_params(flat: dict[str, Any]) -> dict[str, str]:
+    """The flattened spec as params (strings), credentials masked by ``raytrain.redaction``:
+    a credential-like field keeps its name with its value masked."""
+    return {key: str(value) for key, value in redact_flat(flat).items()}
+
+
+def git_tags() -> dict[str, str]:
+    """MLflow's own source tag for the commit (its UI shows it), and whether the working
+    tree had uncommitted changes."""
+    found = git_commit()
+    if found is None:
+        return {}
+    return {"mlflow.source.git.commit": found[0], "raytrain.git_dirty": str(found[1]).lower()}
+
+
+def _versions(packages: tuple[str, ...]) -> dict[str, str | None]:
+    """Each package's installed version; None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for package in packages:
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def version_tags(spec: JobSpec) -> dict[str, str]:
+    """Tags that say what ran: world size, strategy and the versions of the stack."""
+    tags = {
+        "raytrain.world_size": str(spec.scaling.num_workers)
+        if not spec.scaling.elastic
+        else f"{spec.scaling.min_workers}-{spec.scaling.max_workers}",
+        "raytrain.strategy": spec.strategy.name,
+        "raytrain.python": platform.python_version(),
+    }
+    for package, found in _versions(("raytrain", "ray", "lightning", "torch")).items():
+        tags[f"raytrain.version.{package}"] = found or "unknown"
+    return tags
+
+
+def attempt_tags() -> dict[str, str]:
+    """Tags of this attempt at the run: the Ray job it runs as, when it is a submitted job
+    (a resumed run records its latest job)."""
+    from raytrain.driver.ray_runtime import submission_id
+
+    job = submission_id()
+    return {"raytrain.ray_job_id": job} if job else {}
+
+
+class MlflowTracker:
+    """One MLflow run, created or reopened by :meth:`open`.
+
+    A metric's history only moves forward: a value at a step no later than the last step
+    already logged for that key is dropped. After a restore (a restarted worker group, or a
+    rerun after the driver died) the steps between the checkpoint and the failure are
+    trained again; MLflow keeps what was logged the first time, so no step is logged twice
+    and no curve goes backwards.
+    """
+
+    def __init__(self, client: Any, run_id: str, tracking_uri: str):
+        self.client = client
+        self.run_id = run_id
+        self.tracking_uri = tracking_uri
+        self._last_step = last_steps(client, run_id)
+
+    @classmethod
+    def open(
+        cls, spec: JobSpec, tracking_uri: str, run_id: str | None = None
+    ) -> tuple[MlflowTracker, bool]:
+        """Reopen ``run_id`` when it exists, else start a new run. Returns (tracker, resumed)."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        if run_id:
+            try:
+                client.get_run(run_id)
+                client.update_run(run_id, status="RUNNING")
+                tracker = cls(client, run_id, tracking_uri)
+                tracker.set_tags({**git_tags(), **attempt_tags()})
+                return tracker, True
+            except MlflowException:
+                pass
+        name = spec.tracking.mlflow.experiment or spec.name
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            experiment_id = client.create_experiment(
+                name, artifact_location=_artifacts(tracking_uri, name)
+            )
+        tags = {
+            **version_tags(spec),
+            **git_tags(),
+            **attempt_tags(),
+            **{k: redact_value(k, v) for k, v in spec.tracking.mlflow.tags.items()},
+            "raytrain.job": spec.name,
+        }
+        run = client.create_run(experiment_id, run_name=spec.name, tags=tags)
+        return cls(client, run.info.run_id, tracking_uri), False
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Log params not yet on the run; values that changed since are noted in a tag."""
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        fresh, changed = [], {}
+        for key, value in params.items():
+            text = str(value)[:_PARAM_MAX_CHARS]
+            if key not in existing:
+                fresh.append(Param(key, text))
+            elif existing[key] != text:
+                changed[key] = text
+        for start in range(0, len(fresh), _PARAM_BATCH):
+            self.client.log_batch(self.run_id, params=fresh[start : start + _PARAM_BATCH])
+        if changed:
+            attempt = f"raytrain.changed_params.{int(time.time())}"
+            self.set_tags({attempt: ", ".join(f"{k}={v}" for k, v in changed.items())})
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [
+            Metric(key, float(value), now, step)
+            for key, value in metrics.items()
+            if isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and not key.startswith("_")
+            and key != "step"
+            and step > self._last_step.get(key, -1)  # not a replayed step
+        ]
+        self._last_step.update((m.key, step) for m in batch)
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        """Set ``tags`` on the run, credentials masked (a user's tag, an error's text)."""
+        from mlflow.entities import RunTag
+
+        if not tags:
+            return
+        masked = [RunTag(k, str(redact_value(k, str(v)))) for k, v in tags.items()]
+        self.client.log_batch(self.run_id, tags=masked)
+
+    def log_model(
+        self, model: Any, *, register_as: str | None = None, job: JobSpec | None = None
+    ) -> str:
+        """Log ``model`` (a torch module, on CPU) with ``mlflow.pytorch`` under ``model``,
+        registered as ``register_as`` when given; returns the model's URI. Every model is
+        logged: in MLflow's ``pt2`` format (a traced graph) with a signature and input
+        example when one is found (``model_example.input_example``: the model's
+        ``example_input_array``, else the first rows of ``job``'s data), else, or when
+        tracing fails, in the ``pickle`` format, which needs none; the tags
+        ``raytrain.model_format`` and ``raytrain.model_input_example`` say which and why.
+        The model's own package (its class's top-level package, raytrain's for the bundled
+        models) travels with it as code, so loading needs only the pinned pip requirements,
+        which come from this environment rather than MLflow's inference (a subprocess that
+        imports the model: slow, and it may guess wrong)."""
+        import mlflow
+        import mlflow.pytorch
+        import torch
+
+        from raytrain.tracking.model_example import input_example
+
+        example, source = input_example(model, job)
+        installed = _versions(("torch", "lightning", "torchmetrics")).items()
+        requirements = [f"{package}=={found}" for package, found in installed if found]
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.tracking_uri)
+
+        def log(**kwargs: Any) -> Any:
+            with mlflow.start_run(run_id=self.run_id, nested=mlflow.active_run() is not None):
+                return mlflow.pytorch.log_model(
+                    model, name="model", registered_model_name=register_as,
+                    pip_requirements=requirements, code_paths=[_package_of(type(model))],
+                    **kwargs,
+                )  # fmt: skip
+
+        try:
+            info = None
+            if example is not None:
+                from mlflow.models import infer_signature
+
+                # torch.export cannot trace every forward, and a declared example need not
+                # fit forward, nor convert to numpy (bfloat16): each falls back to pickle
+                try:
+                    with torch.no_grad():
+                        output = model(example)
+                    if not isinstance(output, torch.Tensor):
+                        raise TypeError(f"forward returns a {type(output).__name__}, not a tensor")
+                    array = example.detach().cpu().numpy()
+                    signature = infer_signature(array, output.detach().cpu().numpy())
+                    info = log(serialization_format="pt2", input_example=array,
+                               signature=signature)  # fmt: skip
+                    fmt = "pt2"
+                except Exception as exc:
+                    fmt = f"pickle (pt2 failed: {type(exc).__name__}: {str(exc)[:300]})"
+            else:
+                fmt = "pickle (no input example to trace forward with)"
+            if info is None:
+                info = log(serialization_format="pickle")
+        finally:
+            mlflow.set_tracking_uri(previous)
+        self.set_tags({"raytrain.model_format": fmt[:5000],
+                       "raytrain.model_input_example": source[:5000]})  # fmt: skip
+        return info.model_uri
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        if error:
+            self.set_tags({"raytrain.error": error[:5000]})
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _package_of(cls: type) -> str:
+    """The folder of ``cls``'s top-level package, or its module's file if it has none."""
+    import sys
+
+    top = sys.modules[cls.__module__.split(".")[0]]
+    path = top.__file__ or ""
+    return os.path.dirname(path) if path.endswith("__init__.py") else path
+
+
+def _artifacts(tracking_uri: str, experiment: str) -> str | None:
+    """Artifacts of a local SQLite store sit beside the database, not in the working dir."""
+    if tracking_uri.startswith("sqlite:///"):
+        folder = os.path.join(os.path.dirname(tracking_uri[len("sqlite:///") :]), "mlartifacts")
+        return f"file://{os.path.join(folder, experiment)}"
+    return None
+
+
+def local_store_path(tracking_uri: str) -> str | None:
+    """The file or folder a local tracking store lives in (``sqlite:///...``, ``file:...``
+    or a plain path), or None for a server."""
+    from raytrain import storage
+
+    if tracking_uri.startswith("sqlite:///"):
+        return os.path.abspath(tracking_uri[len("sqlite:///") :].split("?", 1)[0])
+    if storage.is_uri(tracking_uri):  # a server (or a store raytrain does not read)
+        return None
+    return storage.local_path(tracking_uri)
+
+
+def fetch_runs(tracking_uri: str, run_ids: list[str]) -> list[dict[str, Any]]:
+    """What ``raytrain report`` shows of each run: its name, params, latest metrics and every
+    metric's history as (step, value) pairs, by step. An unknown run id is a
+    ``TrackingError`` naming it. A local store that does not exist is one too: reading it
+    must not create it (MLflow would, an empty ``mlflow.db``)."""
+    from raytrain.errors import TrackingError
+
+    store = local_store_path(tracking_uri)
+    if store is not None and not os.path.exists(store):
+        raise TrackingError(
+            f"--tracking-uri: no MLflow store at {redact(tracking_uri)} ({store} does not "
+            "exist); name the store the runs were recorded in (--tracking-uri or "
+            "$MLFLOW_TRACKING_URI)"
+        )
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    runs = []
+    for run_id in run_ids:
+        try:
+            run = client.get_run(run_id)
+        except MlflowException as exc:
+            raise TrackingError(
+                f"run {run_id}: not found at {redact(tracking_uri)} ({exc.error_code})"
+            ) from None
+        histories = {
+            key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+            for key in run.data.metrics
+        }
+        runs.append(
+            {
+                "run_id": run_id,
+                "name": run.info.run_name or run_id[:8],
+                "status": run.info.status,
+                "params": dict(run.data.params),
+                "metrics": dict(run.data.metrics),
+                "histories": histories,
+            }
+        )
+    return runs

@@ -1,0 +1,70 @@
+"""The callbacks of a worker's Lightning Trainer, built in one place, in their order.
+
+Lightning calls each hook on the callbacks in list order, and the order matters:
+
+1. ``SystemMetrics`` (rank 0) first, to start timing a batch before anything else runs,
+2. ``FiniteGuard``, before any callback acts on a step whose gradients are not finite,
+3. ``MetricsReporter``, which counts the batch's samples before a report of this step,
+4. ``CheckpointCallback``, whose report of a step includes them,
+5. ``PreemptionGuard``, which may checkpoint through 4 and then stop the run,
+6. ``LoaderPosition``, the loader's data position,
+7. ``SystemMetrics``' end marker (rank 0) last, to stop timing after every other hook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+
+from raytrain.spec import JobSpec
+from raytrain.worker.checkpointing import CheckpointCallback
+from raytrain.worker.guards import FiniteGuard, PreemptionGuard
+from raytrain.worker.loader_position import LoaderPosition
+from raytrain.worker.reporting import MetricsReporter, Publish
+from raytrain.worker.schedule import CheckpointSchedule
+from raytrain.worker.strategy import shards_checkpoints
+from raytrain.worker.system_metrics import SystemMetrics
+
+
+@dataclass(frozen=True)
+class WorkerCallbacks:
+    """The callbacks, in order (``ordered``), and the ones the loop talks to by name."""
+
+    ordered: list[pl.Callback]
+    reporter: MetricsReporter
+    checkpoints: CheckpointCallback
+
+
+def build_callbacks(
+    spec: JobSpec, train_loader: Any, publish: Publish | None, startup: dict[str, float]
+) -> WorkerCallbacks:
+    """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
+    events to the driver), which also times its loop."""
+    ckpt = spec.checkpoint
+    schedule = CheckpointSchedule(ckpt.every_n_steps, ckpt.every_n_epochs)
+    system = SystemMetrics() if publish is not None else None
+    reporter = MetricsReporter(
+        log_every_n_steps=spec.trainer.log_every_n_steps,
+        schedule=schedule,
+        monitor=ckpt.monitor,
+        mode=ckpt.mode,
+        publish=publish,
+        startup=startup,
+        system=system,
+    )
+    checkpoints = CheckpointCallback(
+        schedule=schedule, reporter=reporter, upload=ckpt.upload, sharded=shards_checkpoints(spec)
+    )
+    preemption = PreemptionGuard(checkpoints, spec.failure.preemption_check_s)
+    ordered: list[pl.Callback] = [
+        *([system] if system else []),
+        FiniteGuard(),
+        reporter,
+        checkpoints,
+        preemption,
+        LoaderPosition(train_loader),
+        *([system.end_marker()] if system else []),
+    ]
+    return WorkerCallbacks(ordered=ordered, reporter=reporter, checkpoints=checkpoints)

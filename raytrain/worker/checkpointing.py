@@ -1,0 +1,140 @@
+"""When a worker checkpoints, what a checkpoint holds, and how it reaches Ray Train.
+
+``CheckpointCallback`` runs in every worker's Lightning Trainer. At the points its
+``CheckpointSchedule`` names and at the end of training it has every rank take part in
+``trainer.save_checkpoint`` (the full Lightning state: weights, optimizer, schedulers, loops,
+epoch, global step) into a local temporary folder and then call ``ray.train.report`` with
+it, so Ray uploads it to the run's storage in the background and commits it only once
+complete. Every rank reports at the same steps: a report is a barrier across ranks. The
+report's metrics come from the ``MetricsReporter``, which also publishes them to the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+
+from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
+from raytrain.worker.reporting import MetricsReporter
+from raytrain.worker.schedule import CheckpointSchedule
+
+
+class CheckpointCallback(pl.Callback):
+    """Saves and reports checkpoints from every rank (see the module docstring).
+
+    ``upload`` is ``checkpoint.upload`` ("async" or "sync"). ``sharded``: sharded FSDP, where
+    every rank writes its own shard (see ``_save``).
+    """
+
+    def __init__(
+        self,
+        *,
+        schedule: CheckpointSchedule,
+        reporter: MetricsReporter,
+        upload: str = "async",
+        sharded: bool = False,
+    ):
+        self.schedule = schedule
+        self.reporter = reporter
+        self.upload = upload
+        self.sharded = sharded
+        self._last_ckpt_step: int | None = None
+        self._last_step = -1
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_ckpt_step = trainer.global_step
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step == self._last_step:  # still accumulating gradients
+            return
+        self._last_step = step
+        if self.schedule.at_step(step):
+            self._checkpoint(trainer, "step")
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.schedule.at_epoch(trainer.current_epoch + 1):
+            self._checkpoint(trainer, "epoch")
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Whatever was trained since the last checkpoint is saved, so a finished run can be
+        # resumed (e.g. with more epochs) without losing its last steps.
+        if trainer.global_step != self._last_ckpt_step:
+            self._checkpoint(trainer, "end")
+
+    def checkpoint_now(self, trainer: pl.Trainer, kind: str) -> None:
+        """Checkpoint this step (unless it just was), and return once Ray Train's controller
+        has taken the checkpoint: a report taken survives the worker group failing next,
+        one still in the worker's queue is dropped with it."""
+        import ray.train
+
+        if trainer.global_step != self._last_ckpt_step:
+            self._checkpoint(trainer, kind, upload="sync")
+        # Ray's report queue holds one report: this one waits until the checkpoint's is taken.
+        mode = ray.train.CheckpointUploadMode.SYNC
+        ray.train.report({"step": trainer.global_step}, checkpoint_upload_mode=mode)
+
+    def _checkpoint(self, trainer: pl.Trainer, kind: str, upload: str | None = None) -> None:
+        import ray.train
+
+        metrics = self.reporter.collect(trainer, kind)
+        self.reporter.publish(metrics)
+        began = time.perf_counter()
+        ckpt = self._save(trainer, metrics)
+        # async: uploaded in the background, training goes on while Ray copies the folder
+        # and waits for the controller to take the report. Either way Ray commits the
+        # checkpoint (and deletes the local copy) only once the upload is complete, and
+        # waits for pending uploads before the run ends.
+        mode = ray.train.CheckpointUploadMode
+        ray.train.report(
+            metrics,
+            checkpoint=ckpt,
+            checkpoint_upload_mode=mode.ASYNC if (upload or self.upload) == "async" else mode.SYNC,
+            delete_local_checkpoint_after_upload=ckpt is not None,
+        )
+        self._last_ckpt_step = trainer.global_step
+        self.reporter.checkpoint_blocked(time.perf_counter() - began)
+
+    def _save(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> Any:
+        """Save the Lightning state into a local folder; returns the checkpoint this rank
+        reports (None: nothing of this rank's to upload).
+
+        DDP, or FSDP gathering a full state dict: rank 0 writes the one file. Sharded FSDP:
+        every rank writes its own shard (torch distributed checkpoint) into rank 0's folder
+        path, which Lightning broadcasts; on each node the ranks share that local folder and
+        its local rank 0 reports it, so Ray uploads every node's shards into the one
+        checkpoint folder (a folder reported by two ranks of a node would be deleted under
+        the other's upload).
+        """
+        import ray.train
+
+        tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
+        if self.sharded:
+            shared = trainer.strategy.broadcast(tmp)
+            if shared != tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp = shared
+        # A collective: every rank calls it.
+        trainer.save_checkpoint(os.path.join(tmp, CKPT_FILE))
+        if self.sharded:
+            trainer.strategy.barrier()  # every shard of this node is written
+        if trainer.global_rank == 0:
+            with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as handle:
+                json.dump(metrics, handle)
+        reports = trainer.global_rank == 0 or (
+            self.sharded and ray.train.get_context().get_local_rank() == 0
+        )
+        if reports:
+            return ray.train.Checkpoint.from_directory(tmp)
+        if not self.sharded:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return None

@@ -1,0 +1,133 @@
+"""Guards in the train loop that act on every rank at the same step.
+
+``FiniteGuard``: stop a run whose loss or gradients stop being finite. ``PreemptionGuard``:
+checkpoint within the grace window of a preemption notice (see its docstring).
+
+``FiniteGuard`` runs in every worker's Lightning Trainer just before each optimizer step.
+Under DDP the gradients it checks are already all-reduced, so a NaN or Inf on any rank is
+seen by every rank at the same step, with no extra collective: all ranks raise
+``NonFiniteLossError`` together, before the optimizer applies the step and before any
+checkpoint of it. The driver's failure policy (``driver.failure_policy``) does not retry such a run:
+a retry from the last checkpoint would replay the same batches to the same NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Protocol
+
+import lightning.pytorch as pl
+import torch
+
+from raytrain._compat.torch import grad_norms
+from raytrain.errors import NonFiniteLossError
+
+
+class FiniteGuard(pl.Callback):
+    """Raises ``NonFiniteLossError`` when the gradients about to be applied are not finite."""
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if not grads:
+            return
+        norms = grad_norms(grads)
+        if bool(torch.isfinite(norms).all()):
+            return
+        step = trainer.global_step + 1
+        raise NonFiniteLossError(
+            f"the loss or its gradients became NaN/Inf at optimizer step {step} (epoch "
+            f"{trainer.current_epoch + 1}); nothing of this step was applied or "
+            f"checkpointed, and the run is not retried: a retry would replay the same batches"
+        )
+
+
+class Checkpointer(Protocol):
+    """What ``PreemptionGuard`` needs of the checkpoint callback
+    (``worker.checkpointing.CheckpointCallback``)."""
+
+    def checkpoint_now(self, trainer: pl.Trainer, kind: str) -> None:
+        """Checkpoint this step and return once Ray Train's controller has taken it."""
+
+
+# The notices, by the code the ranks all-reduce (MAX: a SIGTERM wins over a node drain).
+NOTICES = (None, "node drain", "SIGTERM")
+
+
+class PreemptionGuard(pl.Callback):
+    """Acts on a preemption notice (``raytrain.worker.preemption``) within its grace window.
+
+    Every ``check_s`` seconds of training, at a step boundary, the ranks all-reduce whether
+    any of them has a notice, so they act at the same step; the same all-reduce agrees on
+    how many steps make the next interval. On a notice, ``checkpoints`` saves a checkpoint, and
+    the guard waits until Ray Train has taken it (a taken checkpoint survives the worker
+    group; an untaken one is dropped with it). After a node-drain notice training goes on:
+    Ray Train restarts the run when the node goes. After a SIGTERM the process is going, so
+    every rank raises ``PreemptedError`` and the run restarts from that checkpoint.
+    """
+
+    def __init__(self, checkpoints: Checkpointer, check_s: float = 1.0):
+        self.checkpoints = checkpoints
+        self.check_s = check_s
+        self._next_check = 0
+        self._since: tuple[int, float] = (0, 0.0)
+        self._acted: str | None = None
+        self._last_step = -1
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from raytrain.worker import preemption
+
+        preemption.training(True)
+        self._since = (trainer.global_step, time.perf_counter())
+        self._next_check = trainer.global_step + 1
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from raytrain.worker import preemption
+
+        preemption.training(False)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self.on_train_end(trainer, pl_module)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step == self._last_step or step < self._next_check:  # accumulating, or not due
+            return
+        self._last_step = step
+        kind = self._agreed_notice(trainer, step)
+        if kind is None or kind == self._acted:
+            return
+        self._acted = kind
+        self.checkpoints.checkpoint_now(trainer, f"preemption ({kind})")
+        if kind == "SIGTERM":
+            from raytrain.worker.preemption import PreemptedError
+
+            raise PreemptedError(
+                f"preempted: SIGTERM received; checkpoint at step {step} committed, the run "
+                "resumes from it"
+            )
+
+    def _agreed_notice(self, trainer: pl.Trainer, step: int) -> str | None:
+        """The notice any rank has (SIGTERM first), and the next check's step, agreed."""
+        from raytrain.worker import preemption
+
+        steps, began = step - self._since[0], self._since[1]
+        now = time.perf_counter()
+        per_step = (now - began) / max(steps, 1)
+        proposal = max(1, min(1000, math.ceil(self.check_s / max(per_step, 1e-6))))
+        code = NOTICES.index(preemption.notice())
+        # one all-reduce (MAX) agrees on the notice and on the smallest proposed interval
+        device = trainer.strategy.root_device  # a GPU under NCCL
+        values = torch.tensor([code, -proposal], dtype=torch.int64, device=device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+        code, interval = int(values[0]), -int(values[1])
+        self._since = (step, now)
+        self._next_check = step + interval
+        return NOTICES[code]

@@ -1,0 +1,48 @@
+"""Keeps a resumable train loader told where training is (see ``data.loaders``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+
+from raytrain._compat.lightning import set_epoch_length
+
+
+class LoaderPosition(pl.Callback):
+    """Keeps the train loader told where training is: which epoch starts (its shuffle order
+    is (seed, epoch)) and how many of the epoch's batches have begun, which is the data
+    position its ``state_dict`` saves in each checkpoint (Lightning's own batch count, so a
+    prefetched batch is not counted as trained)."""
+
+    def __init__(self, loader: Any):
+        self.loader = loader
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A restore mid-epoch skips on_train_epoch_start; the restored loader knows its epoch.
+        refit_epoch_length(trainer, self.loader)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.loader.epoch = trainer.current_epoch
+        refit_epoch_length(trainer, self.loader)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.loader.position = batch_idx + 1
+
+
+def refit_epoch_length(trainer: pl.Trainer, loader: Any) -> None:
+    """Give Lightning this epoch's length when it differs from the one it read at setup.
+
+    Lightning reads a loader's length once, when fit starts, and before it restores the
+    loader's state. A loader restored mid-epoch reports that epoch's length (steps done
+    plus steps left), which differs from a whole epoch's when the world size changed since
+    the checkpoint (an elastic restart); later epochs are whole again. Lightning would end
+    such epochs early (dropping rows) or validate at the wrong batch.
+    """
+    try:
+        length = len(loader)
+    except TypeError:  # a streamed set: Lightning runs each epoch to the end of the data
+        return
+    set_epoch_length(trainer, length)

@@ -1,0 +1,131 @@
+"""The train loop each Ray Train worker runs: the driver's ``WorkerConfig`` back into
+objects, then ``fit``.
+
+The worker builds the model, its shard's loaders, the strategy and callbacks, a Lightning
+Trainer prepared for Ray, and restores from the run's latest committed checkpoint when
+there is one.
+
+Lightning is imported inside the functions: the driver imports this module (Ray Train
+pickles ``train_loop`` by reference) and should not pay for Lightning's import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from typing import Any
+
+from raytrain.contract import WorkerConfig
+from raytrain.spec import JobSpec
+
+
+def _quiet_lightning() -> None:
+    # One line per rank about GPUs/TPUs and tips help nobody reading a driver's output.
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*Total length of `.*` across ranks is zero.*")
+
+
+def build_trainer(spec: JobSpec, callbacks: list[Any], model: Any = None) -> Any:
+    """A Lightning Trainer with the spec's options, prepared to run under Ray Train
+    (``model``: what FSDP's module class names refer to)."""
+    import lightning.pytorch as pl
+    from ray.train.lightning import prepare_trainer
+
+    from raytrain._compat.lightning import skip_sigterm_broadcast
+    from raytrain.worker.strategy import build_plugins, build_strategy
+
+    t = spec.trainer
+    trainer = pl.Trainer(
+        accelerator="gpu" if spec.scaling.use_gpu else "cpu",
+        devices="auto",
+        strategy=build_strategy(spec, model),
+        plugins=build_plugins(spec),
+        callbacks=callbacks,
+        max_epochs=t.max_epochs,
+        max_steps=t.max_steps,
+        precision=t.precision,
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        gradient_clip_val=t.gradient_clip_val,
+        check_val_every_n_epoch=t.check_val_every_n_epoch,
+        log_every_n_steps=t.log_every_n_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    # SIGTERM is a preemption notice (raytrain.worker.preemption), agreed on about once a
+    # second by PreemptionGuard; Lightning's own check is a collective before every batch.
+    skip_sigterm_broadcast(trainer)
+    return prepare_trainer(trainer)
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """Ray Train's ``train_loop_per_worker``: train the job of the ``WorkerConfig`` in
+    ``config`` (see ``raytrain.contract``)."""
+    entered = time.time()
+    import ray.train
+    import torch
+
+    from raytrain.checkpoints.layout import restore_path
+    from raytrain.data.loaders import worker_loaders
+    from raytrain.imports import import_object
+    from raytrain.worker.callbacks import build_callbacks  # imports Lightning
+
+    imported = time.time()
+    _quiet_lightning()
+    work = WorkerConfig.from_train_loop_config(config)
+    spec = work.spec
+    context = ray.train.get_context()
+    threads = max(1, int(spec.scaling.worker_resources().get("CPU", 1)))
+    torch.set_num_threads(threads)
+    if spec.trainer.seed is not None:
+        import lightning.pytorch as pl
+
+        pl.seed_everything(spec.trainer.seed, workers=True, verbose=False)
+
+    model = import_object(spec.model.class_path)(**spec.model.init_args)
+    train_loader, val_loader = worker_loaders(
+        spec, work.cached, context.get_world_rank(), context.get_world_size()
+    )
+    sink = work.sink if context.get_world_rank() == 0 else None
+    startup = {
+        "_worker_started_at": _process_started_at(entered),
+        "_loop_entered_at": entered,
+        "_lightning_imported_at": imported,
+    }
+    publish = (lambda event: sink.put.remote(event)) if sink is not None else None
+    callbacks = build_callbacks(spec, train_loader, publish, startup)
+    trainer = build_trainer(spec, callbacks.ordered, model)
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        trainer.fit(model, train_loader, val_loader)
+    else:
+        from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
+
+        with checkpoint.as_directory() as directory, lightning_globals():
+            path = restore_path(directory)
+            # Lightning reads FSDP checkpoints with unrestricted unpicklers (its own for a
+            # full state dict, torch's DCP reader for shards): checked first. The rest it
+            # reads with weights_only=True, whatever TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says.
+            verify_checkpoint(path)
+            trainer.fit(model, train_loader, val_loader, ckpt_path=path, weights_only=True)
+    if sink is not None:
+        ray.get(sink.ping.remote())  # the driver has every event before the run ends
+
+
+def _process_started_at(default: float) -> float:
+    """When this process started (wall clock), from /proc on Linux; else ``default``."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as handle:
+            ticks = int(handle.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat", encoding="ascii") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return default

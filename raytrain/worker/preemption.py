@@ -1,0 +1,76 @@
+"""Preemption notices in the worker processes: a SIGTERM, or Ray's signal that a node drains.
+
+A cloud takes a spot node back after a notice: a SIGTERM to the processes (Kubernetes,
+most schedulers), or a Ray node drain with reason PREEMPTION and a deadline (Ray's
+autoscaler; Ray Train's preemption watcher tells every worker). Either way the workers have
+a grace window to save their work.
+
+Ray's own SIGTERM handler in a worker process exits at once, which is a plain worker
+failure: charged to ``max_failures``, with everything since the last checkpoint lost.
+``install_sigterm_notice`` (run by a Ray Train worker-group callback, see
+``driver.trainer``) replaces it in every training worker, on the actor's main thread where
+Python allows signal handlers, with one that only records the notice while training runs.
+``guards.PreemptionGuard`` polls ``notice()`` in the train loop, agrees on it across ranks,
+saves a checkpoint and waits for Ray to commit it; after a SIGTERM it then raises
+``PreemptedError``, which the failure policy retries against ``failure.max_preemptions``,
+not ``max_failures``.
+
+This module imports neither Lightning nor torch: the controller unpickles the callback
+that names ``install_sigterm_notice``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+_sigterm = threading.Event()
+_training = threading.Event()
+
+
+class PreemptedError(RuntimeError):
+    """Raised on every rank after a SIGTERM notice, once its checkpoint is committed."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if _training.is_set() and not _sigterm.is_set():
+        _sigterm.set()  # the train loop checkpoints and stops within its grace window
+        return
+    # not training, or a second SIGTERM: leave as Ray's own handler does
+    raise SystemExit(1)
+
+
+def install_sigterm_notice() -> None:
+    """Make a SIGTERM to this process a preemption notice (main thread only)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def training(active: bool) -> None:
+    """Whether the train loop is running, and so will act on a SIGTERM notice."""
+    if active:
+        _training.set()
+    else:
+        _training.clear()
+
+
+def sigterm_received() -> bool:
+    """Whether this process got a SIGTERM notice while training."""
+    return _sigterm.is_set()
+
+
+def ray_preemption_info() -> Any:
+    """Ray Train's preemption info for this worker (a node of the group drains for a
+    preemption), or None. Read locally: no barrier, unlike ``ray.train.get_preemption_info``."""
+    from raytrain._compat.ray_train import worker_preemption_info
+
+    return worker_preemption_info()
+
+
+def notice() -> str | None:
+    """This worker's preemption notice, if any: ``"SIGTERM"`` or ``"node drain"``."""
+    if sigterm_received():
+        return "SIGTERM"
+    if ray_preemption_info() is not None:
+        return "node drain"
+    return None

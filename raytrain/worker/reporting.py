@@ -1,0 +1,202 @@
+"""What a worker reports: rank 0's metric events, and the metrics each checkpoint carries.
+
+``MetricsReporter`` runs in every worker's Lightning Trainer. Every ``log_every_n_steps``
+steps and at each epoch's end (unless a checkpoint reports that point, see ``schedule``) it
+sends rank 0's metrics to ``publish``, which does not wait: what the driver's progress line
+and MLflow see. ``collect`` builds one report's metrics, for its own events and for the
+checkpoint callback's: train metrics and throughput if steps ran since the last report, val
+metrics once per validation, the score Ray ranks checkpoints by, how long the last
+checkpoint held training up, rank 0's startup times (once) and system samples.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+
+from raytrain.checkpoints.layout import MONITOR_MISSING, SCORE_KEY
+from raytrain.worker.schedule import CheckpointSchedule
+from raytrain.worker.system_metrics import SystemMetrics
+
+Publish = Callable[[dict[str, Any]], None]
+
+
+def scalar_metrics(trainer: pl.Trainer) -> dict[str, float]:
+    """Lightning's ``callback_metrics`` that are numbers, as floats."""
+    out = {}
+    for key, value in trainer.callback_metrics.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def monitor_missing(monitor: str, known: dict[str, float], validated: bool) -> list[str] | None:
+    """Whether ``checkpoint.monitor`` can be judged missing yet: None before the first
+    validation's metrics are known (``validated``) unless ``monitor`` is already among
+    ``known``; then [] when it is there, else the sorted keys that were reported instead."""
+    if monitor in known:
+        return []
+    if not validated:
+        return None
+    return sorted(k for k in known if not k.startswith("_"))
+
+
+def batch_rows(batch: Any) -> int:
+    """How many samples a batch holds (a dict of columns, or a sequence)."""
+    if isinstance(batch, dict) and batch:
+        first = next(iter(batch.values()))
+        return len(first)
+    try:
+        return len(batch)
+    except TypeError:
+        return 0
+
+
+class MetricsReporter(pl.Callback):
+    """Builds and publishes a worker's reports (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        log_every_n_steps: int,
+        schedule: CheckpointSchedule,
+        monitor: str | None = None,
+        mode: str = "min",
+        publish: Publish | None = None,
+        startup: dict[str, float] | None = None,
+        system: SystemMetrics | None = None,
+    ):
+        """``publish`` receives rank 0's metric events; None on the other ranks.
+        ``system`` adds its ``system/...`` metrics to each report of training steps.
+        ``startup`` holds wall-clock times of the worker's startup phases; they go out with
+        the first event, beside the fit's start and the first step's end."""
+        self.log_every_n_steps = log_every_n_steps
+        self.schedule = schedule
+        self.monitor = monitor
+        self.mode = mode
+        self.publish_to = publish
+        self.system = system
+        self._startup: dict[str, float] | None = dict(startup or {})
+        self._blocked_s: float | None = None  # the last checkpoint's hold-up, sent once
+        self._last_step = -1
+        self._last_report_step = -1
+        self._samples = 0
+        self._window_start = 0.0
+        # Lightning keeps the last validation's values in callback_metrics for the rest of
+        # the run; report them only from the report right after a validation.
+        self._val_keys: set[str] = set()
+        self._keys_before_val: set[str] = set()
+        self._val_fresh = False
+        self._score: float | None = None
+        self._monitor_checked = False
+        self._validated = False  # a validation (not the sanity check) has ended
+
+    # -- Lightning hooks -------------------------------------------------------------------
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._startup is not None:
+            self._startup["_fit_started_at"] = time.time()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_step = trainer.global_step
+        self._window_start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        if self._startup is not None and "_first_step_at" not in self._startup:
+            self._startup["_first_step_at"] = time.time()
+        self._samples += batch_rows(batch)
+        step = trainer.global_step
+        if step == self._last_step:  # still accumulating gradients
+            return
+        self._last_step = step
+        if not self.schedule.at_step(step) and step % self.log_every_n_steps == 0:
+            self.publish(self.collect(trainer, "step"))
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._keys_before_val = set(trainer.callback_metrics)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._val_keys |= set(trainer.callback_metrics) - self._keys_before_val
+        self._val_fresh = self._validated = True
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.schedule.at_epoch(trainer.current_epoch + 1):
+            self.publish(self.collect(trainer, "epoch"))
+
+    # -- reports ---------------------------------------------------------------------------
+
+    def checkpoint_blocked(self, seconds: float) -> None:
+        """How long the last checkpoint held training up; sent with the next report."""
+        self._blocked_s = seconds
+
+    def publish(self, metrics: dict[str, Any]) -> None:
+        """Send ``metrics`` to the driver (rank 0 only; a no-op elsewhere)."""
+        if self.publish_to is not None:
+            self.publish_to(metrics)
+
+    def collect(self, trainer: pl.Trainer, kind: str) -> dict[str, Any]:
+        """This report's metrics (see the module docstring); ``kind`` says what made it."""
+        values = scalar_metrics(trainer)
+        metrics: dict[str, Any] = {}
+        if trainer.global_step != self._last_report_step:
+            metrics.update(self._train_window(trainer, values))
+        if self._val_fresh:
+            metrics.update({k: values[k] for k in self._val_keys if k in values})
+            self._val_fresh = False
+        metrics.update(self._ranking(metrics, values))
+        if self._blocked_s is not None:
+            metrics["checkpoint_blocked_s"] = self._blocked_s
+            self._blocked_s = None
+        if self._startup is not None and "_first_step_at" in self._startup:
+            metrics.update(self._startup)  # wall clock times, once: the startup breakdown
+            self._startup = None
+        metrics.update(
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            kind=kind,
+            world_size=trainer.world_size,
+        )
+        return metrics
+
+    def _train_window(self, trainer: pl.Trainer, values: dict[str, float]) -> dict[str, Any]:
+        """Train metrics, throughput and system samples since the last report; opens the
+        next window."""
+        now = time.perf_counter()
+        elapsed = max(now - self._window_start, 1e-9)
+        out: dict[str, Any] = {k: v for k, v in values.items() if k not in self._val_keys}
+        out["samples_per_s"] = self._samples * trainer.world_size / elapsed
+        if self.system is not None:
+            out.update(self.system.sample(trainer.global_step))
+        self._samples, self._window_start = 0, now
+        self._last_report_step = trainer.global_step
+        return out
+
+    def _ranking(self, metrics: dict[str, Any], values: dict[str, float]) -> dict[str, Any]:
+        """The score Ray ranks checkpoints by, and once, the keys seen when the monitored
+        metric is missing."""
+        if not self.monitor:
+            return {}
+        out: dict[str, Any] = {}
+        if self.monitor in metrics:
+            self._score = metrics[self.monitor]
+        if not self._monitor_checked:
+            missing = monitor_missing(self.monitor, values, validated=self._validated)
+            if missing is not None:
+                self._monitor_checked = True
+                if missing:
+                    out[MONITOR_MISSING] = missing
+        # A checkpoint taken before the monitored metric was first seen carries the worst
+        # score, so it never displaces a scored one.
+        worst = -math.inf if self.mode == "max" else math.inf
+        out[SCORE_KEY] = worst if self._score is None else self._score
+        return out

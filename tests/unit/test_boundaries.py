@@ -1,0 +1,341 @@
+"""The rules the package layout stands for, held by reading the source (and, for what the
+driver imports, by importing it in a fresh interpreter).
+
+- The driver side loads without Lightning: a bad spec is refused before it would load.
+- The worker package never imports the driver package: a worker gets a ``WorkerConfig``.
+- Only ``raytrain._compat`` names a private API of Ray, Lightning, MLflow or torch.
+- Only ``raytrain.storage`` branches on a storage URI's scheme, and only
+  ``raytrain.worker.strategy`` on the strategy's name.
+
+Each rule is a function of a module graph or a syntax tree, so each test below also checks
+that its rule catches a violation written for it (a rule that can never fail holds nothing).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fresh_process import run_fresh
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "raytrain"
+FOREIGN = ("ray", "lightning", "pytorch_lightning", "torch", "mlflow")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources() -> dict[str, ast.Module]:
+    """Every raytrain module's syntax tree, by module name."""
+    return {module_name(p): ast.parse(p.read_text(), str(p)) for p in PACKAGE.rglob("*.py")}
+
+
+def imported(tree: ast.AST, module: str) -> Iterator[str]:
+    """Every module name ``tree`` imports, at any depth (function-level imports too);
+    ``from a import b`` yields ``a`` and ``a.b`` (b may be a module)."""
+    package = module if module in {"raytrain"} else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The raytrain modules ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph.get(todo.pop(), set()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def import_graph(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Which raytrain modules each imports. ``raytrain`` itself (the package every module
+    is inside) imports the launcher only when ``raytrain.fit`` is asked for: no edges."""
+    return {
+        name: {m for m in imported(tree, name) if m in trees and m != "raytrain"}
+        for name, tree in trees.items()
+    }
+
+
+# -- the worker never imports the driver ------------------------------------------------------
+
+
+def driver_reached_from_worker(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    graph = import_graph(trees)
+    return {
+        name: {m for m in reachable(graph, name) if m.startswith("raytrain.driver")}
+        for name in trees
+        if name.startswith("raytrain.worker")
+    }
+
+
+def test_the_worker_package_never_imports_the_driver_package() -> None:
+    trees = sources()
+    assert {k: v for k, v in driver_reached_from_worker(trees).items() if v} == {}
+    # the rule sees a violation, even one made through another module
+    trees["raytrain.data.loaders"].body.append(
+        ast.parse("def f():\n    import raytrain.driver.lease")
+    )
+    assert driver_reached_from_worker(trees)["raytrain.worker.loop"] == {"raytrain.driver.lease"}
+
+
+# -- private APIs only in _compat -------------------------------------------------------------
+
+_PRIVATE_MODULE = re.compile(r"\b(?:" + "|".join(FOREIGN) + r")(?:\.\w+)*\._[a-z]\w*")
+
+
+def foreign_aliases(tree: ast.Module) -> dict[str, str]:
+    """The names ``tree`` binds to foreign modules or to objects imported from them, with
+    what each names (``pkg.mod`` or ``pkg.mod:Name``)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in FOREIGN:
+                    bound = alias.asname or alias.name.split(".")[0]
+                    names[bound] = alias.name if alias.asname else bound
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FOREIGN:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}:{alias.name}"
+    return names
+
+
+def _foreign_class(base: ast.expr, aliases: dict[str, str]) -> type | None:
+    """The foreign class a class statement's ``base`` names, imported; None if not one."""
+    import importlib
+
+    chain = []
+    root = base
+    while isinstance(root, ast.Attribute):
+        chain.insert(0, root.attr)
+        root = root.value
+    if not isinstance(root, ast.Name) or root.id not in aliases:
+        return None
+    module, _, name = aliases[root.id].partition(":")
+    value = importlib.import_module(module)
+    for part in [name, *chain] if name else chain:
+        value = getattr(value, part)
+    return value if isinstance(value, type) else None
+
+
+def private_uses(tree: ast.Module) -> list[str]:
+    """Where ``tree`` names a private API of a foreign library: an import from a private
+    module or of a private name, a private attribute of a foreign module or of a Lightning
+    object, a private module named in a string (a logger's name), and overriding a foreign
+    class's private method."""
+    found = []
+    foreign_names = {"self", "trainer", "fit_loop", "loop", "strategy"}
+    aliases = foreign_aliases(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names]
+            mod = getattr(node, "module", None) or ""
+            for full in [mod, *names] if isinstance(node, ast.ImportFrom) else names:
+                foreign = full.split(".")[0] in FOREIGN or mod.split(".")[0] in FOREIGN
+                parts = full.split(".")
+                if foreign and any(p.startswith("_") and not p.startswith("__") for p in parts):
+                    found.append(f"line {node.lineno}: imports {mod + ':' if mod else ''}{full}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            if node.attr.startswith("__"):
+                continue
+            base = node.value
+            root = base
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and (
+                root.id in FOREIGN or (root.id in foreign_names and root.id != "self")
+            ):
+                found.append(f"line {node.lineno}: .{node.attr}")
+            if isinstance(base, ast.Call) and getattr(base.func, "id", "") == "super":
+                found.append(f"line {node.lineno}: super().{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if _PRIVATE_MODULE.search(node.value):
+                found.append(f"line {node.lineno}: names {_PRIVATE_MODULE.search(node.value)[0]}")
+        elif isinstance(node, ast.ClassDef):
+            bases = [c for b in node.bases if (c := _foreign_class(b, aliases)) is not None]
+            for item in node.body:
+                if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                private = item.name.startswith("_") and not item.name.startswith("__")
+                if private and any(hasattr(c, item.name) for c in bases):
+                    found.append(f"line {item.lineno}: overrides {node.name}.{item.name}")
+    return found
+
+
+def test_only_compat_names_private_apis_of_other_libraries() -> None:
+    outside = {
+        name: uses
+        for name, tree in sources().items()
+        if not name.startswith("raytrain._compat") and (uses := private_uses(tree))
+    }
+    assert outside == {}
+    # each shape of violation is caught
+    for code in (
+        "from ray.train.v2._internal.execution.controller import TrainController",
+        "from ray._raylet import RAY_NODE_ID_KEY",
+        "from torch.distributed.checkpoint.state_dict_loader import _load_state_dict",
+        "import ray._private.ray_constants",
+        "x = torch._foreach_norm(grads)",
+        "def f(trainer):\n    return trainer.fit_loop._combined_loader",
+        "logger = 'ray._private.runtime_env.working_dir'",
+        "from ray.train.lightning import RayFSDPStrategy\n"
+        "class S(RayFSDPStrategy):\n    def _setup_model(self, m):\n        return m\n"
+        "    def _own_helper(self):\n        return 1",
+    ):
+        assert private_uses(ast.parse(code)), code
+
+
+def test_compat_is_what_touches_them() -> None:
+    # the other side of the rule: the private uses exist, all in _compat
+    inside = {
+        name: uses
+        for name, tree in sources().items()
+        if name.startswith("raytrain._compat") and (uses := private_uses(tree))
+    }
+    assert set(inside) >= {
+        "raytrain._compat.ray_train",
+        "raytrain._compat.lightning",
+        "raytrain._compat.torch",
+    }
+
+
+# -- one module branches on the URI scheme, one on the strategy -------------------------------
+
+_SCHEMES = {"s3", "gs", "gcs", "abfs", "abfss", "az", "wasb", "wasbs", "hdfs", "file"}
+
+
+def _scheme_literal(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+        return False
+    return node.value.lower().rstrip(":/") in _SCHEMES or node.value == "://"
+
+
+def scheme_branches(tree: ast.Module) -> list[int]:
+    """Lines that compare against a storage URI scheme (``== "s3"``, ``in ("gs", ...)``,
+    ``"://" in x``) or test one with ``startswith``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            flat = [
+                e for s in sides for e in (s.elts if isinstance(s, ast.Tuple | ast.Set) else [s])
+            ]
+            if any(_scheme_literal(e) for e in flat):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "startswith":
+            args = (
+                node.args[0].elts
+                if node.args and isinstance(node.args[0], ast.Tuple)
+                else node.args
+            )
+            if any(_scheme_literal(a) for a in args):
+                lines.append(node.lineno)
+    return lines
+
+
+def strategy_branches(tree: ast.Module) -> list[int]:
+    """Lines that compare ``<...>.strategy.name`` with anything."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                if (
+                    isinstance(side, ast.Attribute)
+                    and side.attr == "name"
+                    and isinstance(side.value, ast.Attribute)
+                    and side.value.attr == "strategy"
+                ):
+                    lines.append(node.lineno)
+    return lines
+
+
+# Addresses that are not storage: the job server's http(s) address and MLflow's store URIs
+# are parsed by their own modules (their schemes are http/https/sqlite, never a store's).
+_NOT_STORAGE = {"raytrain.submit.client", "raytrain.tracking.mlflow_tracker"}
+
+
+def test_only_storage_branches_on_the_uri_scheme() -> None:
+    trees = sources()
+    found = {
+        name: lines
+        for name, tree in trees.items()
+        if name != "raytrain.storage" and (lines := scheme_branches(tree))
+    }
+    assert set(found) <= _NOT_STORAGE, found
+    # the exempt modules do not branch on a store's scheme either: only on "://" in an address
+    for name in _NOT_STORAGE & set(found):
+        source = (PACKAGE / Path(*name.split(".")[1:])).with_suffix(".py").read_text()
+        for line in found[name]:
+            text = source.splitlines()[line - 1]
+            assert not re.search(r"['\"](s3|gs|gcs|abfss?|az|file)(://)?['\"]", text), text
+    assert scheme_branches(trees["raytrain.storage"])  # where it happens, the rule sees it
+    for code in ('ok = uri.startswith("s3://")', 'remote = "://" in uri',
+                 'if scheme in ("gs", "gcs"):\n    pass'):  # fmt: skip
+        assert scheme_branches(ast.parse(code)), code
+
+
+def test_only_the_strategy_module_branches_on_the_strategy_name() -> None:
+    trees = sources()
+    found = {
+        name: lines
+        for name, tree in trees.items()
+        if name != "raytrain.worker.strategy" and (lines := strategy_branches(tree))
+    }
+    assert found == {}
+    assert strategy_branches(trees["raytrain.worker.strategy"])
+    assert strategy_branches(ast.parse('sharded = spec.strategy.name == "fsdp"'))
+
+
+# -- the driver loads without Lightning -------------------------------------------------------
+
+DRIVER_SIDE = sorted(
+    name
+    for name in sources()
+    if name.startswith(("raytrain.driver", "raytrain.cli", "raytrain.submit"))
+    or name
+    in {
+        "raytrain",
+        "raytrain.spec",
+        "raytrain.storage",
+        "raytrain.contract",
+        "raytrain.checkpoints.layout",
+        "raytrain.data.sources",
+        "raytrain.tracking.mlflow_tracker",
+        "raytrain.tracking.report",
+    }
+)
+
+_IMPORT_ALL = """
+import importlib, json, sys
+names = json.loads(sys.argv[1])
+for name in names:
+    importlib.import_module(name)
+print(json.dumps(sorted(m for m in ("lightning", "pytorch_lightning") if m in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("extra", [[], ["raytrain.worker.strategy"]], ids=["driver", "violation"])
+def test_importing_the_driver_side_leaves_lightning_out(extra: list[str], tmp_path: Path) -> None:
+    # "violation": a module that imports Lightning, appended as if the driver imported it
+    names = DRIVER_SIDE + extra
+    if extra:
+        names = [*names, "raytrain.worker.callbacks"]
+    loaded = run_fresh(_IMPORT_ALL, names, tmp_path, pythonpath=str(ROOT), timeout=240)
+    assert loaded == (["lightning"] if extra else []), loaded
