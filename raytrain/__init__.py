@@ -4,6 +4,8 @@ The public surface: load and validate a spec, train it here (``fit``) or on a cl
 (``submit``, a ``JobHandle`` to follow it), and the errors it may raise.
 """
 
+from typing import Any
+
 from raytrain.errors import (
     RaytrainError,
     RunStateError,
@@ -35,7 +37,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # The launcher pulls in Ray and Lightning; load it only when it is used.
     if name in ("fit", "validate", "FitResult"):
         from raytrain.driver import launcher

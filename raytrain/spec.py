@@ -661,7 +661,7 @@ class _DuplicateKey(yaml.MarkedYAMLError):
     pass
 
 
-class _SpecLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+class _SpecLoader(_BaseLoader):
     """YAML's safe loader (libyaml's when present) that refuses a key given twice in one
     mapping: silently keeping the last one hides a mistake."""
 

@@ -68,7 +68,7 @@ def fsdp_strategy_class() -> type:
     from ray.train.lightning import RayFSDPStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    class RaytrainFSDPStrategy(RayFSDPStrategy):  # type: ignore[misc]
+    class RaytrainFSDPStrategy(RayFSDPStrategy):
         def _setup_model(self, model: Any) -> Any:
             root = self._wrap(model)
 

@@ -28,8 +28,7 @@ from typing import Any, Protocol
 
 import ray
 from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
-from ray._raylet import RAY_NODE_ID_KEY
-from ray.train.torch import TorchTrainer
+from ray._raylet import RAY_NODE_ID_KEY  # type: ignore[attr-defined]  # Cython: no stub
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import (
     PlacementGroupCleanerCallback,
@@ -46,6 +45,7 @@ from ray.train.v2._internal.execution.failure_handling import (
     FailureDecision,
 )
 from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 
 class Policy(Protocol):
@@ -77,7 +77,7 @@ def worker_preemption_info() -> Any:
         return None
 
 
-class OnWorkerGroupStart(WorkerGroupCallback):  # type: ignore[misc]
+class OnWorkerGroupStart(WorkerGroupCallback):
     """Runs ``fn`` in every worker process once the group has started (on each worker
     actor's main thread, where Python allows signal handlers). ``fn`` must be picklable."""
 
@@ -88,7 +88,7 @@ class OnWorkerGroupStart(WorkerGroupCallback):  # type: ignore[misc]
         worker_group.execute(self.fn)
 
 
-class PolicyAdapter(DefaultFailurePolicy):  # type: ignore[misc]
+class PolicyAdapter(DefaultFailurePolicy):
     """Ray Train's default policy, with raytrain's ``FailurePolicy`` deciding first; what
     it defers is Ray's (counted against ``max_failures``)."""
 
@@ -106,7 +106,7 @@ class PolicyAdapter(DefaultFailurePolicy):  # type: ignore[misc]
         return super().make_decision(training_failed_error)
 
 
-class LocalScalingPolicy(FixedScalingPolicy):  # type: ignore[misc]
+class LocalScalingPolicy(FixedScalingPolicy):
     """A fixed worker count that asks no autoscaler for resources: the cluster is this
     machine, and a reservation it cannot satisfy is refused in preflight."""
 
@@ -120,7 +120,7 @@ class LocalScalingPolicy(FixedScalingPolicy):  # type: ignore[misc]
         return None
 
 
-class ControllerTrainer(TorchTrainer):  # type: ignore[misc]
+class ControllerTrainer(TorchTrainer):
     """``TorchTrainer`` that starts its controller itself (see the module docstring).
 
     ``trimmed``: skip what only a shared or autoscaling cluster needs; ``embedded_env``:
@@ -179,7 +179,8 @@ class ControllerTrainer(TorchTrainer):  # type: ignore[misc]
         controller_kwargs["failure_policy"] = PolicyAdapter(
             self.run_config.failure_config, self._policy
         )
-        controller = ray.remote(**options)(TrainController).remote(**controller_kwargs)
+        actor: Any = ray.remote(**options)(TrainController)  # an actor class: untyped in Ray
+        controller = actor.remote(**controller_kwargs)
         self._controller = controller
         if self._aborted.is_set():  # abort() came before the controller existed
             controller.abort.remote()

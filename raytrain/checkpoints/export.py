@@ -20,7 +20,7 @@ import tempfile
 from typing import Any
 
 from raytrain import storage
-from raytrain.checkpoints.layout import CKPT_FILE
+from raytrain.checkpoints.layout import CKPT_FILE, lightning_checkpoint
 from raytrain.errors import StorageError
 from raytrain.spec import JobSpec, StorageSpec
 
@@ -34,12 +34,7 @@ def model_state_dict(checkpoint: str, label: str | None = None) -> dict[str, Any
     names it in errors (the URI it came from)."""
     from raytrain.checkpoints import safe_load
 
-    label = label or checkpoint
-    path, name = checkpoint, label
-    if os.path.isdir(checkpoint) and not os.path.exists(
-        os.path.join(checkpoint, safe_load.DCP_METADATA)
-    ):
-        path, name = os.path.join(checkpoint, CKPT_FILE), storage.join(label, CKPT_FILE)
+    path, name = lightning_checkpoint(checkpoint, label)
     if os.path.isdir(path):  # sharded FSDP: merge the model's shards
         state = safe_load.load_dcp(path, keys={"model"}, label=name).get("model")
         if not isinstance(state, dict):
@@ -53,10 +48,8 @@ def model_state_dict(checkpoint: str, label: str | None = None) -> dict[str, Any
             raise StorageError(
                 f"{name}: not a Lightning checkpoint (no state_dict of weights; {what})"
             )
-    elif os.path.exists(checkpoint):
-        raise StorageError(f"{label}: not a raytrain checkpoint (no {CKPT_FILE})")
     else:
-        raise StorageError(f"{label}: no such file or folder")
+        raise StorageError(f"{name}: not a file or folder")
     return {_strip(str(key)): value for key, value in state.items()}
 
 
@@ -159,10 +152,12 @@ def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
     import torch
 
     path = _check_out(out)
-    save_file = None
+    save_file: Any = None
     if path.endswith(".safetensors"):
         try:
-            from safetensors.torch import save_file
+            from safetensors.torch import save_file as save_safetensors
+
+            save_file = save_safetensors
         except ImportError:
             raise StorageError(
                 f"{out}: safetensors is not installed (pip install safetensors), or name "

@@ -30,12 +30,31 @@ SCORE_KEY = "_score"
 MONITOR_MISSING = "_monitor_missing"
 
 
+# The file a sharded (torch distributed) checkpoint's folder is recognised by.
+DCP_METADATA = ".metadata"
+
+
+def lightning_checkpoint(location: str, label: str | None = None) -> tuple[str, str]:
+    """The one recognition of a raytrain checkpoint: the Lightning checkpoint in the local
+    ``location`` (a checkpoint's folder, or the ``checkpoint.ckpt`` inside it: a file, or
+    under sharded FSDP a folder of shards), and its name for messages (under ``label``, the
+    URI it came from). Anything else is a ``StorageError`` naming ``label``."""
+    label = label or location
+    if os.path.isdir(location) and not os.path.exists(os.path.join(location, DCP_METADATA)):
+        path, name = os.path.join(location, CKPT_FILE), storage.join(label, CKPT_FILE)
+    else:
+        path, name = location, label
+    if os.path.exists(path):
+        return path, name
+    if os.path.exists(location):
+        raise StorageError(f"{label}: not a raytrain checkpoint (no {CKPT_FILE})")
+    raise StorageError(f"{label}: no such file or folder")
+
+
 def restore_path(checkpoint_dir: str) -> str:
-    """The Lightning checkpoint file inside a raytrain checkpoint folder."""
-    path = os.path.join(checkpoint_dir, CKPT_FILE)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{checkpoint_dir}: not a raytrain checkpoint (no {CKPT_FILE})")
-    return path
+    """The Lightning checkpoint inside a raytrain checkpoint folder, for Lightning's
+    ``ckpt_path`` (see ``lightning_checkpoint``)."""
+    return lightning_checkpoint(checkpoint_dir)[0]
 
 
 # Ray Train's record of a run's committed checkpoints, beside them in the run's folder, and
@@ -137,7 +156,8 @@ def uncommitted(run_dir: str, options: StorageSpec | None = None) -> Leftovers:
             f"{SNAPSHOT_FILE} {reason}: no checkpoint is known to be committed",
         )
     latest = snapshot.latest
-    partial, kept = [], []
+    partial: list[str] = []
+    kept: list[str] = []
     for name in folders:
         if name in snapshot.committed:
             continue

@@ -35,10 +35,10 @@ from raytrain._compat.torch import (
     load_without_process_group,
     set_element,
 )
+from raytrain.checkpoints.layout import DCP_METADATA
 from raytrain.errors import StorageError
 
 # DCP's metadata file inside a sharded checkpoint folder; Lightning's file beside it.
-DCP_METADATA = ".metadata"
 LIGHTNING_META = "meta.pt"
 
 
@@ -130,7 +130,7 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
+class _MetadataUnpickler(pickle._Unpickler):
     """Resolves only ``dcp_metadata_globals()``. Every way a pickle reaches a callable
     (GLOBAL, STACK_GLOBAL, INST, the extension registry) goes through ``find_class``, so a
     pickle naming anything else is refused before any of it runs.
@@ -143,7 +143,9 @@ class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     files are small.
     """
 
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    # the pure-Python unpickler's opcode table and stack (typeshed declares neither fully)
+    dispatch: dict[int, Any] = dict(pickle._Unpickler.dispatch)  # type: ignore[misc]
+    stack: list[Any]
 
     def __init__(self, file: Any, allowed: dict[tuple[str, str], Any]):
         super().__init__(file)
@@ -163,7 +165,7 @@ class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
             raise pickle.UnpicklingError(
                 "GLOBAL BUILD with other than a dict of fields is not allowed in DCP metadata"
             )
-        super().load_build()
+        super().load_build()  # type: ignore[misc]  # in pickle.py, not in typeshed
 
     dispatch[pickle.BUILD[0]] = load_build
 

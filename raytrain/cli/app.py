@@ -19,8 +19,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from raytrain.errors import EXIT_OK, RaytrainError
+
+if TYPE_CHECKING:
+    from raytrain.driver.results import FitResult
 
 JOB_COMMANDS = ("submit", "status", "logs", "stop", "list")
 
@@ -76,7 +80,7 @@ def _add_address(cmd: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_job_commands(sub) -> None:
+def _add_job_commands(sub: Any) -> None:
     submit = sub.add_parser("submit", help="run a job spec on a Ray cluster, as a Ray job")
     submit.add_argument("spec", help="path to a job spec (YAML) inside the working dir")
     submit.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
@@ -122,7 +126,7 @@ def _add_job_commands(sub) -> None:
     _add_address(sub.add_parser("list", help="the cluster's jobs"))
 
 
-def _print_summary(result) -> None:
+def _print_summary(result: FitResult) -> None:
     # system/... metrics (step time, data wait, CPU, memory) are in MLflow, not the summary
     metrics = {k: v for k, v in result.metrics.items() if k != "kind" and "/" not in k}
     shown = ", ".join(

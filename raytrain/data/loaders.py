@@ -8,13 +8,16 @@ resumable through Lightning's ``state_dict``/``load_state_dict`` loader protocol
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from raytrain.contract import CachedSet
 from raytrain.spec import JobSpec
+
+logger = logging.getLogger(__name__)
 
 
 def _epoch_seed(seed: int, epoch: int, rank: int = 0) -> int:
@@ -208,7 +211,7 @@ class ShardBatches:
 
 
 def worker_loaders(
-    spec: JobSpec, cached: dict[str, CachedSet], rank: int, world_size: int
+    spec: JobSpec, cached: Mapping[str, CachedSet], rank: int, world_size: int
 ) -> tuple[Any, Any | None]:
     """This worker's train and val loaders: cached sets from the object store, streamed
     ones from the shards Ray Train handed it."""

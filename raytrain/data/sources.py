@@ -93,7 +93,7 @@ def _read_images(source: SourceSpec, fs: Any, path: str) -> Any:
     ds = ray.data.read_images(
         path,
         filesystem=fs,
-        size=tuple(source.image_size) if source.image_size else None,
+        size=(source.image_size[0], source.image_size[1]) if source.image_size else None,
         mode=source.image_mode,
         include_paths=bool(classes),
         file_extensions=list(IMAGE_EXTENSIONS),

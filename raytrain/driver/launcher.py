@@ -162,7 +162,7 @@ def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark
         run_dir=runstate.run_dir(job),
         resumed_from=record.resumed_from,
         data_paths=trained.data_paths,
-        checkpoints=[checkpoint_uri(job, c) for c, _ in result.best_checkpoints or []],
+        checkpoints=[u for c, _ in result.best_checkpoints or [] if (u := checkpoint_uri(job, c))],
         model_uri=model_uri,
     )
 

@@ -8,6 +8,7 @@ shows the user all of them.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -164,7 +165,7 @@ def check_stores(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
     from raytrain.driver.background import Background
 
     tasks = [Background(lambda: check_storage(spec))]
-    tasks += [Background(lambda f=f: check_data(spec, allow_prepare=allow_prepare, only=f))
+    tasks += [Background(functools.partial(check_data, spec, allow_prepare=allow_prepare, only=f))
               for f in ("train", "val")]  # fmt: skip
     deadline = time.monotonic() + STORAGE_CHECK_TIMEOUT_S
     problems: list[str] = []

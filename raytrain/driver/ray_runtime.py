@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from raytrain.spec import JobSpec
 
@@ -167,7 +168,7 @@ def local_cpus(spec: JobSpec) -> int:
 _started_env: dict[str, str] | None = None
 
 
-def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: object) -> RayHandle:
+def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: Any) -> RayHandle:
     """Start an embedded Ray on this machine with ``num_cpus`` logical CPUs.
 
     A pipeline that trains several jobs can start one and let every ``fit`` reuse it (each

@@ -29,7 +29,8 @@ Mark = Callable[[str], None]
 def run_config(job: JobSpec) -> Any:
     """Ray Train's ``RunConfig``: the run folder on the spec's storage, the failure limits,
     and how many checkpoints to keep, ranked by ``SCORE_KEY`` when a metric is monitored."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    # Ray Train V2's classes, which ray.train exports at run time (mypy reads V1's there)
+    from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig
 
     ckpt = job.checkpoint
     storage_fs, storage_path = storage.filesystem(ckpt.storage, job.storage)
@@ -55,8 +56,8 @@ def make_trainer(
 ) -> Any:  # fmt: skip
     """The run's trainer: ``worker.loop.train_loop`` on every worker, with its
     ``WorkerConfig``."""
-    from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig
+    from ray.train.v2.api.config import ScalingConfig
 
     from raytrain.data.sources import dataset_config
     from raytrain.driver.trainer import build_trainer

@@ -53,4 +53,4 @@ class DigitsCNN(pl.LightningModule):
         self.log("val_acc", self.val_acc, on_epoch=True, batch_size=len(labels))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"])

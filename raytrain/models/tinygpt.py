@@ -122,7 +122,7 @@ class TinyGPT(pl.LightningModule):
         decay = [p for n, p in self.named_parameters() if not no_decay(n)]
         rest = [p for n, p in self.named_parameters() if no_decay(n)]
         groups = [
-            {"params": decay, "weight_decay": self.hparams.weight_decay},
+            {"params": decay, "weight_decay": self.hparams["weight_decay"]},
             {"params": rest, "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=self.hparams.lr, betas=(0.9, 0.95))
+        return torch.optim.AdamW(groups, lr=self.hparams["lr"], betas=(0.9, 0.95))

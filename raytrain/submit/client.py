@@ -24,7 +24,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,7 +202,9 @@ class JobServer:
             refused = _refused(exc, self.address, self._token_source)
             raise (refused or JobsError(f"{self.address}: {exc}")) from None
 
-    def call(self, what: str, job_id: str | None, fn, *args: Any, **kwargs: Any) -> Any:
+    def call(
+        self, what: str, job_id: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
         """``fn(*args)`` on the client; an unknown job id or a refusal is a ``JobsError``."""
         try:
             return fn(*args, **kwargs)
@@ -234,7 +236,7 @@ class JobHandle:
     job_id: str
     server: JobServer
 
-    def _call(self, what: str, fn, *args: Any) -> Any:
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         return self.server.call(what, self.job_id, fn, self.job_id, *args)
 
     def status(self) -> str:

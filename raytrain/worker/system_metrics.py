@@ -111,8 +111,11 @@ class SystemMetrics(pl.Callback):
         # validation and epoch ends are not waits for data
         self._batch_end_at = None
 
-    on_validation_start = _pause
-    on_train_epoch_end = _pause
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pause()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pause()
 
     def sample(self, step: int) -> dict[str, float]:
         """Metrics for the window since the last sample, which ends at global step ``step``;

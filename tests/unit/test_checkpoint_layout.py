@@ -42,8 +42,10 @@ def test_restore_path_is_the_lightning_file_in_the_folder(tmp_path: Path) -> Non
 
 def test_a_folder_without_the_lightning_file_is_not_a_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "model.pt").write_bytes(b"state")
-    with pytest.raises(FileNotFoundError, match=f"not a raytrain checkpoint \\(no {CKPT_FILE}\\)"):
+    with pytest.raises(StorageError, match=f"not a raytrain checkpoint \\(no {CKPT_FILE}\\)"):
         restore_path(str(tmp_path))
+    with pytest.raises(StorageError, match="no such file or folder"):
+        restore_path(str(tmp_path / "gone"))
 
 
 def test_a_run_that_never_committed_has_no_snapshot(tmp_path: Path) -> None:
