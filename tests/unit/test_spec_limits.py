@@ -85,7 +85,7 @@ def test_a_utf8_bom_is_accepted(tmp_path: Path) -> None:
 
 
 def test_libyaml_loader_is_used_when_present() -> None:
-    from raytrain import spec
+    from raytrain.spec import yaml_io as spec
 
     if getattr(yaml, "__with_libyaml__", False):
         assert issubclass(spec._SpecLoader, yaml.CSafeLoader)

@@ -1,0 +1,122 @@
+"""From a path, a mapping or a ``JobSpec`` to a validated ``JobSpec``: overrides applied,
+every problem collected into one ``SpecError`` naming field paths."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ValidationError,
+)
+
+from raytrain.errors import SpecError
+from raytrain.spec.fields import _CREDENTIALS_REFUSED, _section_type
+from raytrain.spec.sections import JobSpec
+from raytrain.spec.yaml_io import MAX_OVERRIDE_PARTS, load_yaml, read_spec_file
+
+
+def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a copy of ``tree`` with each ``a.b.c=value`` applied; values parse as YAML."""
+    result = json.loads(json.dumps(tree)) if tree else {}
+    problems = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            shown = item if len(item) <= 80 else f"{item[:80]}..."
+            problems.append(f"override {shown!r}: expected KEY.PATH=VALUE")
+            continue
+        if key.count(".") >= MAX_OVERRIDE_PARTS:
+            problems.append(f"override {key[:60]}...: {key.count('.') + 1} dotted parts, more "
+                            f"than the limit of {MAX_OVERRIDE_PARTS}")  # fmt: skip
+            continue
+        try:
+            value = load_yaml(raw, f"{key}: override value") if raw else ""
+        except SpecError as exc:
+            problems.extend(exc.problems)
+            continue
+        node = result
+        *parents, leaf = key.split(".")
+        for depth, part in enumerate(parents):
+            child = node.setdefault(part, {})
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parents[: depth + 1])
+                problems.append(f"{key}: cannot set inside {where}, which is not a section")
+                break
+            node = child
+        else:
+            node[leaf] = value
+    if problems:
+        raise SpecError(problems)
+    return result
+
+
+def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "(spec)"
+        if item["type"] == "extra_forbidden":
+            allowed = _allowed_keys(model, item["loc"][:-1])
+            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+            lines.append(f"{path}: unknown field{hint}")
+        elif item["type"] == "missing":
+            lines.append(f"{path}: required field is missing")
+        else:
+            got = item.get("input")
+            # a value refused for holding credentials is not echoed into a log
+            secret = _CREDENTIALS_REFUSED in item["msg"]
+            shown = "" if secret or isinstance(got, dict | list) else f", got {got!r}"
+            lines.append(f"{path}: {item['msg']}{shown}")
+    return lines
+
+
+def _allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
+    """The field names of the section at ``loc``, for 'unknown field' hints."""
+    current: Any = model
+    for part in loc:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        current = _section_type(field.annotation)
+        if current is None:
+            return []
+    return sorted(getattr(current, "model_fields", {}))
+
+
+def parse_spec(tree: Any, source: str = "spec") -> JobSpec:
+    """Validate a spec given as a mapping (e.g. from a pipeline) into a ``JobSpec``."""
+    if not isinstance(tree, dict):
+        raise SpecError(f"{source}: expected a mapping of sections, got {type(tree).__name__}")
+    try:
+        return JobSpec.model_validate(tree)
+    except ValidationError as exc:
+        raise SpecError(_format_errors(exc, JobSpec)) from None
+
+
+def load_spec(
+    spec: str | os.PathLike[str] | Mapping[str, Any] | JobSpec,
+    overrides: Iterable[str] = (),
+) -> JobSpec:
+    """Load a spec from a YAML path, a mapping or a ``JobSpec``, apply overrides, validate."""
+    overrides = list(overrides)
+    if isinstance(spec, JobSpec):
+        if not overrides:
+            return spec
+        tree, source = spec.model_dump(mode="json"), "spec"
+    elif isinstance(spec, Mapping):
+        tree, source = dict(spec), "spec"
+    else:
+        source = os.fspath(spec)
+        tree = read_spec_file(source)
+    return parse_spec(apply_overrides(tree, overrides), source)
+
+
+def dump_spec(spec: JobSpec) -> str:
+    """The resolved spec as YAML, defaults filled in."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

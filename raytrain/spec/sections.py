@@ -1,0 +1,361 @@
+"""The spec's sections as pydantic models, and ``JobSpec``, the whole job.
+
+Every field has a description and a type; every section forbids unknown keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import (
+    Field,
+    StrictInt,
+    field_validator,
+)
+
+from raytrain.spec.fields import (
+    _EXPERIMENT,
+    _IMPORT_PATH,
+    _NAME,
+    DEFAULT_STORAGE,
+    MAX_SEED,
+    _check_location,
+    _no_parent,
+    _Section,
+)
+from raytrain.spec.storage_options import StorageSpec
+
+
+class ModelSpec(_Section):
+    class_path: str = Field(
+        pattern=_IMPORT_PATH,
+        description="The LightningModule to train, as `package.module:Class`.",
+    )
+    init_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the class's constructor."
+    )
+
+
+class SourceSpec(_Section):
+    uri: str = Field(
+        min_length=1, description="A file, or a folder/prefix of many files: path or URI."
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        return _check_location(value)
+
+    format: Literal["parquet", "csv", "json", "images"] = Field(
+        default="parquet",
+        description="The files' format; `images`: image files, decoded on Ray Data workers "
+        "into an `image` column, with a `label` column when they sit in one folder per class.",
+    )
+    image_size: tuple[int, int] | None = Field(
+        default=None, description="`images`: resize every image to [height, width]."
+    )
+    image_mode: str | None = Field(
+        default=None, description="`images`: a Pillow mode to convert to (`RGB`, `L`, ...)."
+    )
+
+    @field_validator("image_size")
+    @classmethod
+    def _positive_size(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and min(value) < 1:
+            raise ValueError(f"height and width must be >= 1, got {list(value)}")
+        return value
+
+
+class ShuffleSpec(_Section):
+    seed: int = Field(default=0, description="Seed of the per-epoch shuffle of the train set.")
+    buffer_size: int = Field(
+        default=4096, ge=1, description="Rows held by each worker's local shuffle buffer."
+    )
+
+
+class DataSpec(_Section):
+    train: SourceSpec = Field(description="The training set.")
+    val: SourceSpec | None = Field(default=None, description="The validation set.")
+    columns: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Read only these columns (a projection); all when unset.",
+    )
+    batch_size: int = Field(default=64, ge=1, description="Rows per batch on each worker.")
+    shuffle: ShuffleSpec | None = Field(
+        default_factory=ShuffleSpec, description="Shuffle the train set each epoch; null: off."
+    )
+    preprocess: str | None = Field(
+        default=None,
+        pattern=_IMPORT_PATH,
+        description="`module:function(batch) -> batch` over dicts of numpy arrays, run as a Ray "
+        "Data `map_batches` step on CPU workers while the training actors train.",
+    )
+    cache: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="Keep a split in the object store across epochs (`always`), stream it "
+        "from storage every epoch (`never`), or `auto`: cache what fits the object-store "
+        "budget unless it is images or preprocessed, which stream.",
+    )
+    prepare: str | None = Field(
+        default=None,
+        pattern=_IMPORT_PATH,
+        description="`module:function(train_uri, val_uri)` that writes the data when the train "
+        "set is missing (used by the bundled jobs to materialise their datasets).",
+    )
+
+
+class ScalingSpec(_Section):
+    num_workers: StrictInt | tuple[StrictInt, StrictInt] = Field(
+        default=2,
+        description="Ray Train workers (one per GPU/slot), or [min, max]: elastic, as many as "
+        "the cluster holds between the two; each keeps data.batch_size (the global batch "
+        "grows and shrinks with the workers).",
+    )
+    resize_check_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Elastic runs: how often a healthy run checks whether more workers fit "
+        "(growing restarts the workers from the latest checkpoint).",
+    )
+    use_gpu: bool = Field(default=False, description="Give each worker one GPU.")
+    resources_per_worker: dict[str, float] | None = Field(
+        default=None, description="Ray resources per worker; default {CPU: 1} (+ GPU: 1)."
+    )
+
+    @field_validator("num_workers")
+    @classmethod
+    def _worker_range(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
+        low, high = (value, value) if isinstance(value, int) else value
+        if low < 1:
+            raise ValueError(f"must be at least 1, got {low}")
+        if high < low:
+            raise ValueError(f"[min, max] needs max >= min, got [{low}, {high}]")
+        return value
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the worker count is a range."""
+        return not isinstance(self.num_workers, int)
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers the run trains on."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers the run trains on."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, amount in (value or {}).items():
+            if amount < 0:
+                raise ValueError(f"{key} must be >= 0, got {amount}")
+        return value
+
+    def worker_resources(self) -> dict[str, float]:
+        """The Ray resources one worker asks for."""
+        resources = dict(self.resources_per_worker or {})
+        resources.setdefault("CPU", 1.0)
+        if self.use_gpu:
+            resources.setdefault("GPU", 1.0)
+        return resources
+
+
+class FsdpSpec(_Section):
+    sharding: Literal["full", "grad_op", "no_shard", "hybrid"] = Field(
+        default="full",
+        description="What is sharded across workers: full (parameters, gradients, optimizer "
+        "state), grad_op (gradients and optimizer state), no_shard (DDP-like), hybrid (full "
+        "within a node, replicated across nodes).",
+    )
+    auto_wrap: list[str] = Field(
+        default_factory=list,
+        description="Module class names (or package.module:Class) each wrapped as its own "
+        "FSDP unit, e.g. a transformer block; empty: the whole model is one unit.",
+    )
+    activation_checkpointing: list[str] = Field(
+        default_factory=list,
+        description="Module class names whose activations are recomputed in the backward "
+        "pass instead of kept (less memory, more compute).",
+    )
+    cpu_offload: bool = Field(default=False, description="Keep parameters on the CPU.")
+    state_dict: Literal["sharded", "full"] = Field(
+        default="sharded",
+        description="Checkpoints: sharded (each worker writes its own shard, torch "
+        "distributed checkpoint) or full (gathered on rank 0 into one file).",
+    )
+
+
+class StrategySpec(_Section):
+    name: Literal["ddp", "fsdp"] = Field(default="ddp", description="Distributed strategy.")
+    fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP options (name: fsdp).")
+
+
+Precision = Literal[
+    "32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true"
+]
+
+
+class TrainerSpec(_Section):
+    max_epochs: int | None = Field(default=10, ge=1, description="Stop after this many epochs.")
+    max_steps: int = Field(default=-1, ge=-1, description="Stop after this many steps; -1: off.")
+    precision: Precision = Field(default="32-true", description="Lightning precision.")
+    accumulate_grad_batches: int = Field(default=1, ge=1, description="Batches per step.")
+    gradient_clip_val: float | None = Field(default=None, ge=0, description="Clip grad norm.")
+    check_val_every_n_epoch: int = Field(default=1, ge=1, description="Validate every N epochs.")
+    log_every_n_steps: int = Field(default=50, ge=1, description="Report metrics every N steps.")
+    seed: int | None = Field(
+        default=42,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed for model init and RNGs, 0 to 2**32-1; null: none.",
+    )
+
+
+class CheckpointSpec(_Section):
+    storage: str = Field(
+        default=DEFAULT_STORAGE,
+        min_length=1,
+        description="Where runs keep checkpoints and state: a local path or a URI.",
+    )
+
+    @field_validator("storage")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        return _check_location(value)
+
+    every_n_steps: int | None = Field(default=None, ge=1, description="Checkpoint every N steps.")
+    every_n_epochs: int | None = Field(
+        default=1, ge=1, description="Checkpoint every N epochs; null: only by steps."
+    )
+    keep: int | None = Field(default=3, ge=1, description="Checkpoints kept; null: all.")
+    monitor: str | None = Field(default=None, description="Metric ranking checkpoints to keep.")
+    mode: Literal["min", "max"] = Field(default="min", description="Best `monitor` is min/max.")
+    upload: Literal["async", "sync"] = Field(
+        default="async",
+        description="`async`: training goes on while a checkpoint uploads (Ray commits it once "
+        "complete); `sync`: training waits for each upload.",
+    )
+
+
+class FailureSpec(_Section):
+    max_failures: int = Field(
+        default=0, ge=-1, description="Worker-group restarts allowed; -1: unlimited."
+    )
+    max_preemptions: int = Field(
+        default=-1,
+        ge=-1,
+        description="Restarts after a preemption (a SIGTERM to a worker, a node drained for "
+        "preemption), counted apart from max_failures; -1: unlimited.",
+    )
+    preemption_check_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="How often, in seconds of training, the workers agree on whether a "
+        "preemption notice came (one small all-reduce); 0: every step.",
+    )
+
+
+class MlflowSpec(_Section):
+    tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI, else mlflow.db in the "
+        "current folder.",
+    )
+    experiment: str | None = Field(
+        default=None,
+        pattern=_EXPERIMENT,
+        max_length=128,
+        description="Experiment name (letters, digits, `._-`, inner spaces; no `/`, no `..`); "
+        "default: `name`.",
+    )
+
+    @field_validator("experiment")
+    @classmethod
+    def _no_dots(cls, value: str | None) -> str | None:
+        return _no_parent(value)
+
+    tags: dict[str, str] = Field(default_factory=dict, description="Extra tags on the run.")
+    log_model: bool = Field(
+        default=True,
+        description="Log the trained model (the best checkpoint's weights) with mlflow.pytorch "
+        "at the end, with a signature and input example from the model's example_input_array.",
+    )
+    register_as: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Register the logged model under this name in MLflow's model registry.",
+    )
+
+
+class TrackingSpec(_Section):
+    mlflow: MlflowSpec = Field(default_factory=MlflowSpec, description="MLflow tracking.")
+
+
+class JobSpec(_Section):
+    """One training job. ``name`` plus ``checkpoint.storage`` identify the run."""
+
+    name: str = Field(
+        pattern=_NAME,
+        max_length=128,
+        description="The run's identity (letters, digits, `._-`; no `/`, no `..`); the same "
+        "name and storage resume the run.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _no_dots(cls, value: str) -> str:
+        return _no_parent(value)
+
+    model: ModelSpec
+    data: DataSpec
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    strategy: StrategySpec = Field(default_factory=StrategySpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    failure: FailureSpec = Field(default_factory=FailureSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    storage: StorageSpec = Field(default_factory=StorageSpec)
+
+    def flat(self) -> dict[str, Any]:
+        """The spec as ``{"a.b.c": value}``, e.g. for MLflow params."""
+        return flatten(self.model_dump(mode="json"))
+
+    def digest(self) -> str:
+        """A hash of what defines the run's results; fields a resume may change are left out."""
+        flat = {k: v for k, v in self.flat().items() if not k.startswith(RESUMABLE_FIELDS)}
+        return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# Fields that may change between attempts of one run without making it a different run:
+# how long to train, how many workers, how failures and tracking are handled.
+RESUMABLE_FIELDS = (
+    "trainer.max_epochs",
+    "trainer.max_steps",
+    "trainer.log_every_n_steps",
+    "scaling.",
+    "failure.",
+    "tracking.",
+    "checkpoint.keep",
+    "checkpoint.upload",
+    "storage.",
+)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings into dotted keys; lists and scalars are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
