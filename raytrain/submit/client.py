@@ -18,7 +18,6 @@ http to a host other than this machine unless asked (``insecure=True``, ``--inse
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import shlex
@@ -31,149 +30,20 @@ from typing import Any
 
 from raytrain import storage
 from raytrain._compat.ray_core import NOISY_LOGGERS
-from raytrain.errors import EXIT_BAD_INPUT, RaytrainError
 from raytrain.provenance import GIT_COMMIT_ENV, git_commit
 from raytrain.redaction import is_secret_env, is_secret_name, masked_fields, redact
+from raytrain.submit.connection import (
+    TOKEN_ENV,
+    JobsError,
+    _find_token,
+    _refused,
+    check_transport,
+    resolve_address,
+)
+from raytrain.submit.uploads import upload_excludes
 
 # Where a job server is found when no address is given: Ray's own variables for its CLI.
-ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
-TOKEN_ENV = "RAY_AUTH_TOKEN"
-TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
-DEFAULT_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
-
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-
-# Never sent with a working directory, on top of what its .gitignore leaves out.
-WORKING_DIR_EXCLUDES = [".git", ".venv", "__pycache__", "*.egg-info"]
-
-# Secret-shaped names, never sent either (and named when left out). Gitignore syntax, the way
-# Ray's ``excludes`` reads it: a name without a slash matches at any depth, and the last line
-# that matches wins. The first two lines match names that hold a secret only sometimes, so the
-# next two let Python files and a tokenizer's files back in (``tokenizer.json``,
-# ``credentials.py``) before the names that always hold one. OpenSSH's key files are named by
-# type (``id_*`` would also take ``id_to_label.json``).
-SECRET_EXCLUDES = [
-    "*token*", "credentials*",
-    "!*.py", "!*tokeniz*", "!*tokeniz*/**",
-    ".env*", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore",
-    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
-    ".aws", ".ssh", ".gnupg", ".azure", ".kube", "**/.config/gcloud", ".netrc", ".pgpass",
-    ".git-credentials", ".docker/config.json",
-    "*.db", "*.sqlite", "*.sqlite3",
-]  # fmt: skip
-
-
-class JobsError(RaytrainError):
-    """The job server cannot be reached or used: address, token, job id (bad input)."""
-
-    exit_code = EXIT_BAD_INPUT
-
-
-def resolve_address(address: str | None) -> str:
-    """The job server's URL: ``address``, else ``$RAY_API_SERVER_ADDRESS`` or
-    ``$RAY_ADDRESS`` when it is an http(s) URL; a bare ``host:port`` gets ``http://``."""
-    if not address:
-        for name in ADDRESS_ENVS:
-            value = os.environ.get(name, "")
-            if value.startswith(("http://", "https://")):
-                address = value
-                break
-    if not address:
-        raise JobsError(
-            "no cluster address: pass --address http://HEAD:8265 (the head's dashboard "
-            "and job server) or set RAY_API_SERVER_ADDRESS"
-        )
-    address = address.strip()
-    if "://" not in address:
-        address = f"http://{address}"
-    scheme, _, rest = address.partition("://")
-    address = f"{scheme.lower()}://{rest}"  # a scheme is case-insensitive: HTTP:// is http
-    if not address.startswith(("http://", "https://")):
-        raise JobsError(f"--address {address}: the job server is an http:// or https:// URL")
-    return address.rstrip("/")
-
-
-def _find_token(token: str | None = None) -> tuple[str | None, str | None]:
-    """(the cluster's token, where it came from), see ``resolve_token``; (None, None)."""
-    if token:
-        return token.strip(), "the token argument"
-    if os.environ.get(TOKEN_ENV):
-        return os.environ[TOKEN_ENV].strip(), f"${TOKEN_ENV}"
-    path = os.environ.get(TOKEN_PATH_ENV)
-    if path:
-        try:
-            return Path(path).read_text().strip(), f"{path} (${TOKEN_PATH_ENV})"
-        except OSError as exc:
-            raise JobsError(
-                f"{TOKEN_PATH_ENV}={path}: cannot read the token file ({exc.strerror})"
-            ) from None
-    if DEFAULT_TOKEN_FILE.is_file():
-        return DEFAULT_TOKEN_FILE.read_text().strip(), str(DEFAULT_TOKEN_FILE)
-    return None, None
-
-
-def resolve_token(token: str | None = None) -> str | None:
-    """The cluster's token, from ``token``, ``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH`` or
-    ``~/.ray/auth_token``; None when there is none (a cluster without authentication)."""
-    return _find_token(token)[0]
-
-
-def _loopback(host: str | None) -> bool:
-    """Whether ``host`` (a URL's host name) is this machine: ``localhost``, 127.0.0.0/8, ::1.
-    Other names are not looked up: what they resolve to is not known to be this machine."""
-    if not host:
-        return False
-    if host.lower().rstrip(".") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_transport(address: str, token: str | None, insecure: bool = False) -> None:
-    """Refuse to send ``token`` over plain http to a host other than this machine (anyone on
-    the path could read it and use the cluster) unless ``insecure``; ``insecure`` warns."""
-    from urllib.parse import urlparse
-
-    parsed = urlparse(address)
-    if not token or parsed.scheme != "http" or _loopback(parsed.hostname):
-        return
-    if insecure:
-        print(f"raytrain: warning: --insecure: the cluster's token goes to {address} in clear "
-              "over http", file=sys.stderr)  # fmt: skip
-        return
-    raise JobsError(
-        f"--address {address}: the cluster's token would travel in clear over http to "
-        f"{parsed.hostname}; use https:// (a TLS proxy in front of the dashboard), or a tunnel "
-        "to the head (`ray dashboard CLUSTER.yaml`, or `ssh -L 8265:localhost:8265 HEAD`) and "
-        "--address http://127.0.0.1:8265; --insecure sends it anyway"
-    )
-
-
-def _refused(exc: Exception, address: str, source: str | None = None) -> JobsError | None:
-    """Our message for the job server's 'no token' (401) and 'wrong token' (403): Ray's own
-    names neither the address nor where raytrain looks for the token. ``source``: where the
-    token that was sent came from; None when none was sent."""
-    from ray.exceptions import AuthenticationError
-
-    text = str(exc)
-    if not isinstance(exc, AuthenticationError) and "status code 40" not in text:
-        return None
-    where = f"{TOKEN_ENV}, the file {TOKEN_PATH_ENV} names, or {DEFAULT_TOKEN_FILE}"
-    missing = "Missing" in text or "required" in text
-    invalid = "Invalid" in text or "failed" in text or "403" in text
-    if missing and source is not None:
-        return JobsError(
-            f"{address}: the token was refused: one was sent (from {source}) and the cluster "
-            "answered that it requires one; a proxy in front of the dashboard may drop the "
-            "Authorization header"
-        )
-    if missing:
-        return JobsError(f"{address}: the cluster requires a token; none was found in {where}")
-    if invalid:
-        return JobsError(f"{address}: the cluster refused the token from {source or where}")
-    return None
 
 
 class JobServer:
@@ -297,77 +167,6 @@ def _spec_in_working_dir(spec: str | os.PathLike[str], working_dir: Path) -> str
             f"{spec}: the spec is outside the working directory {working_dir}; the cluster "
             "only gets that directory (move the spec there or pass --working-dir)"
         ) from None
-
-
-def upload_excludes(root: Path, include: Sequence[str] = ()) -> tuple[list[str], list[str]]:
-    """(Ray's ``excludes`` for uploading the working dir ``root``, the paths left out of it
-    for a secret-shaped name, relative to ``root``, folders with a trailing ``/``).
-
-    The walk skips what Ray's own defaults, ``WORKING_DIR_EXCLUDES`` and the ``.gitignore``
-    and ``.rayignore`` files leave out, with Ray's own matching, so it sees what Ray would
-    upload. Ray follows symbolic links and uploads what they point at: a link that resolves
-    outside ``root`` is refused (``JobsError``, naming it), and one that leads to a
-    secret-shaped file inside it is left out. ``include``: gitignore patterns sent although
-    they look secret (``tokens.txt``).
-    """
-    from raytrain._compat.ray_core import upload_matchers
-
-    ray_rules = upload_matchers()
-    PathSpec = ray_rules.path_spec
-    base = [*ray_rules.default_excludes, *WORKING_DIR_EXCLUDES]
-    secret = [*SECRET_EXCLUDES, *(f"!{pattern}" for pattern in include)]
-    ignored = PathSpec.from_lines("gitwildmatch", base)
-    excluded = PathSpec.from_lines("gitwildmatch", [*base, *secret])
-    gitignore = ray_rules.reads_gitignore
-    quiet = logging.getLogger("raytrain.upload")  # Ray logs each ignore file it reads
-    quiet.setLevel(logging.WARNING)
-    left_out: list[str] = []
-    links: list[str] = []
-    outside: list[str] = []
-
-    def walk(folder: Path, ignores: list[Any], chain: frozenset[Path] = frozenset()) -> None:
-        # chain: the real folders this walk is inside, so a link to one of them (a loop)
-        # is not walked again
-        chain = chain | {folder.resolve()}
-        ignores = [*ignores, *ray_rules.excludes_from_ignore_files(folder, gitignore, logger=quiet)]
-        try:
-            children = sorted(folder.iterdir())
-        except OSError as exc:
-            raise JobsError(f"--working-dir: cannot list {folder} ({exc.strerror})") from None
-        for path in children:
-            rel = path.relative_to(root).as_posix()
-            if ignored.match_file(rel) or any(ignore(path) for ignore in ignores):
-                continue
-            if excluded.match_file(rel):
-                folder_mark = "/" if path.is_dir() and not path.is_symlink() else ""
-                left_out.append(rel + folder_mark)
-            elif path.is_symlink():
-                target = path.resolve()
-                if not target.exists():
-                    continue  # Ray uploads nothing for a dangling link
-                if not target.is_relative_to(root):
-                    outside.append(f"{rel} -> {target}")
-                elif excluded.match_file(target.relative_to(root).as_posix()):
-                    left_out.append(f"{rel} (a link to {target.relative_to(root).as_posix()})")
-                    links.append("/" + ray_rules.escape(rel))
-                elif target.is_dir() and target not in chain:
-                    # Ray uploads a linked folder's files under the link's path, whatever
-                    # ignores the folder where it really is: walked as Ray sees it
-                    walk(path, ignores, chain)
-            elif path.is_dir():
-                walk(path, ignores, chain)
-
-    walk(root, [])
-    if outside:
-        raise JobsError(
-            [
-                f"--working-dir {root}: {link} is a symbolic link out of the working dir; "
-                "Ray would upload what it points at (remove the link, copy what the job "
-                "needs into the working dir, or list the link in .rayignore)"
-                for link in outside
-            ]
-        )
-    return [*WORKING_DIR_EXCLUDES, *secret, *links], left_out
 
 
 def _warnings(job: Any, env: Mapping[str, str], overrides: Sequence[str] = ()) -> list[str]:

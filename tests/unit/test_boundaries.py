@@ -268,7 +268,7 @@ def strategy_branches(tree: ast.Module) -> list[int]:
 
 # Addresses that are not storage: the job server's http(s) address and MLflow's store URIs
 # are parsed by their own modules (their schemes are http/https/sqlite, never a store's).
-_NOT_STORAGE = {"raytrain.submit.client", "raytrain.tracking.mlflow_tracker"}
+_NOT_STORAGE = {"raytrain.submit.connection", "raytrain.tracking.mlflow_tracker"}
 
 
 def test_only_storage_branches_on_the_uri_scheme() -> None:

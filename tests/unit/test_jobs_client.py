@@ -11,7 +11,8 @@ import pytest
 
 from raytrain.cli import app as cli
 from raytrain.submit import client as jobs_client
-from raytrain.submit.client import JobsError, resolve_address, resolve_token
+from raytrain.submit import connection
+from raytrain.submit.connection import JobsError, resolve_address, resolve_token
 from tests.conftest import digits_spec, write_spec
 
 # A loopback port nothing listens on: connecting there fails at once.
@@ -23,7 +24,7 @@ def no_ray_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN",
                  "RAY_AUTH_TOKEN_PATH"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(jobs_client, "DEFAULT_TOKEN_FILE", tmp_path / "no-such-token")
+    monkeypatch.setattr(connection, "DEFAULT_TOKEN_FILE", tmp_path / "no-such-token")
     return tmp_path
 
 
@@ -48,7 +49,7 @@ def test_the_token_comes_from_the_argument_the_variable_then_the_files(
     assert resolve_token() is None
     home_file = no_ray_env / "home-token"
     home_file.write_text("from-home\n")
-    monkeypatch.setattr(jobs_client, "DEFAULT_TOKEN_FILE", home_file)
+    monkeypatch.setattr(connection, "DEFAULT_TOKEN_FILE", home_file)
     assert resolve_token() == "from-home"
     path_file = no_ray_env / "path-token"
     path_file.write_text("from-path\n")

@@ -14,6 +14,7 @@ import pytest
 
 from raytrain.cli import app as cli
 from raytrain.submit import client as jobs_client
+from raytrain.submit import connection, uploads
 from raytrain.submit.client import JobsError
 from tests.conftest import digits_spec, write_spec
 
@@ -38,7 +39,7 @@ def no_ray_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN",
                  "RAY_AUTH_TOKEN_PATH", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(jobs_client, "DEFAULT_TOKEN_FILE", tmp_path / "no-such-token")
+    monkeypatch.setattr(connection, "DEFAULT_TOKEN_FILE", tmp_path / "no-such-token")
     return tmp_path
 
 
@@ -72,7 +73,7 @@ def test_secret_shaped_files_are_left_out_of_the_package(
     no_ray_env: Path, digits_dir: Path
 ) -> None:
     wd = _working_dir(no_ray_env, digits_dir)
-    excludes, left_out = jobs_client.upload_excludes(wd)
+    excludes, left_out = uploads.upload_excludes(wd)
     names = _package(wd, excludes, no_ray_env / "pkg.zip")
     sent = sorted(set(SECRET_FILES) & names)
     assert not sent, f"uploaded: {sent}"
@@ -85,7 +86,7 @@ def test_secret_shaped_files_are_left_out_of_the_package(
     for name in (".env", "id_rsa", "hf_token", "mlflow.db", "data/cache.db", "keys/server.pem"):
         assert name in left_out, name
     # --include sends one anyway
-    excludes, left_out = jobs_client.upload_excludes(wd, include=["hf_token"])
+    excludes, left_out = uploads.upload_excludes(wd, include=["hf_token"])
     assert "hf_token" in _package(wd, excludes, no_ray_env / "pkg2.zip")
     assert "hf_token" not in left_out
 
@@ -113,7 +114,7 @@ def test_a_link_out_of_the_working_dir_is_refused_by_name(
     (wd / "cloud.ini").symlink_to(home_aws / "credentials")  # Ray would follow it
     (wd / "data" / "shared").symlink_to(home_aws)
     with pytest.raises(JobsError) as excinfo:
-        jobs_client.upload_excludes(wd)
+        uploads.upload_excludes(wd)
     assert excinfo.value.exit_code == 2
     problems = excinfo.value.problems
     assert any(p.startswith(f"--working-dir {wd}: cloud.ini -> ") for p in problems), problems
@@ -170,8 +171,8 @@ def test_the_python_api_refuses_it_too_unless_insecure(no_ray_env: Path) -> None
         jobs_client.attach("raysubmit_x", address="http://192.0.2.1:8265", token="t")
     with pytest.raises(JobsError, match="no Ray job server answers"):
         jobs_client.list_jobs(address=REMOTE, token="t", insecure=True)
-    jobs_client.check_transport("https://head.example.com:8443", "t")  # TLS: fine
-    jobs_client.check_transport("http://[::1]:8265", "t")  # loopback: fine
+    connection.check_transport("https://head.example.com:8443", "t")  # TLS: fine
+    connection.check_transport("http://[::1]:8265", "t")  # loopback: fine
 
 
 def test_a_link_into_an_ignored_folder_is_walked_as_ray_uploads_it(tmp_path: Path) -> None:
@@ -193,7 +194,7 @@ def test_a_link_into_an_ignored_folder_is_walked_as_ray_uploads_it(tmp_path: Pat
     _zip_files(str(wd), ["loop"], str(tmp_path / "ray.zip"), True)
     assert "c/shared/config" in zipfile.ZipFile(tmp_path / "ray.zip").namelist()
     with pytest.raises(JobsError) as excinfo:
-        jobs_client.upload_excludes(wd)
+        uploads.upload_excludes(wd)
     assert any("c/shared -> " in p for p in excinfo.value.problems), excinfo.value.problems
 
 
@@ -211,13 +212,13 @@ def test_a_token_is_refused_to_every_spelling_of_a_remote_http_host(address: str
     """The scheme is case-insensitive (HTTP:// was refused as not an http URL at all), and
     user info, fragments and look-alike names never make a remote host loopback."""
     with pytest.raises(JobsError, match="would travel in clear"):
-        jobs_client.check_transport(jobs_client.resolve_address(address), "t")
+        connection.check_transport(connection.resolve_address(address), "t")
 
 
 def test_an_upper_case_scheme_is_http() -> None:
-    assert jobs_client.resolve_address("HTTP://LocalHost:8265") == "http://LocalHost:8265"
-    assert jobs_client.resolve_address("HTTPS://head:443/") == "https://head:443"
-    jobs_client.check_transport(jobs_client.resolve_address("HTTP://localhost:8265"), "t")
+    assert connection.resolve_address("HTTP://LocalHost:8265") == "http://LocalHost:8265"
+    assert connection.resolve_address("HTTPS://head:443/") == "https://head:443"
+    connection.check_transport(connection.resolve_address("HTTP://localhost:8265"), "t")
 
 
 def test_a_401_after_sending_a_token_says_the_token_was_refused() -> None:
@@ -233,12 +234,12 @@ def test_a_401_after_sending_a_token_says_the_token_was_refused() -> None:
     invalid = AuthenticationError(
         format_authentication_http_error(403, "Forbidden: Invalid authentication token")
     )
-    sent = jobs_client._refused(missing, CLOSED, "$RAY_AUTH_TOKEN")
+    sent = connection._refused(missing, CLOSED, "$RAY_AUTH_TOKEN")
     assert sent is not None and "the token was refused" in str(sent)
     assert "none was found" not in str(sent) and "$RAY_AUTH_TOKEN" in str(sent)
-    unsent = jobs_client._refused(missing, CLOSED, None)
+    unsent = connection._refused(missing, CLOSED, None)
     assert unsent is not None and "requires a token; none was found" in str(unsent)
-    wrong = jobs_client._refused(invalid, CLOSED, "$RAY_AUTH_TOKEN")
+    wrong = connection._refused(invalid, CLOSED, "$RAY_AUTH_TOKEN")
     assert wrong is not None and "refused the token from $RAY_AUTH_TOKEN" in str(wrong)
 
 
