@@ -103,12 +103,7 @@ def fit(
     done = None if fresh else run_folder.already_complete(job, state, start)
     if done is not None:
         return done
-    # The driver's own modules (torch with Ray Train) are imported while Ray starts: starting
-    # Ray is mostly waiting on its daemons. The model's module (Lightning) is imported here
-    # only if its source does not show a LightningModule; the workers import it anyway.
-    module, _, name = job.model.class_path.partition(":")
-    import_model = not source_check.is_lightning_module(module, name)
-    model_check = Background(lambda: _check_model_and_import(job, import_model))
+    model_check = _start_model_check(job)
     ray_handle = ray_runtime.connect(job, verbose=verbose)
     mark("ray_ready")
     record = held = None
@@ -165,6 +160,17 @@ def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark
         checkpoints=[u for c, _ in result.best_checkpoints or [] if (u := checkpoint_uri(job, c))],
         model_uri=model_uri,
     )
+
+
+def _start_model_check(job: JobSpec) -> Background:
+    """Start, in a thread, the model's check and the imports training needs first.
+
+    The driver's own modules (torch with Ray Train) are imported while Ray starts: starting
+    Ray is mostly waiting on its daemons. The model's module (Lightning) is imported only if
+    its source does not show a LightningModule; the workers import it anyway."""
+    module, _, name = job.model.class_path.partition(":")
+    import_model = not source_check.is_lightning_module(module, name)
+    return Background(lambda: _check_model_and_import(job, import_model))
 
 
 def _check_model_and_import(job: JobSpec, import_model: bool) -> list[str]:

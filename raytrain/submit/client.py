@@ -206,6 +206,38 @@ def _warnings(job: Any, env: Mapping[str, str], overrides: Sequence[str] = ()) -
     return notes
 
 
+def _working_dir_env(
+    spec: str | os.PathLike[str],
+    working_dir: str | os.PathLike[str] | None,
+    include: Sequence[str],
+) -> tuple[dict[str, Any], str]:
+    """The runtime env's upload of ``working_dir`` (none for None), secret-shaped files left
+    out and named on stderr, and the spec's path as the job sees it."""
+    if working_dir is None:
+        return {}, str(spec)
+    root = Path(working_dir).resolve()
+    if not root.is_dir():
+        raise JobsError(f"--working-dir {working_dir}: not a directory")
+    spec_path = _spec_in_working_dir(spec, root)
+    excludes, left_out = upload_excludes(root, include)
+    if left_out:  # by name only: what they hold is never read
+        print(f"raytrain: left out of the upload (secret-shaped; --include PATTERN sends "
+              f"one): {', '.join(left_out)}", file=sys.stderr)  # fmt: skip
+    return {"working_dir": str(root), "excludes": excludes}, spec_path
+
+
+def _job_env(
+    env: dict[str, str], pip: Sequence[str], working_dir: str | os.PathLike[str] | None
+) -> dict[str, Any]:
+    """The runtime env's packages and variables; the job's copy of the working dir has no
+    .git, so the run's MLflow record gets the commit from here."""
+    if working_dir is not None and GIT_COMMIT_ENV not in env:
+        found = git_commit(str(working_dir))
+        if found:
+            env[GIT_COMMIT_ENV] = found[0] + ("+dirty" if found[1] else "")
+    return {**({"pip": list(pip)} if pip else {}), **({"env_vars": env} if env else {})}
+
+
 def submit(
     spec: str | os.PathLike[str],
     overrides: Iterable[str] = (),
@@ -243,38 +275,15 @@ def submit(
             f"--env {TOKEN_ENV}: the job's driver uses the cluster's own token; sending it "
             "would put it in the job's recorded runtime environment"
         )
-    runtime_env: dict[str, Any] = {}
-    if working_dir is not None:
-        root = Path(working_dir).resolve()
-        if not root.is_dir():
-            raise JobsError(f"--working-dir {working_dir}: not a directory")
-        spec_path = _spec_in_working_dir(spec, root)
-        runtime_env["working_dir"] = str(root)
-        runtime_env["excludes"], left_out = upload_excludes(root, include)
-        if left_out:  # by name only: what they hold is never read
-            print(f"raytrain: left out of the upload (secret-shaped; --include PATTERN sends "
-                  f"one): {', '.join(left_out)}", file=sys.stderr)  # fmt: skip
-    else:
-        spec_path = str(spec)
+    runtime_env, spec_path = _working_dir_env(spec, working_dir, include)
     # checked here when it is here: a typo fails before anything reaches the cluster
     job = load_spec(spec, overrides) if working_dir is not None or Path(spec).is_file() else None
     if job is not None and warn:
         for line in _warnings(job, env, overrides):
             print(f"raytrain: warning: {line}", file=sys.stderr)
-    if working_dir is not None and GIT_COMMIT_ENV not in env:
-        # the job's copy has no .git: the run's MLflow record gets the commit from here
-        found = git_commit(str(working_dir))
-        if found:
-            env[GIT_COMMIT_ENV] = found[0] + ("+dirty" if found[1] else "")
-    if pip:
-        runtime_env["pip"] = list(pip)
-    if env:
-        runtime_env["env_vars"] = env
-    flags = [
-        *(["--fresh"] if fresh else []),
-        *(["--resume-anyway"] if resume_anyway else []),
-        *(["--force"] if force else []),
-    ]
+    runtime_env.update(_job_env(env, pip, working_dir))
+    flags = [f for f, on in (("--fresh", fresh), ("--resume-anyway", resume_anyway),
+                             ("--force", force)) if on]  # fmt: skip
     # Ray warns on every upload that it leaves .git and .venv out; so does WORKING_DIR_EXCLUDES
     logging.getLogger(NOISY_LOGGERS["working_dir"]).setLevel(logging.ERROR)
     server = JobServer(address, token=token, insecure=insecure)
