@@ -1,7 +1,8 @@
 """raytrain: train PyTorch Lightning modules on Ray, from a job spec.
 
 The public surface: load and validate a spec, train it here (``fit``) or on a cluster
-(``submit``, a ``JobHandle`` to follow it), and the errors it may raise.
+(``submit``, a ``JobHandle`` to follow it), one embedded Ray for several runs
+(``start_local``), and the errors it may raise.
 """
 
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "fit",
     "list_jobs",
     "load_spec",
+    "start_local",
     "submit",
     "validate",
 ]
@@ -43,4 +45,8 @@ def __getattr__(name: str) -> Any:
         from raytrain.driver import launcher
 
         return getattr(launcher, name)
+    if name == "start_local":  # one embedded Ray for several fits (a pipeline's)
+        from raytrain.driver.ray_runtime import start_local
+
+        return start_local
     raise AttributeError(f"module 'raytrain' has no attribute {name!r}")
