@@ -196,7 +196,6 @@ class MlflowTracker:
         imports the model: slow, and it may guess wrong)."""
         import mlflow
         import mlflow.pytorch
-        import torch
 
         from raytrain.tracking.model_example import input_example
 
@@ -215,26 +214,7 @@ class MlflowTracker:
                 )  # fmt: skip
 
         try:
-            info = None
-            if example is not None:
-                from mlflow.models import infer_signature
-
-                # torch.export cannot trace every forward, and a declared example need not
-                # fit forward, nor convert to numpy (bfloat16): each falls back to pickle
-                try:
-                    with torch.no_grad():
-                        output = model(example)
-                    if not isinstance(output, torch.Tensor):
-                        raise TypeError(f"forward returns a {type(output).__name__}, not a tensor")
-                    array = example.detach().cpu().numpy()
-                    signature = infer_signature(array, output.detach().cpu().numpy())
-                    info = log(serialization_format="pt2", input_example=array,
-                               signature=signature)  # fmt: skip
-                    fmt = "pt2"
-                except Exception as exc:
-                    fmt = f"pickle (pt2 failed: {type(exc).__name__}: {str(exc)[:300]})"
-            else:
-                fmt = "pickle (no input example to trace forward with)"
+            info, fmt = _log_pt2(log, model, example)
             if info is None:
                 info = log(serialization_format="pickle")
         finally:
@@ -247,6 +227,28 @@ class MlflowTracker:
         if error:
             self.set_tags({"raytrain.error": error[:5000]})
         self.client.set_terminated(self.run_id, status=status)
+
+
+def _log_pt2(log: Any, model: Any, example: Any) -> tuple[Any, str]:
+    """Log ``model`` through ``log`` in MLflow's ``pt2`` format with a signature from
+    ``example``: (its model info, "pt2"), or (None, why it must be pickle instead)."""
+    if example is None:
+        return None, "pickle (no input example to trace forward with)"
+    import torch
+    from mlflow.models import infer_signature
+
+    # torch.export cannot trace every forward, and a declared example need not fit forward,
+    # nor convert to numpy (bfloat16): each falls back to pickle
+    try:
+        with torch.no_grad():
+            output = model(example)
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(f"forward returns a {type(output).__name__}, not a tensor")
+        array = example.detach().cpu().numpy()
+        signature = infer_signature(array, output.detach().cpu().numpy())
+        return log(serialization_format="pt2", input_example=array, signature=signature), "pt2"
+    except Exception as exc:
+        return None, f"pickle (pt2 failed: {type(exc).__name__}: {str(exc)[:300]})"
 
 
 def _package_of(cls: type) -> str:
