@@ -141,7 +141,7 @@ def private_uses(tree: ast.Module) -> list[str]:
     object, a private module named in a string (a logger's name), and overriding a foreign
     class's private method."""
     found = []
-    foreign_names = {"self", "trainer", "fit_loop", "loop", "strategy"}
+    foreign_names = {"trainer", "fit_loop", "loop", "strategy"}  # Lightning objects by name
     aliases = foreign_aliases(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -159,9 +159,7 @@ def private_uses(tree: ast.Module) -> list[str]:
             root = base
             while isinstance(root, ast.Attribute):
                 root = root.value
-            if isinstance(root, ast.Name) and (
-                root.id in FOREIGN or (root.id in foreign_names and root.id != "self")
-            ):
+            if isinstance(root, ast.Name) and (root.id in FOREIGN or root.id in foreign_names):
                 found.append(f"line {node.lineno}: .{node.attr}")
             if isinstance(base, ast.Call) and getattr(base.func, "id", "") == "super":
                 found.append(f"line {node.lineno}: super().{node.attr}")
