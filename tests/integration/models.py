@@ -85,7 +85,8 @@ def images_to_pixels(batch: dict) -> dict:
 
 class KillAtStepsCNN(DigitsCNN):
     """SIGKILLs (or sends ``signal_name`` to) its own worker process (rank ``rank``) when
-    ``global_step`` reaches each of ``at_steps``, once each: workers lost mid-epoch. Appends
+    ``global_step`` reaches each of ``at_steps``, once each: workers lost mid-epoch.
+    ``signals``, when given, names the signal for each of ``at_steps`` instead. Appends
     what happens to ``out_dir/events.jsonl`` with wall-clock times: each kill, and (rank 0)
     each start of training and the first step it finishes (after a restore: the
     checkpoint's step + 1).
@@ -95,10 +96,13 @@ class KillAtStepsCNN(DigitsCNN):
     would otherwise race the controller's poll, and the run restore from an older one."""
 
     def __init__(self, out_dir: str, at_steps: tuple[int, ...] = (30,), rank: int = 1,
-                 run_dir: str | None = None, signal_name: str = "SIGKILL", **kwargs):  # fmt: skip
+                 run_dir: str | None = None, signal_name: str = "SIGKILL",
+                 signals: tuple[str, ...] | None = None, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.out_dir, self.at_steps, self.kill_rank = out_dir, tuple(at_steps), rank
-        self.run_dir, self.signal_name = run_dir, signal_name
+        self.run_dir = run_dir
+        names = signals or [signal_name] * len(self.at_steps)
+        self.signal_at = dict(zip(self.at_steps, names, strict=True))
         self._first_step_pending = False
 
     def _record(self, event: str, **fields: float) -> None:
@@ -145,8 +149,8 @@ class KillAtStepsCNN(DigitsCNN):
         if mine and not os.path.exists(marker):
             self._wait_for_commit()
             open(marker, "w").close()
-            self._record("kill", step=step, signal=self.signal_name)
-            os.kill(os.getpid(), getattr(signal, self.signal_name))
+            self._record("kill", step=step, signal=self.signal_at[step])
+            os.kill(os.getpid(), getattr(signal, self.signal_at[step]))
         return super().training_step(batch, batch_idx)
 
 

@@ -21,9 +21,9 @@ WORKER_RESOURCES = {"CPU": 1, SLOT: 1}
 
 
 @contextmanager
-def multinode_cluster(worker_nodes: int) -> Iterator[Any]:
-    """A head (2 CPUs, no slot) and ``worker_nodes`` nodes of one slot each; this process
-    is connected to it. Ray Train's preemption watcher is on (an embedded cluster turns it
+def multinode_cluster() -> Iterator[Any]:
+    """A head (2 CPUs, no slot) that this process is connected to; ``fresh_slot_nodes``
+    gives it worker nodes. Ray Train's preemption watcher is on (an embedded cluster turns it
     off in this process's environment) and polls every 0.5 s; a worker group that cannot
     be placed is given up after 10 s.
 
@@ -48,8 +48,6 @@ def multinode_cluster(worker_nodes: int) -> Iterator[Any]:
             env.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "10")
             cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
             try:
-                for _ in range(worker_nodes):
-                    add_slot_node(cluster)
                 ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
                 cluster.wait_for_nodes()
                 yield cluster
@@ -63,6 +61,18 @@ def multinode_cluster(worker_nodes: int) -> Iterator[Any]:
 
 def add_slot_node(cluster: Any) -> Any:
     return cluster.add_node(num_cpus=1, resources={SLOT: 1}, object_store_memory=80 * 2**20)
+
+
+def fresh_slot_nodes(cluster: Any, count: int) -> None:
+    """Replace every worker node of ``cluster`` with ``count`` new ones of a slot each, and
+    wait until the GCS sees exactly those alive: a test then starts on whole nodes, whatever
+    the test before it removed or drained. Cheaper than a new cluster (a node is a raylet;
+    a cluster is also a GCS, a head and this process's connection to it)."""
+    for node in list(cluster.worker_nodes):
+        cluster.remove_node(node, allow_graceful=True)
+    for _ in range(count):
+        add_slot_node(cluster)
+    cluster.wait_for_nodes()
 
 
 def node_by_id(cluster: Any, node_id: str) -> Any:

@@ -150,5 +150,6 @@ def test_same_command_resumes_from_last_step(first_run, work: Path) -> None:
     assert new_steps and min(new_steps) > last_step
     epochs = client.get_metric_history(result.mlflow_run_id, "val_acc")
     assert len(epochs) == EPOCHS + 1
-    run = client.get_run(result.mlflow_run_id)
-    assert run.data.tags["raytrain.attempts"] == "2"
+    tags = client.get_run(result.mlflow_run_id).data.tags
+    assert tags["raytrain.attempts"] == "2"
+    assert f"from {result.latest_checkpoint_uri}" in tags["raytrain.attempt.2"]

@@ -1,7 +1,9 @@
 """What a run records in MLflow, read back through ``MlflowClient`` from a real tracking
 server (SQLite backend, artifacts on the S3 test server): params, metrics at their global
-steps, system metrics, tags, the spec, the best checkpoint, the logged and registered model;
-the run's lifecycle; a server behind basic auth; and ``raytrain report``."""
+steps, system metrics, tags, the spec, the best checkpoint, the logged and registered model,
+with the server behind MLflow's basic-auth app (a run without the right credentials is
+refused); and ``raytrain report``. A run's restarts and failures, recorded the same way in
+any store, are asserted in ``test_worker_failure`` and ``test_failures``."""
 
 from __future__ import annotations
 
@@ -25,18 +27,28 @@ ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "mlflow-artifacts"
 
 
+# MLflow's own variables for a server's basic-auth credentials (and its address)
+CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
 @pytest.fixture(scope="module")
 def server(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """The server behind MLflow's basic-auth app, as a shared team server is."""
     s3_client(s3_endpoint).create_bucket(Bucket=BUCKET)
-    with mlflow_server(tmp_path_factory.mktemp("mlflow"), s3_endpoint, BUCKET) as running:
+    work = tmp_path_factory.mktemp("mlflow")
+    with mlflow_server(work, s3_endpoint, BUCKET, auth=True) as running:
         yield running
 
 
 @pytest.fixture
 def client(server: MlflowServer, monkeypatch: pytest.MonkeyPatch):
+    """A client of the server, with the admin's credentials in MLflow's variables (which
+    raytrain, and every ``raytrain`` command the test starts, read too)."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv(CREDENTIALS[0], str(server.username))
+    monkeypatch.setenv(CREDENTIALS[1], str(server.password))
     return MlflowClient(tracking_uri=server.uri)
 
 
@@ -48,7 +60,7 @@ def _git_head() -> str | None:
 
 def test_a_run_records_everything_on_the_server(
     ray_cluster: None, server: MlflowServer, client, digits_dir: Path, tmp_path: Path,
-    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     import mlflow
     import mlflow.pytorch
@@ -66,9 +78,25 @@ def test_a_run_records_everything_on_the_server(
                        checkpoint={"monitor": "val_acc", "mode": "max"},
                        tracking={"mlflow": {"tracking_uri": server.uri,
                                             "register_as": "digits-on-server"}})  # fmt: skip
+    # no credentials, then a wrong password: refused, naming the server, not the password
+    for name in CREDENTIALS:
+        monkeypatch.delenv(name)
+    with pytest.raises(raytrain.TrackingError, match=server.uri):
+        raytrain.fit(spec, progress=False)
+    monkeypatch.setenv(CREDENTIALS[0], str(server.username))
+    monkeypatch.setenv(CREDENTIALS[1], "not-the-password-42")
+    with pytest.raises(raytrain.TrackingError, match=server.uri) as refused:
+        raytrain.fit(spec, progress=False)
+    assert "not-the-password-42" not in str(refused.value)
+
+    monkeypatch.setenv(CREDENTIALS[1], str(server.password))
     result = raytrain.fit(spec, progress=False)
     run = client.get_run(result.mlflow_run_id)
     assert run.info.status == "FINISHED"
+    printed = capfd.readouterr()
+    recorded = [*run.data.params.values(), *run.data.tags.values(), printed.out,
+                printed.err, str(result.__dict__)]  # fmt: skip
+    assert server.password and not [text for text in recorded if server.password in text]
 
     # params: the whole flattened spec
     job = load_spec(spec)
@@ -135,46 +163,6 @@ def test_a_run_records_everything_on_the_server(
     assert result.model_uri and tags["raytrain.model_uri"] == result.model_uri
 
 
-def test_restarts_and_failures_are_recorded_in_the_run(
-    ray_cluster: None, server: MlflowServer, client, digits_dir: Path, tmp_path: Path
-) -> None:
-    tracking = {"mlflow": {"tracking_uri": server.uri, "log_model": False}}
-    spec = digits_spec(
-        digits_dir, tmp_path, name="restarted", tracking=tracking,
-        model={"class_path": "tests.integration.models:KillAtStepsCNN",
-               "init_args": {"out_dir": str(tmp_path), "at_steps": [30],
-                             "run_dir": str(tmp_path / "runs" / "restarted")}},
-        trainer={"max_epochs": 2, "log_every_n_steps": 5},
-        failure={"max_failures": 1},
-    )  # fmt: skip
-    result = raytrain.fit(spec, progress=False)
-    run = client.get_run(result.mlflow_run_id)
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["raytrain.restarts"] == "1"
-    assert "attempt 1: workers restarted" in run.data.tags["raytrain.restart.1"]
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
-    assert steps == sorted(set(steps))  # the retrained steps 24-30 are not logged twice
-
-    # a second attempt (more epochs) continues the same run and says so
-    spec["trainer"]["max_epochs"] = 3
-    again = raytrain.fit(spec, progress=False)
-    assert again.mlflow_run_id == result.mlflow_run_id
-    tags = client.get_run(result.mlflow_run_id).data.tags
-    assert tags["raytrain.attempts"] == "2"
-    assert "from " in tags["raytrain.attempt.2"] and "checkpoint_" in tags["raytrain.attempt.2"]
-
-    failing = digits_spec(
-        digits_dir, tmp_path, name="exploded", tracking=tracking,
-        model={"class_path": "tests.integration.models:ExplodingCNN", "init_args": {}},
-    )  # fmt: skip
-    with pytest.raises(raytrain.TrainingFailed, match="boom at step 3"):
-        raytrain.fit(failing, progress=False)
-    (run,) = client.search_runs(
-        [client.get_experiment_by_name("exploded").experiment_id], max_results=1
-    )
-    assert run.info.status == "FAILED" and "boom at step 3" in run.data.tags["raytrain.error"]
-
-
 def test_raytrain_report_draws_and_tabulates_runs(
     server: MlflowServer, client, tmp_path: Path
 ) -> None:
@@ -228,35 +216,3 @@ def test_raytrain_report_draws_and_tabulates_runs(
                               "--tracking-uri", server.uri, "--out", str(tmp_path / "x.png")],
                              capture_output=True, text=True, check=False)  # fmt: skip
     assert missing.returncode == 2 and f"run {'0' * 32}: not found" in missing.stderr
-
-
-def test_a_server_behind_basic_auth_works_through_mlflows_variables(
-    ray_cluster: None, s3_endpoint: str, digits_dir: Path, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
-    from mlflow.tracking import MlflowClient
-
-    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_URI"):
-        monkeypatch.delenv(name, raising=False)
-    s3_client(s3_endpoint).create_bucket(Bucket="mlflow-auth-artifacts")
-    with mlflow_server(tmp_path, s3_endpoint, "mlflow-auth-artifacts", auth=True) as secured:
-        spec = digits_spec(digits_dir, tmp_path, name="behind-auth", trainer={"max_epochs": 1},
-                           tracking={"mlflow": {"tracking_uri": secured.uri,
-                                                "log_model": False}})  # fmt: skip
-        # no credentials, then a wrong password: refused, naming the server, not the password
-        with pytest.raises(raytrain.TrackingError, match=secured.uri):
-            raytrain.fit(spec, progress=False)
-        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", secured.username)
-        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "not-the-password-42")
-        with pytest.raises(raytrain.TrackingError, match=secured.uri) as refused:
-            raytrain.fit(spec, progress=False)
-        assert "not-the-password-42" not in str(refused.value)
-
-        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", secured.password)
-        result = raytrain.fit(spec, progress=False)
-        run = MlflowClient(tracking_uri=secured.uri).get_run(result.mlflow_run_id)
-        assert run.info.status == "FINISHED" and run.data.metrics["val_acc"] > 0.3
-        printed = capfd.readouterr()
-        recorded = [*run.data.params.values(), *run.data.tags.values(), printed.out,
-                    printed.err, str(result.__dict__)]  # fmt: skip
-        assert not [text for text in recorded if secured.password in text]

@@ -7,6 +7,7 @@ that were left, with a metric history that only moves forward."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from tests.conftest import digits_spec
 from tests.integration.multinode import (
     WORKER_RESOURCES,
     add_slot_node,
+    fresh_slot_nodes,
     multinode_cluster,
     node_by_id,
     read_events,
@@ -29,6 +31,13 @@ from tests.integration.multinode import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """One multi-node cluster for the module; each test gives it the worker nodes it needs."""
+    with multinode_cluster() as running:
+        yield running
 
 
 def _spec(digits_dir: Path, tmp_path: Path, name: str, **init_args: Any) -> dict[str, Any]:
@@ -86,18 +95,18 @@ def _groups(out_dir: Path) -> list[dict[int, str]]:
 
 
 def test_a_removed_node_restarts_the_workers_on_the_nodes_left(
-    digits_dir: Path, tmp_path: Path, clean_env: None
+    cluster: Any, digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:
-    with multinode_cluster(worker_nodes=3) as cluster:
+    fresh_slot_nodes(cluster, 3)
 
-        def remove(event: dict[str, Any]) -> None:
-            cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
+    def remove(event: dict[str, Any]) -> None:
+        cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
 
-        spec = _spec(digits_dir, tmp_path, "node-lost", doomed_at=35)
-        result, done = run_with_actions(
-            tmp_path, lambda: raytrain.fit(spec, progress=False), {"doomed": remove}
-        )
-        assert done == ["doomed"]
+    spec = _spec(digits_dir, tmp_path, "node-lost", doomed_at=35)
+    result, done = run_with_actions(
+        tmp_path, lambda: raytrain.fit(spec, progress=False), {"doomed": remove}
+    )
+    assert done == ["doomed"]
 
     lost = next(e["node"] for e in read_events(tmp_path) if e["event"] == "doomed")
     groups = _groups(tmp_path)
@@ -128,18 +137,14 @@ def drain_for_preemption(node_id: str, deadline_s: int) -> None:
 
 
 def test_a_node_drained_for_preemption_checkpoints_and_moves_uncharged(
-    digits_dir: Path, tmp_path: Path, clean_env: None
+    cluster: Any, digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:
-    with multinode_cluster(worker_nodes=3):
-        spec = _spec(
-            digits_dir, tmp_path, "node-drained", doomed_at=35, notice_wait=True, hold_at=40
-        )
-        spec["failure"] = {"max_failures": 0, "preemption_check_s": 0}  # a restart is uncharged
-        actions = {"doomed": lambda event: drain_for_preemption(event["node"], deadline_s=6)}
-        result, done = run_with_actions(
-            tmp_path, lambda: raytrain.fit(spec, progress=False), actions
-        )
-        assert done == ["doomed"]
+    fresh_slot_nodes(cluster, 3)
+    spec = _spec(digits_dir, tmp_path, "node-drained", doomed_at=35, notice_wait=True, hold_at=40)
+    spec["failure"] = {"max_failures": 0, "preemption_check_s": 0}  # a restart is uncharged
+    actions = {"doomed": lambda event: drain_for_preemption(event["node"], deadline_s=6)}
+    result, done = run_with_actions(tmp_path, lambda: raytrain.fit(spec, progress=False), actions)
+    assert done == ["doomed"]
 
     drained = next(e["node"] for e in read_events(tmp_path) if e["event"] == "doomed")
     groups = _groups(tmp_path)
@@ -156,23 +161,21 @@ def test_a_node_drained_for_preemption_checkpoints_and_moves_uncharged(
 
 
 def test_elastic_range_shrinks_on_a_lost_node_and_grows_back(
-    digits_dir: Path, tmp_path: Path, clean_env: None
+    cluster: Any, digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:
     """num_workers [1, 2]: a node lost → the run goes on with 1 worker; a node added → it
     grows back to 2. Each worker keeps batch_size, so an epoch takes 45 steps on 1 worker
     and 23 on 2; every row is still trained on exactly once per epoch across the resizes."""
-    with multinode_cluster(worker_nodes=2) as cluster:
+    fresh_slot_nodes(cluster, 2)
 
-        def remove(event: dict[str, Any]) -> None:
-            cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
+    def remove(event: dict[str, Any]) -> None:
+        cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
 
-        spec = _spec(digits_dir, tmp_path, "elastic", doomed_at=15, grow_at=40)
-        spec["scaling"] = {**spec["scaling"], "num_workers": [1, 2], "resize_check_s": 1}
-        actions = {"doomed": remove, "shrunk": lambda event: add_slot_node(cluster)}
-        result, done = run_with_actions(
-            tmp_path, lambda: raytrain.fit(spec, progress=False), actions
-        )
-        assert done == ["doomed", "shrunk"]
+    spec = _spec(digits_dir, tmp_path, "elastic", doomed_at=15, grow_at=40)
+    spec["scaling"] = {**spec["scaling"], "num_workers": [1, 2], "resize_check_s": 1}
+    actions = {"doomed": remove, "shrunk": lambda event: add_slot_node(cluster)}
+    result, done = run_with_actions(tmp_path, lambda: raytrain.fit(spec, progress=False), actions)
+    assert done == ["doomed", "shrunk"]
 
     groups = _groups(tmp_path)
     assert [len(g) for g in groups] == [2, 1, 2]
