@@ -11,8 +11,9 @@ else does raytrain touch it. ``tests/unit/test_compat.py`` pins what each entry 
   Datasets, ``DatasetsCallback`` when trimmed) and ``_initialize_and_run_controller``
   (starts ``TrainController`` itself: on the driver's node, with 0 CPUs, with the policy
   given, with a runtime env only when the cluster's processes lack the controller's
-  variables). Relies on those two methods' names and ``controller_kwargs`` keys
-  (``scaling_policy``, ``failure_policy``), and on ``_register_sigint_handler``.
+  variables; ends it, and puts the caller's SIGINT handler back, when the run is over).
+  Relies on those two methods' names and ``controller_kwargs`` keys (``scaling_policy``,
+  ``failure_policy``), and on ``_register_sigint_handler``.
 - ``PolicyAdapter``: ``DefaultFailurePolicy`` with a decision taken first
   (``make_decision(training_failed_error)``, ``FailureDecision.RAISE/RETRY``).
 - ``LocalScalingPolicy``: ``FixedScalingPolicy`` without autoscaler requests.
@@ -22,6 +23,7 @@ else does raytrain touch it. ``tests/unit/test_compat.py`` pins what each entry 
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -184,7 +186,9 @@ class ControllerTrainer(TorchTrainer):
         self._controller = controller
         if self._aborted.is_set():  # abort() came before the controller existed
             controller.abort.remote()
-        if threading.current_thread() is threading.main_thread():
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        caller_sigint = signal.getsignal(signal.SIGINT)
+        if on_main_thread:
             self._register_sigint_handler(controller)
         try:
             ray.get(controller.run.remote())
@@ -193,3 +197,11 @@ class ControllerTrainer(TorchTrainer):
             if self._aborted.is_set():  # abort() ends the controller's process
                 raise RunAborted("the run was aborted") from None
             raise
+        finally:
+            # The run is over. Ray's SIGINT handler would keep the controller's handle, and
+            # with it the controller's process, until the next fit; and a Ctrl-C in the
+            # caller's program after it would end that program with exit 0.
+            self._controller = None
+            if on_main_thread:
+                signal.signal(signal.SIGINT, caller_sigint)
+            ray.kill(controller)

@@ -54,6 +54,14 @@ def start_sink() -> Any:
     ).remote()
 
 
+def stop_sink(sink: Any) -> None:
+    """End the sink's actor once its events are drained: its handle also sits in the
+    trainer's worker config, so it would otherwise outlive the run."""
+    import ray
+
+    ray.kill(sink)
+
+
 class ReportPump:
     """A driver thread that drains the sink into handlers until stopped."""
 

@@ -93,17 +93,20 @@ def train(
     """Build the datasets and the trainer, open the run's records while the workers start,
     and train (see the module docstring)."""
     from raytrain.data.sources import build_datasets
-    from raytrain.driver.progress import start_sink
+    from raytrain.driver.progress import start_sink, stop_sink
 
     datasets, cached = build_datasets(job, ray_handle.object_store_bytes())
     mark("datasets_ready")
     sink = start_sink()
-    trainer = make_trainer(job, ray_handle, sink, datasets, cached)
-    # A run that cannot be recorded does not train: opening the records aborts it; so does
-    # another run taking the lease over.
-    record.start(on_error=lambda exc: trainer.abort())
-    held.on_lost = lambda holder: trainer.abort()
-    result, latest = _fit(job, trainer, sink, record, held, progress, mark)
+    try:
+        trainer = make_trainer(job, ray_handle, sink, datasets, cached)
+        # A run that cannot be recorded does not train: opening the records aborts it; so
+        # does another run taking the lease over.
+        record.start(on_error=lambda exc: trainer.abort())
+        held.on_lost = lambda holder: trainer.abort()
+        result, latest = _fit(job, trainer, sink, record, held, progress, mark)
+    finally:
+        stop_sink(sink)
     data_paths = {**{k: "streamed" for k in datasets}, **{k: "cached" for k in cached}}
     return Trained(result=result, latest=latest, data_paths=data_paths)
 

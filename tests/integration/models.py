@@ -222,15 +222,18 @@ class NodeEventsCNN(SeenCountCNN):
     fewer than ``grow_to`` workers announces ``shrunk`` at that step (after the commit) and
     waits to be restarted bigger. With ``hold_at``, every rank of the first group that gets
     there waits at that step (after the commit) to be taken down: a preemption's deadline.
-    Each wait gives up after ``patience`` seconds."""
+    With ``lost_at``, rank ``rank`` announces ``lost`` (with its node) at that step, once,
+    after the commit, and waits to be taken down with its node. Each wait gives up after
+    ``patience`` seconds."""
 
     def __init__(self, out_dir: str, num_ids: int, *, doomed_at: int | None = None,
                  rank: int = 1, grow_at: int | None = None, grow_to: int = 2,
                  notice_wait: bool = False, hold_at: int | None = None,
-                 patience: float = 120, **kwargs):  # fmt: skip
+                 lost_at: int | None = None, patience: float = 120, **kwargs):  # fmt: skip
         super().__init__(out_dir=out_dir, num_ids=num_ids, at_steps=(), rank=rank, **kwargs)
         self.doomed_at, self.grow_at, self.grow_to = doomed_at, grow_at, grow_to
         self.notice_wait, self.patience, self.hold_at = notice_wait, patience, hold_at
+        self.lost_at = lost_at
         self._group_started_at: int | None = None
 
     def on_train_start(self) -> None:
@@ -269,6 +272,13 @@ class NodeEventsCNN(SeenCountCNN):
                 self._wait_until(lambda: ray_preemption_info() is not None)
             else:
                 self._wait_until(lambda: False)  # taken down with its node
+        lost_marker = f"{self.out_dir}/lost-{step}"
+        mine = step == self.lost_at and self.global_rank == self.kill_rank
+        if mine and not os.path.exists(lost_marker):
+            self._wait_for_commit()
+            open(lost_marker, "w").close()
+            self._record("lost", step=step, node=ray.get_runtime_context().get_node_id())
+            self._wait_until(lambda: False)  # taken down with its node
         if step == self.hold_at and self._group_started_at == 0:
             self._wait_for_commit()
             self._wait_until(lambda: False)  # taken down at the preemption's deadline

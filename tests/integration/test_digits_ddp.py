@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,10 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("digits-ddp")
 
 
+# The SIGINT handlers of this process before and after the first run.
+SIGINT_AROUND_FIRST_RUN: dict[str, Any] = {}
+
+
 @pytest.fixture(scope="module")
 def first_run(ray_cluster: None, digits_dir: Path, work: Path) -> tuple[dict[str, Any], Any]:
     os.environ.pop("RAY_ADDRESS", None)
@@ -34,7 +40,10 @@ def first_run(ray_cluster: None, digits_dir: Path, work: Path) -> tuple[dict[str
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5, "seed": 7},
         checkpoint={"storage": str(work / "runs"), "keep": 2, "monitor": "val_acc", "mode": "max"},
     )
-    return spec, raytrain.fit(spec, progress=False)
+    SIGINT_AROUND_FIRST_RUN["before"] = signal.getsignal(signal.SIGINT)
+    result = raytrain.fit(spec, progress=False)
+    SIGINT_AROUND_FIRST_RUN["after"] = signal.getsignal(signal.SIGINT)
+    return spec, result
 
 
 def _client(spec: dict[str, Any]):
@@ -48,6 +57,33 @@ def test_two_worker_ddp_learns_digits(first_run) -> None:
     assert result.metrics["world_size"] == 2
     assert result.metrics["val_acc"] >= 0.9
     assert result.metrics["epoch"] == EPOCHS - 1
+
+
+def _ray_processes(*names: str) -> list[str]:
+    """This machine's processes that run one of the named actors (``ray::NAME``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")[0].decode(errors="replace").strip()
+        except OSError:  # it ended while being read
+            continue
+        if cmd in {f"ray::{name}" for name in names}:
+            found.append(f"{pid} {cmd}")
+    return found
+
+
+def test_a_finished_run_leaves_no_actor_and_the_callers_sigint_handler(first_run) -> None:
+    """``fit`` returned: the run's controller and metrics sink end with it (each one's
+    process does, a moment after its actor is killed), and a Ctrl-C in the caller's
+    program is the caller's again, not Ray Train's abort of a run that is over."""
+    assert SIGINT_AROUND_FIRST_RUN["after"] is SIGINT_AROUND_FIRST_RUN["before"]
+    deadline = time.monotonic() + 30
+    while (
+        left := _ray_processes("TrainController", "MetricsSink")
+    ) and time.monotonic() < deadline:
+        time.sleep(0.2)  # polls for the processes' exit (ray.kill does not wait for it)
+    assert not left
 
 
 def test_checkpoint_holds_full_lightning_state(first_run) -> None:

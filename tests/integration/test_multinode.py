@@ -1,8 +1,8 @@
 """Node failures on a multi-node Ray cluster on this machine: a node holding a worker is
-removed (its raylet, object store and workers killed), or drained for a preemption, or
-nodes come and go under an elastic worker range. Each run must finish having trained on
-every row exactly once per epoch (counted in a buffer saved with the model), on the nodes
-that were left, with a metric history that only moves forward."""
+drained for a preemption and then another removed (its raylet, object store and workers
+killed), in one run; and nodes come and go under an elastic worker range. Each run must
+finish having trained on every row exactly once per epoch (counted in a buffer saved with
+the model), on the nodes that were left, with a metric history that only moves forward."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def cluster() -> Iterator[Any]:
         yield running
 
 
-def _spec(digits_dir: Path, tmp_path: Path, name: str, **init_args: Any) -> dict[str, Any]:
+def _spec(
+    digits_dir: Path, tmp_path: Path, name: str, epochs: int = EPOCHS, **init_args: Any
+) -> dict[str, Any]:
     ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
     val = pq.read_table(digits_dir / "val", columns=["id"]).column("id").to_pylist()
     return digits_spec(
@@ -50,13 +52,13 @@ def _spec(digits_dir: Path, tmp_path: Path, name: str, **init_args: Any) -> dict
                              "run_dir": str(tmp_path / "runs" / name), **init_args}},
         data={"columns": ["id", "pixels", "label"], "shuffle": {"seed": 5}},
         scaling={"num_workers": 2, "resources_per_worker": WORKER_RESOURCES},
-        trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5},
+        trainer={"max_epochs": epochs, "log_every_n_steps": 5},
         checkpoint={"every_n_steps": 10, "keep": 20},
         failure={"max_failures": 1},
     )  # fmt: skip
 
 
-def _assert_every_row_once_per_epoch(digits_dir: Path, result: Any) -> None:
+def _assert_every_row_once_per_epoch(digits_dir: Path, result: Any, epochs: int = EPOCHS) -> None:
     ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
 
     def step(checkpoint: str) -> int:
@@ -66,8 +68,8 @@ def _assert_every_row_once_per_epoch(digits_dir: Path, result: Any) -> None:
     seen = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)[
         "state_dict"
     ]["seen"]
-    assert seen[ids].tolist() == [EPOCHS] * len(ids)
-    assert int(seen.sum()) == EPOCHS * len(ids)
+    assert seen[ids].tolist() == [epochs] * len(ids)
+    assert int(seen.sum()) == epochs * len(ids)
 
 
 def _assert_history_forward(result: Any) -> None:
@@ -94,31 +96,6 @@ def _groups(out_dir: Path) -> list[dict[int, str]]:
     return list(groups.values())
 
 
-def test_a_removed_node_restarts_the_workers_on_the_nodes_left(
-    cluster: Any, digits_dir: Path, tmp_path: Path, clean_env: None
-) -> None:
-    fresh_slot_nodes(cluster, 3)
-
-    def remove(event: dict[str, Any]) -> None:
-        cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
-
-    spec = _spec(digits_dir, tmp_path, "node-lost", doomed_at=35)
-    result, done = run_with_actions(
-        tmp_path, lambda: raytrain.fit(spec, progress=False), {"doomed": remove}
-    )
-    assert done == ["doomed"]
-
-    lost = next(e["node"] for e in read_events(tmp_path) if e["event"] == "doomed")
-    groups = _groups(tmp_path)
-    assert len(groups) == 2 and all(len(g) == 2 for g in groups)
-    assert groups[0][1] == lost and lost not in groups[1].values()
-    restarts = [e["step"] for e in read_events(tmp_path) if e["event"] == "worker"]
-    assert restarts == [0, 0, 30, 30]  # resumed from the step-30 checkpoint, mid-epoch
-    assert result.metrics["step"] == EPOCHS * 23
-    _assert_every_row_once_per_epoch(digits_dir, result)
-    _assert_history_forward(result)
-
-
 def drain_for_preemption(node_id: str, deadline_s: int) -> None:
     """Ask the GCS to drain a node for a preemption with a deadline, as a cloud autoscaler
     does when a spot node is reclaimed (`ray drain-node --reason
@@ -136,27 +113,43 @@ def drain_for_preemption(node_id: str, deadline_s: int) -> None:
     assert accepted, why
 
 
-def test_a_node_drained_for_preemption_checkpoints_and_moves_uncharged(
+def test_a_drained_then_a_removed_node_move_the_workers_to_the_nodes_left(
     cluster: Any, digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:
-    fresh_slot_nodes(cluster, 3)
-    spec = _spec(digits_dir, tmp_path, "node-drained", doomed_at=35, notice_wait=True, hold_at=40)
-    spec["failure"] = {"max_failures": 0, "preemption_check_s": 0}  # a restart is uncharged
-    actions = {"doomed": lambda event: drain_for_preemption(event["node"], deadline_s=6)}
-    result, done = run_with_actions(tmp_path, lambda: raytrain.fit(spec, progress=False), actions)
-    assert done == ["doomed"]
+    """A fixed 2-worker run on 4 one-slot nodes. A node drained for a preemption: the
+    workers checkpoint on the notice, train on to the deadline and restart elsewhere from
+    the last checkpoint before it, uncharged. Then a node removed: they restart from the
+    last committed checkpoint on the nodes left, charged. ``max_failures: 1``, so a drain
+    charged too would have failed the run."""
+    fresh_slot_nodes(cluster, 4)
 
-    drained = next(e["node"] for e in read_events(tmp_path) if e["event"] == "doomed")
+    def remove(event: dict[str, Any]) -> None:
+        cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
+
+    spec = _spec(digits_dir, tmp_path, "nodes-lost", epochs=3, doomed_at=35, notice_wait=True,
+                 hold_at=40, lost_at=55)  # fmt: skip
+    spec["failure"] = {"max_failures": 1, "preemption_check_s": 0}
+    actions = {"doomed": lambda event: drain_for_preemption(event["node"], deadline_s=6),
+               "lost": remove}  # fmt: skip
+    result, done = run_with_actions(tmp_path, lambda: raytrain.fit(spec, progress=False), actions)
+    assert done == ["doomed", "lost"]
+
+    events = read_events(tmp_path)
+    drained = next(e["node"] for e in events if e["event"] == "doomed")
+    lost = next(e["node"] for e in events if e["event"] == "lost")
     groups = _groups(tmp_path)
-    assert len(groups) == 2
+    assert len(groups) == 3 and all(len(g) == 2 for g in groups)
     assert groups[0][1] == drained and drained not in groups[1].values()
+    assert groups[1][1] == lost and not {drained, lost} & set(groups[2].values())
     metas = [json.loads((Path(c) / META_FILE).read_text()) for c in result.checkpoints]
     noticed = [m["step"] for m in metas if m["kind"] == "preemption (node drain)"]
     assert len(noticed) == 1 and noticed[0] > 35  # saved once the notice came, then trained on
-    restarted = [e["step"] for e in read_events(tmp_path) if e["event"] == "worker"][2:]
-    assert restarted == [40, 40]  # from the last checkpoint before the deadline
-    assert result.metrics["step"] == EPOCHS * 23
-    _assert_every_row_once_per_epoch(digits_dir, result)
+    # from the last checkpoint before the deadline (40), then from the step-50 checkpoint,
+    # mid-epoch, the last committed before the node was lost
+    starts = [e["step"] for e in events if e["event"] == "worker"]
+    assert starts == [0, 0, 40, 40, 50, 50]
+    assert result.metrics["step"] == 3 * 23
+    _assert_every_row_once_per_epoch(digits_dir, result, epochs=3)
     _assert_history_forward(result)
 
 
