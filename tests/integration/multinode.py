@@ -25,7 +25,7 @@ def multinode_cluster() -> Iterator[Any]:
     """A head (2 CPUs, no slot) that this process is connected to; ``fresh_slot_nodes``
     gives it worker nodes. Ray Train's preemption watcher is on (an embedded cluster turns it
     off in this process's environment) and polls every 0.5 s; a worker group that cannot
-    be placed is given up after 10 s.
+    be placed is given up after 3 s.
 
     A process connects to one cluster at a time: the session's embedded Ray, if running,
     is stopped for the block and started again after it, with the environment it had."""
@@ -44,8 +44,10 @@ def multinode_cluster() -> Iterator[Any]:
             env.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
             env.setenv("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "0.5")
             # After a node dies, Ray Train's view of the cluster lags up to 20 s: a restart
-            # at the old size waits this long for workers it cannot place, then tries again.
-            env.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "10")
+            # at the old size waits this long for a placement group it cannot get, then
+            # tries again (the wait covers the placement group only, which takes well under
+            # a second here when the nodes have room; the workers' start is not in it).
+            env.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "3")
             cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
             try:
                 ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)

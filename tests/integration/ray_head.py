@@ -104,24 +104,36 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+# How long the ``ray start`` processes get to stop their nodes themselves, and then the
+# cluster's processes get to exit on SIGTERM. An idle head and node stop in about 1 s each.
+# A head that had run Ray Train jobs did not exit on SIGTERM within 20 s, and 5 of its
+# processes outlived another SIGTERM by 10 s: waiting longer only delays their SIGKILL.
+# Nothing of a test cluster needs flushing: its temp dir is deleted right after.
+GRACE_S = 3
+
+
 def stop_cluster(temp_dir: Path, procs: list[subprocess.Popen]) -> None:
-    """SIGTERM the ``ray start`` processes and everything of this cluster, then SIGKILL
-    whatever is left after a grace period."""
+    """SIGTERM the ``ray start`` processes; after ``GRACE_S``, SIGTERM everything of this
+    cluster still running, then SIGKILL whatever is left ``GRACE_S`` later."""
     for proc in procs:
         with suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
     for proc in procs:
         with suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=20)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = {pid for pid in _processes_under(str(temp_dir)) if _running(pid)}
         for pid in pids:
             with suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + GRACE_S
         while pids and time.monotonic() < deadline:
             pids = {pid for pid in pids if _running(pid)}
             time.sleep(0.2)
+    for proc in procs:  # reap them: this process is their parent
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
 
 
 def start_node(head: RayHead, log: Path, *, num_cpus: int) -> subprocess.Popen:
