@@ -140,10 +140,11 @@ def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark
         run_folder.drop_uncommitted(job, held)  # left by attempts that failed during this run
         metrics = final_metrics(trained.result, trained.latest, job)
         best = best_checkpoint(job, trained.result)
-        model_uri = record.log_model(best)
+        model_uri = record.model.log(best)
         mark("model_logged")
         record.finish("FINISHED", best=best or "")
-        record.raise_if_unregistered()  # register_as asked for, model missing: exit 1
+        # register_as asked for, model missing: exit 1
+        record.model.raise_if_unregistered(record.state.mlflow_run_id)
     finally:
         held.release()
     result = trained.result

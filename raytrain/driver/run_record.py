@@ -18,6 +18,7 @@ import yaml
 from raytrain.checkpoints.layout import MONITOR_MISSING
 from raytrain.driver import runstate
 from raytrain.driver.background import Background
+from raytrain.driver.model_log import ModelLog
 from raytrain.errors import TrackingError
 from raytrain.redaction import redact, redact_tree
 from raytrain.spec import JobSpec
@@ -52,9 +53,7 @@ class RunRecord:
         self.resumed_from: str | None = None  # the checkpoint this attempt starts from
         self._opening: Background | None = None
         self._group_starts = 0  # worker groups started in this attempt (restarts + 1)
-        self._preload: Background | None = None
-        # (checkpoint, why) when register_as was asked for and the model was not logged
-        self.model_missing: tuple[str, str] | None = None
+        self.model = ModelLog(job, self.tracker)
 
     def start(self, on_error: Callable[[BaseException], None] | None = None) -> None:
         """Start opening the run's records in the background; see :meth:`tracker`."""
@@ -110,10 +109,7 @@ class RunRecord:
         counted on the run (``raytrain.restarts``, across attempts) and described."""
         tracker = self.tracker()
         step = int(event.get("step", 0))
-        if self._preload is None and self.job.tracking.mlflow.log_model:
-            # what logging the model at the end imports (mlflow.pytorch alone takes seconds:
-            # it imports Lightning), started once training runs instead of after it
-            self._preload = Background(self._import_for_model)
+        self.model.preload()  # what logging the model at the end imports, from now on
         if "_worker_started_at" in event:
             self._group_starts += 1
             if self._group_starts > 1:
@@ -142,59 +138,6 @@ class RunRecord:
         )
         print(f"raytrain: warning: {text}", file=sys.stderr)
         tracker.set_tags({"raytrain.checkpoint_ranking": text})
-
-    def _import_for_model(self) -> None:
-        import mlflow.pytorch  # noqa: F401
-
-        from raytrain.imports import import_object
-
-        import_object(self.job.model.class_path)
-
-    def log_model(self, checkpoint: str | None) -> str | None:
-        """Log the model with ``checkpoint``'s weights to the run (and the registry, with
-        ``tracking.mlflow.register_as``); returns its URI. A failure here does not undo the
-        training: it is printed and tagged (``raytrain.model_error``), and None returned;
-        with ``register_as`` it is also kept for ``raise_if_unregistered`` (exit 1)."""
-        mlflow_spec = self.job.tracking.mlflow
-        if not mlflow_spec.log_model or not checkpoint:
-            return None
-        tracker = self.tracker()
-        try:
-            if self._preload is not None:
-                self._preload.result()
-            from raytrain.checkpoints.export import trained_model
-
-            uri = tracker.log_model(
-                trained_model(self.job, checkpoint),
-                register_as=mlflow_spec.register_as,
-                job=self.job,
-            )
-        except Exception as exc:
-            message = redact(f"{type(exc).__name__}: {exc}")
-            print(f"raytrain: warning: the model was not logged to MLflow: {message}",
-                  file=sys.stderr)  # fmt: skip
-            tracker.set_tags({"raytrain.model_error": message[:5000]})
-            if mlflow_spec.register_as:
-                self.model_missing = (checkpoint, message)
-            return None
-        tracker.set_tags({"raytrain.model_uri": uri})  # its weights: raytrain.best_checkpoint
-        return uri
-
-    def raise_if_unregistered(self) -> None:
-        """``ModelNotRegistered`` (exit 1) when ``register_as`` was asked for and the model
-        was not logged: the run is FINISHED in MLflow (training did finish), but whatever
-        deploys ``models:/NAME`` must not find an older version and carry on."""
-        if self.model_missing is None:
-            return
-        from raytrain.errors import ModelNotRegistered
-
-        checkpoint, message = self.model_missing
-        raise ModelNotRegistered(
-            f"tracking.mlflow.register_as: the model was not registered as "
-            f"{self.job.tracking.mlflow.register_as!r}: {message}. Training finished (MLflow "
-            f"run {self.state.mlflow_run_id}, tag raytrain.model_error); its checkpoint is "
-            f"kept: {checkpoint} (raytrain export writes its weights)"
-        )
 
     def finish(self, status: str, *, error: str | None = None, best: str | None = None) -> None:
         """Close the MLflow run with ``status`` and save the state; nothing if opening failed

@@ -25,28 +25,6 @@ class ExplodingCNN(DigitsCNN):
         return super().training_step(batch, batch_idx)
 
 
-class IdRecordingCNN(DigitsCNN):
-    """Writes the ``id`` of every training row it sees, per rank and epoch, to ``out_dir``."""
-
-    def __init__(self, out_dir: str, **kwargs):
-        super().__init__(**kwargs)
-        self.out_dir = out_dir
-        self._seen: list[int] = []
-
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        self._seen.extend(int(i) for i in batch["id"])
-        return super().training_step(batch, batch_idx)
-
-    def on_train_epoch_end(self) -> None:
-        import json
-        import os
-
-        path = os.path.join(self.out_dir, f"rank{self.global_rank}-epoch{self.current_epoch}.json")
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(self._seen, handle)
-        self._seen = []
-
-
 class PlainCNN(DigitsCNN):
     """The digits CNN without ``example_input_array``, as a user's own module often is:
     MLflow's input example has to come from the data (its ``forward(pixels)``)."""
@@ -193,7 +171,8 @@ class SeenCountCNN(KillAtStepsCNN):
     """``KillAtStepsCNN`` that counts, in a buffer saved with its weights, how many times
     each training row (by ``id``, below ``num_ids``) went into a step: the counts are summed
     over the ranks every step, so a checkpoint holds exactly what the model trained on up to
-    it. Each rank also appends ``{"pid", "step", "ids"}`` lines to ``out_dir/ids.jsonl``."""
+    it. Each rank also appends ``{"pid", "rank", "step", "ids"}`` lines to
+    ``out_dir/ids.jsonl``."""
 
     def __init__(self, out_dir: str, num_ids: int, **kwargs):
         super().__init__(out_dir=out_dir, **kwargs)
@@ -204,7 +183,8 @@ class SeenCountCNN(KillAtStepsCNN):
         import os
 
         ids = batch["id"]
-        line = json.dumps({"pid": os.getpid(), "step": self.global_step, "ids": ids.tolist()})
+        line = json.dumps({"pid": os.getpid(), "rank": self.global_rank, "step": self.global_step,
+                           "ids": ids.tolist()})  # fmt: skip
         with open(f"{self.out_dir}/ids.jsonl", "a") as handle:
             handle.write(line + "\n")
         loss = super().training_step(batch, batch_idx)  # may kill this worker first

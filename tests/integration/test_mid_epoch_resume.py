@@ -1,10 +1,16 @@
-"""Mid-epoch resume: a step checkpoint records the position in the data, so a run restored
-from it trains the rest of that epoch, not the epoch again from its first batch.
+"""A run killed mid-epoch, on a cached train set: every row is trained on exactly once per
+epoch, a seeded shuffle gives each epoch its own order, and the restore trains the rest of
+the epoch it was in, not the epoch again from its first batch.
 
-The model counts, in a buffer saved with its weights, how often each training row went into
-a step. Across a worker killed mid-epoch, the final model must have trained on every row
-exactly once per epoch, and the restarted workers must retrain exactly the rows that were
-trained between the committed checkpoint and the kill.
+A step checkpoint records the position in the data. The model counts, in a buffer saved with
+its weights, how often each training row went into a step, and each rank writes the rows of
+each step it trains. Across a worker killed mid-epoch, the final model must have trained on
+every row exactly once per epoch, and the restarted workers must retrain exactly the rows
+that were trained between the committed checkpoint and the kill.
+
+The train set has an odd number of rows (an equal split between 2 ranks would have to drop
+one). It is cached the way a split too big for the driver's own read is, materialised by Ray
+Data (the driver's read is what every other digits run here takes).
 """
 
 from __future__ import annotations
@@ -19,43 +25,59 @@ import torch
 
 import raytrain
 from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
+from raytrain.data import sources
+from raytrain.data.loaders import step_slices
 from tests.conftest import digits_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-EPOCHS = 2
-EVERY = 10  # step checkpoints at 10, 20, 30, 40 (23 steps an epoch)
-KILL = 35  # in epoch 1, after the checkpoint at step 30, which is 7 batches into it
+EPOCHS, BATCH, WORKERS = 3, 24, 2
+EVERY = 10  # step checkpoints at 10, 20, 30, ...
+KILL = 45  # in epoch 1 (its steps are 31-60), after the checkpoint at step 40, 10 batches in
 
 
-def test_a_run_killed_mid_epoch_trains_every_row_once_per_epoch(
-    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
+def test_a_run_killed_mid_epoch_trains_every_row_once_per_epoch_in_a_new_order(
+    ray_cluster: None,
+    digits_dir: Path,
+    tmp_path: Path,
+    clean_env: None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    train_ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
-    val_ids = pq.read_table(digits_dir / "val", columns=["id"]).column("id").to_pylist()
-    num_ids = max(train_ids + val_ids) + 1
+    monkeypatch.setattr(sources, "DRIVER_READ_BYTES", 0)  # not read by the driver
+    train = pq.read_table(digits_dir / "train")
+    (tmp_path / "train").mkdir()
+    pq.write_table(train.slice(0, train.num_rows - 1), tmp_path / "train" / "part-0.parquet")
+    train_ids = pq.read_table(tmp_path / "train", columns=["id"]).column("id").to_pylist()
+    assert len(train_ids) % 2 == 1
+    every_id = train.column("id").to_pylist()
+    every_id += pq.read_table(digits_dir / "val", columns=["id"]).column("id").to_pylist()
+    steps = len(step_slices(len(train_ids), BATCH, WORKERS))  # an epoch's steps: 30
     spec = digits_spec(
         digits_dir, tmp_path, name="mid-epoch",
         model={"class_path": "tests.integration.models:SeenCountCNN",
-               "init_args": {"out_dir": str(tmp_path), "num_ids": num_ids, "at_steps": [KILL],
-                             "run_dir": str(tmp_path / "runs" / "mid-epoch")}},
-        data={"columns": ["id", "pixels", "label"], "shuffle": {"seed": 3}},
+               "init_args": {"out_dir": str(tmp_path), "num_ids": max(every_id) + 1,
+                             "at_steps": [KILL], "run_dir": str(tmp_path / "runs" / "mid-epoch")}},
+        data={"train": {"uri": str(tmp_path / "train")}, "columns": ["id", "pixels", "label"],
+              "batch_size": BATCH, "shuffle": {"seed": 7}},
         trainer={"max_epochs": EPOCHS},
-        checkpoint={"every_n_steps": EVERY, "keep": 10},
+        checkpoint={"every_n_steps": EVERY, "keep": 20},
         failure={"max_failures": 1},
     )  # fmt: skip
     result = raytrain.fit(spec, progress=False)
+    assert result.data_paths == {"train": "cached", "val": "cached"}
+    assert 0.0 < result.metrics["val_acc"] <= 1.0
+    assert result.metrics["epoch"] == EPOCHS - 1
+    assert result.metrics["step"] == EPOCHS * steps
 
-    # The run restarted once, from the step-30 checkpoint, and ended at 2 whole epochs.
+    # The run restarted once, from the step-40 checkpoint.
     lines = [json.loads(x) for x in (tmp_path / "ids.jsonl").read_text().splitlines()]
     pids = list(dict.fromkeys(line["pid"] for line in lines))
     assert len(pids) == 4  # 2 ranks, 2 attempts
     first = {p for p in pids if any(x["pid"] == p and x["step"] == 0 for x in lines)}
     restarted_steps = [x["step"] for x in lines if x["pid"] not in first]
-    assert min(restarted_steps) == 3 * EVERY  # the first step after the restore is step 31
-    assert result.metrics["step"] == EPOCHS * 23
+    assert min(restarted_steps) == 4 * EVERY  # the first step after the restore is step 41
 
-    # The final model trained on every training row exactly once per epoch (and on no val row).
+    # The final model trained on every training row exactly once per epoch (and on no other).
     def step(checkpoint: str) -> int:
         return json.loads((Path(checkpoint) / META_FILE).read_text())["step"]
 
@@ -65,10 +87,23 @@ def test_a_run_killed_mid_epoch_trains_every_row_once_per_epoch(
     assert seen[train_ids].tolist() == [EPOCHS] * len(train_ids)
     assert int(seen.sum()) == EPOCHS * len(train_ids)
 
-    # Retrained: exactly the rows of steps 31..35 the first attempt trained before the kill.
+    # Retrained: exactly the rows of steps 41..45 the first attempt trained before the kill.
     by_step: dict[bool, dict[int, list[int]]] = {True: defaultdict(list), False: defaultdict(list)}
     for line in lines:
         by_step[line["pid"] in first][line["step"]].extend(line["ids"])
-    lost = {s: sorted(ids) for s, ids in by_step[True].items() if s >= 3 * EVERY}
-    assert sorted(lost) == list(range(3 * EVERY, KILL + 1))
+    lost = {s: sorted(ids) for s, ids in by_step[True].items() if s >= 4 * EVERY}
+    assert sorted(lost) == list(range(4 * EVERY, KILL + 1))
     assert {s: sorted(by_step[False][s]) for s in lost} == lost
+
+    # Each epoch's order, per rank, as the model was trained (a retrained step: its rows the
+    # second time): every row once per epoch, none twice, none dropped; and a seeded
+    # shuffle still reorders every epoch, and globally: a rank's rows change too.
+    trained: dict[tuple[int, int], list[int]] = {}
+    for line in lines:  # in the order written: a later attempt's step replaces the earlier
+        trained[line["rank"], line["step"]] = line["ids"]
+    orders = [[[i for s in range(e * steps, (e + 1) * steps) for i in trained[rank, s]]
+               for rank in range(WORKERS)] for e in range(EPOCHS)]  # fmt: skip
+    for epoch in orders:
+        assert sorted(epoch[0] + epoch[1]) == sorted(train_ids)
+    assert orders[0][0] != orders[1][0] != orders[2][0]
+    assert set(orders[0][0]) != set(orders[1][0])

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_many_file_prefix_streams_with_projection(
     s3_endpoint: str, s3_digits: str, tmp_path: Path
 ) -> None:
-    """``data.cache: never``: Ray Data streams the 24-file prefix, each worker its shard."""
+    """``data.cache: never``: Ray Data streams the many-file prefix, each worker its shard."""
     fs = s3_filesystem(s3_endpoint)
     assert len(fs.get_file_info(pafs.FileSelector("raytrain-test/digits/train"))) == S3_DIGITS_FILES
     code, result, out = run_cli(

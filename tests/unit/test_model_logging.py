@@ -133,18 +133,18 @@ def test_register_as_that_fails_ends_the_run_with_exit_1(
                    "raytrain.models.digits:DigitsCNN", register_as=register_as)  # fmt: skip
         record = RunRecord(job, None)
         record.start()
-        assert record.log_model(str(folder)) is None
+        assert record.model.log(str(folder)) is None
         record.finish("FINISHED", best=str(folder))
         tags = _tags(record.tracker())
         assert "raytrain.model_error" in tags
         assert record.tracker().client.get_run(record.state.mlflow_run_id).info.status == (
             "FINISHED"
         )
-        if register_as is None:
-            record.raise_if_unregistered()  # a warning and a tag only
+        if register_as is None:  # a warning and a tag only
+            record.model.raise_if_unregistered(record.state.mlflow_run_id)
             continue
         with pytest.raises(ModelNotRegistered) as excinfo:
-            record.raise_if_unregistered()
+            record.model.raise_if_unregistered(record.state.mlflow_run_id)
         assert excinfo.value.exit_code == EXIT_FAILED
         (line,) = excinfo.value.problems
         assert line.startswith("tracking.mlflow.register_as: the model was not registered as ")
