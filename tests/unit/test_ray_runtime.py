@@ -1,5 +1,5 @@
 """``start_local``'s record of what it changed in the caller's environment, undone at
-shutdown, without Ray (the real start is in tests/integration/test_ray_runtime.py)."""
+shutdown, without Ray (the real start is in tests/integration/test_streaming.py)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,6 @@ def test_a_handle_without_a_cluster_restores_on_shutdown_once() -> None:
 
 def test_the_integration_test_pins_the_embedded_variables() -> None:
     from raytrain.driver.ray_runtime import EMBEDDED_ENV
-    from tests.integration.test_ray_runtime import EMBEDDED
+    from tests.integration.test_streaming import EMBEDDED
 
     assert EMBEDDED == EMBEDDED_ENV
