@@ -7,6 +7,22 @@ from pathlib import Path
 
 import pytest
 
+# Modules that connect this process to a Ray of their own: they run first, before anything
+# asks for the session's embedded cluster, so that it is started once and never stopped and
+# started again around them (a process connects to one cluster at a time).
+OWN_CLUSTER_MODULES = ("test_multinode.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:  # tests elsewhere first; the sort is stable
+        if here not in item.path.parents:
+            return 0
+        return 1 if item.path.name in OWN_CLUSTER_MODULES else 2
+
+    items.sort(key=rank)
+
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:

@@ -20,7 +20,7 @@ from tests.conftest import digits_spec
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS_PER_EPOCH = 23  # 1,438 rows, 2 workers, 32 a batch
-EPOCHS = 10
+EPOCHS = 8
 NOTICE_AT, KILL_AT = 30, 150  # in epochs 2 and 7
 
 
