@@ -19,7 +19,13 @@ from raytrain import storage
 from raytrain.errors import StorageError
 
 if TYPE_CHECKING:
-    from raytrain.spec import StorageSpec
+    from raytrain.spec import JobSpec, StorageSpec
+
+
+def run_dir(spec: JobSpec) -> str:
+    """The run's folder: ``{checkpoint.storage}/{name}``; Ray Train writes here too."""
+    return storage.join(storage.resolve(spec.checkpoint.storage), spec.name)
+
 
 CKPT_FILE = "checkpoint.ckpt"
 META_FILE = "raytrain.json"
@@ -28,6 +34,9 @@ SCORE_KEY = "_score"
 # The key of the one report that says the monitored metric was not among the metrics of the
 # first validation; its value lists the keys that were.
 MONITOR_MISSING = "_monitor_missing"
+# The key of rank 0's report that a callback stopped training before its limits (a user's
+# EarlyStopping); its value says why.
+STOPPED_KEY = "_stopped"
 
 
 # The file a sharded (torch distributed) checkpoint's folder is recognised by.

@@ -139,6 +139,8 @@ def _print_summary(result: FitResult) -> None:
         print(f"  mlflow run id: {result.mlflow_run_id} ({result.tracking_uri})")
         return
     print(f"raytrain: run {result.name} finished in {result.wall_time_s:.1f}s")
+    if result.stopped:
+        print(f"  stopped early: {result.stopped}")
     print(f"  metrics: {shown}")
     if "val_acc" in result.metrics:
         print(f"  val_acc: {result.metrics['val_acc']:.4f}")

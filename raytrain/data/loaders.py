@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from raytrain.contract import CachedSet
-from raytrain.spec import JobSpec
+from raytrain.spec import DataSpec
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +49,13 @@ def step_slices(num_rows: int, batch_size: int, world_size: int) -> list[list[tu
     return out
 
 
-class CachedBatches:
-    """This rank's batches of a cached set, one pass per epoch, as dicts of tensors.
+class EpochSchedule:
+    """This rank's share of an epoch of ``num_rows`` indexed rows, as lists of row indices,
+    one pass per epoch: what ``CachedBatches`` takes from an Arrow table, and what a
+    user's map-style dataset is sampled by (``worker.user_data``).
 
     The epoch's order is a permutation of all rows seeded by (seed, epoch), the same on every
-    rank (no shuffle: the stored order). ``step_slices`` cuts it into steps and each step
+    rank (no seed: the stored order). ``step_slices`` cuts it into steps and each step
     into one batch per rank. So every row is seen exactly once per epoch, by one rank; every
     epoch reshuffles globally; and a rerun of an epoch repeats it exactly.
 
@@ -66,14 +68,14 @@ class CachedBatches:
 
     def __init__(
         self,
-        table: Any,
+        num_rows: int,
         batch_size: int,
         *,
         rank: int,
         world_size: int,
         shuffle_seed: int | None = None,
     ):
-        self._table = table
+        self._rows = num_rows
         self._batch_size = batch_size
         self._rank = rank
         self._world = world_size
@@ -90,7 +92,7 @@ class CachedBatches:
         """This epoch's (steps already done, first row, steps left as slices of the order)."""
         if self._pass is not None and self._pass[0] == self.epoch:
             return self._pass[1]
-        n = self._table.num_rows
+        n = self._rows
         done, start = 0, 0
         if self._resume is not None and self._resume[0] == self.epoch:
             _, done, start = self._resume
@@ -112,7 +114,7 @@ class CachedBatches:
         """The current epoch's order of all rows (the same on every rank)."""
         import numpy as np
 
-        n = self._table.num_rows
+        n = self._rows
         if self._seed is None:
             return np.arange(n)
         return np.random.default_rng(_epoch_seed(self._seed, self.epoch)).permutation(n)
@@ -134,16 +136,49 @@ class CachedBatches:
         self._resume = (self.epoch, int(state["steps"]), int(state["rows"]))
         self.position = int(state["steps"])
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        from ray.data.util.torch_utils import arrow_batch_to_tensors
-
+    def index_batches(self) -> Iterator[Any]:
+        """This pass's batches for this rank, each as an array of row indices."""
         order = self.order()
         self._pass = None
         schedule = self._schedule()
         self._pass, self._resume = (self.epoch, schedule), None  # later passes: whole epochs
         for step in schedule[2]:
             lo, hi = step[self._rank]
-            yield arrow_batch_to_tensors(self._table.take(order[lo:hi]), combine_chunks=True)
+            yield order[lo:hi]
+
+
+def batch_as(batch: dict[str, Any], columns: list[str] | None) -> Any:
+    """A batch as the model's steps read it: the dict of tensors by column, or with
+    ``columns`` (``data.batch_format: tuple``) a tuple of them in that order."""
+    return batch if columns is None else tuple(batch[name] for name in columns)
+
+
+class CachedBatches(EpochSchedule):
+    """This rank's batches of a cached set (an Arrow table), one pass per epoch, as dicts
+    of tensors (or tuples, in ``tuple_columns`` order): ``EpochSchedule``'s rows taken."""
+
+    def __init__(
+        self,
+        table: Any,
+        batch_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        shuffle_seed: int | None = None,
+        tuple_columns: list[str] | None = None,
+    ):
+        super().__init__(
+            table.num_rows, batch_size, rank=rank, world_size=world_size, shuffle_seed=shuffle_seed
+        )
+        self._table = table
+        self._columns = tuple_columns
+
+    def __iter__(self) -> Iterator[Any]:
+        from ray.data.util.torch_utils import arrow_batch_to_tensors
+
+        for rows in self.index_batches():
+            batch = arrow_batch_to_tensors(self._table.take(rows), combine_chunks=True)
+            yield batch_as(batch, self._columns)
 
 
 class ShardBatches:
@@ -167,8 +202,10 @@ class ShardBatches:
         shuffle_buffer: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        tuple_columns: list[str] | None = None,
     ):
         self._shard = shard
+        self._columns = tuple_columns
         self._batch_size = batch_size
         self._seed = shuffle_seed
         self._buffer = shuffle_buffer
@@ -189,7 +226,7 @@ class ShardBatches:
         self._skip = (self.epoch, math.ceil(rows / (self._batch_size * self._world)))
         self.position = int(state["steps"])
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         from ray.data.util.torch_utils import arrow_batch_to_tensors
 
         skip = self._skip[1] if self._skip is not None and self._skip[0] == self.epoch else 0
@@ -207,18 +244,19 @@ class ShardBatches:
             batch_size=self._batch_size, batch_format="pyarrow", prefetch_batches=2, **kwargs
         )
         for batch in itertools.islice(batches, skip, None):
-            yield arrow_batch_to_tensors(batch, combine_chunks=True)
+            yield batch_as(arrow_batch_to_tensors(batch, combine_chunks=True), self._columns)
 
 
 def worker_loaders(
-    spec: JobSpec, cached: Mapping[str, CachedSet], rank: int, world_size: int
+    data: DataSpec, cached: Mapping[str, CachedSet], rank: int, world_size: int
 ) -> tuple[Any, Any | None]:
-    """This worker's train and val loaders: cached sets from the object store, streamed
-    ones from the shards Ray Train handed it."""
+    """This worker's train and val loaders of file sources: cached sets from the object
+    store, streamed ones from the shards Ray Train handed it."""
     import ray
     import ray.train
 
-    shuffle = spec.data.shuffle
+    shuffle = data.shuffle
+    columns = data.columns if data.batch_format == "tuple" else None
 
     def loader(name: str, seed: int | None) -> Any:
         if name in cached:
@@ -226,15 +264,14 @@ def worker_loaders(
 
             # Arrow blocks come out of the object store zero-copy; batches are cut from them.
             table = pa.concat_tables(ray.get(cached[name].refs))
-            return CachedBatches(
-                table, spec.data.batch_size, rank=rank, world_size=world_size, shuffle_seed=seed
-            )
+            return CachedBatches(table, data.batch_size, rank=rank, world_size=world_size,
+                                 shuffle_seed=seed, tuple_columns=columns)  # fmt: skip
         return ShardBatches(
-            ray.train.get_dataset_shard(name), spec.data.batch_size, shuffle_seed=seed,
+            ray.train.get_dataset_shard(name), data.batch_size, shuffle_seed=seed,
             shuffle_buffer=shuffle.buffer_size if shuffle else 0, rank=rank,
-            world_size=world_size,
+            world_size=world_size, tuple_columns=columns,
         )  # fmt: skip
 
     train = loader("train", shuffle.seed if shuffle else None)
-    val = loader("val", None) if spec.data.val is not None else None
+    val = loader("val", None) if data.val is not None else None
     return train, val

@@ -33,7 +33,7 @@ from typing import Any
 
 from raytrain import storage
 from raytrain.contract import CachedSet
-from raytrain.spec import JobSpec, SourceSpec, StorageSpec
+from raytrain.spec import DataSpec, JobSpec, SourceSpec, StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -166,11 +166,11 @@ def unreadable_data(
     )
 
 
-def choose_path(spec: JobSpec, source: SourceSpec, nbytes: int, store_bytes: float) -> str:
+def choose_path(data: DataSpec, source: SourceSpec, nbytes: int, store_bytes: float) -> str:
     """How a split reaches the workers: ``driver`` (read here, cached), ``materialize``
     (read by Ray Data, cached) or ``stream`` (read by Ray Data every epoch)."""
-    transformed = source.format == "images" or spec.data.preprocess is not None
-    mode = spec.data.cache
+    transformed = source.format == "images" or data.preprocess is not None
+    mode = data.cache
     fits = nbytes * MEMORY_EXPANSION <= store_bytes * CACHE_FRACTION
     if mode == "never" or (mode == "auto" and (transformed or not fits)):
         return "stream"
@@ -182,18 +182,21 @@ def choose_path(spec: JobSpec, source: SourceSpec, nbytes: int, store_bytes: flo
 def build_datasets(
     spec: JobSpec, object_store_bytes: float
 ) -> tuple[dict[str, Any], dict[str, CachedSet]]:
-    """The splits of ``spec``: (streamed Ray Datasets, cached sets), keyed train/val."""
+    """The splits of ``spec``: (streamed Ray Datasets, cached sets), keyed train/val; none
+    when the workers build their data (a DataModule, the model's own loaders)."""
     import ray
 
     streamed: dict[str, Any] = {}
     cached: dict[str, CachedSet] = {}
-    data, options = spec.data, spec.storage
+    data, options = spec.files, spec.storage
+    if data is None:
+        return streamed, cached
     for name in ("train", "val"):
         source = getattr(data, name)
         if source is None:
             continue
         nbytes = source_bytes(source, options) if source.format != "images" else 0
-        path = choose_path(spec, source, nbytes, object_store_bytes)
+        path = choose_path(data, source, nbytes, object_store_bytes)
         if path == "driver":
             table = read_table(source, data.columns, options)
             _check_rows(name, source, table.num_rows, spec.scaling.max_workers)

@@ -17,7 +17,16 @@ from typing import Any, TextIO
 
 from raytrain import storage
 from raytrain._compat.versions import check_supported
-from raytrain.driver import preflight, ray_runtime, run_folder, runstate, source_check, training
+from raytrain.checkpoints.layout import STOPPED_KEY
+from raytrain.driver import (
+    class_check,
+    preflight,
+    ray_runtime,
+    run_folder,
+    runstate,
+    source_check,
+    training,
+)
 from raytrain.driver.background import Background
 from raytrain.driver.lease import Lease
 from raytrain.driver.results import (
@@ -53,6 +62,7 @@ def _check_before_ray(job: JobSpec) -> JobSpec:
     capacity = None if ray_runtime.joins_cluster() else preflight.local_capacity(job)
     preflight.raise_if(
         preflight.check_model_located(job)
+        + class_check.check_classes(job)
         + strategy_problems(job)
         + (preflight.check_capacity(job, capacity) if capacity is not None else [])
         + (preflight.check_local_cpus(job) if capacity is not None else [])
@@ -66,11 +76,14 @@ def _prepare_data(spec: JobSpec) -> None:
 
     ``validate`` has already checked data that existed; only freshly written data is new.
     """
-    train = storage.resolve(spec.data.train.uri)
-    if spec.data.prepare and not storage.exists(train, spec.storage):
-        val = storage.resolve(spec.data.val.uri) if spec.data.val else None
-        print(f"raytrain: writing {redact(train)} with {spec.data.prepare}", file=sys.stderr)
-        import_object(spec.data.prepare)(train, val)
+    data = spec.files
+    if data is None or data.prepare is None:
+        return
+    train = storage.resolve(data.train.uri)
+    if not storage.exists(train, spec.storage):
+        val = storage.resolve(data.val.uri) if data.val else None
+        print(f"raytrain: writing {redact(train)} with {data.prepare}", file=sys.stderr)
+        import_object(data.prepare)(train, val)
         preflight.raise_if(preflight.check_data(spec))
 
 
@@ -160,6 +173,7 @@ def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark
         data_paths=trained.data_paths,
         checkpoints=[u for c, _ in result.best_checkpoints or [] if (u := checkpoint_uri(job, c))],
         model_uri=model_uri,
+        stopped=trained.latest.get(STOPPED_KEY),
     )
 
 

@@ -54,7 +54,9 @@ def check_model(spec: JobSpec) -> list[str]:
 
     if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
         return [f"model.class_path: {path!r} is not a lightning.pytorch.LightningModule subclass"]
-    return []
+    from raytrain.driver.class_check import check_init_args
+
+    return check_init_args("model", cls, spec.model.init_args, 0)
 
 
 def local_capacity(spec: JobSpec) -> dict[str, float]:
@@ -173,8 +175,9 @@ def check_stores(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
         for task in tasks:
             problems += task.result(timeout=max(0.0, deadline - time.monotonic()))
     except TimeoutError:
-        uris = [spec.checkpoint.storage, spec.data.train.uri]
-        uris += [spec.data.val.uri] if spec.data.val else []
+        data = spec.files
+        uris = [spec.checkpoint.storage] + ([data.train.uri] if data else [])
+        uris += [data.val.uri] if data and data.val else []
         return [
             f"checkpoint.storage/data: no answer from {', '.join(uris)} within "
             f"{STORAGE_CHECK_TIMEOUT_S:.0f} s: the endpoint cannot be reached "
@@ -207,16 +210,19 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
 
     With ``allow_prepare``, a missing train set that ``data.prepare`` will write is no problem.
     """
-    problems = []
+    problems: list[str] = []
     options = spec.storage
+    data = spec.files
+    if data is None:  # a DataModule or the model's own loaders: built in the workers
+        return problems
 
     # data.prepare runs when the train set is missing, and writes the val set too
     def will_prepare() -> bool:
-        if not allow_prepare or spec.data.prepare is None:
+        if not allow_prepare or data.prepare is None:
             return False
-        return _missing(storage.resolve(spec.data.train.uri), options) is not None
+        return _missing(storage.resolve(data.train.uri), options) is not None
 
-    sources = {"data.train": spec.data.train, "data.val": spec.data.val}
+    sources = {"data.train": data.train, "data.val": data.val}
     for field, source in sources.items():
         if source is None or (only is not None and field != f"data.{only}"):
             continue
@@ -235,19 +241,19 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
         if not names:
             problems.append(f"{field}.uri: no {source.format} files found under {uri}")
             continue
-        absent = [c for c in spec.data.columns or [] if c not in names]
+        absent = [c for c in data.columns or [] if c not in names]
         if absent:
             problems.append(
                 f"data.columns: {', '.join(map(repr, absent))} not in {field} "
                 f"({uri} has: {', '.join(names)})"
             )
-        elif source.format != "images" and spec.data.preprocess is None:
-            problems += _column_type_problems(spec, field, source, uri, options)
+        elif source.format != "images" and data.preprocess is None:
+            problems += _column_type_problems(data.columns, field, source, uri, options)
     return problems
 
 
 def _column_type_problems(
-    spec: JobSpec, field: str, source: Any, uri: str, options: Any
+    projected: list[str] | None, field: str, source: Any, uri: str, options: Any
 ) -> list[str]:
     """Each column the workers get (the projection, else all) can become a tensor, as the
     batches need; checked from the schema (a Parquet footer), not in the run. A
@@ -256,7 +262,6 @@ def _column_type_problems(
         schema = dataset_schema(uri, source.format, options)
     except Exception:  # read once already (the column names): the run will say
         return []
-    projected = spec.data.columns
     out = []
     for name in projected or schema.names:
         why = tensor_type_problem(schema.field(name).type)

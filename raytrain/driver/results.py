@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain import storage
-from raytrain.checkpoints.layout import MONITOR_MISSING, SCORE_KEY, latest_committed
+from raytrain.checkpoints.layout import MONITOR_MISSING, SCORE_KEY, STOPPED_KEY, latest_committed
 from raytrain.driver import runstate
 from raytrain.errors import root_cause
 from raytrain.spec import JobSpec
@@ -40,6 +40,8 @@ class FitResult:
     model_uri: str | None = None
     # the run had trained to its limits already: nothing was started, trained or logged
     already_complete: bool = False
+    # why a callback (EarlyStopping) ended training before its limits, if one did
+    stopped: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> d
     if not metrics:
         committed = latest_committed(runstate.run_dir(job), job.storage)
         metrics = dict(committed[1]) if committed else dict(result.metrics or {})
-    for key in (SCORE_KEY, "kind", MONITOR_MISSING):
+    for key in (SCORE_KEY, "kind", MONITOR_MISSING, STOPPED_KEY):
         metrics.pop(key, None)
     return metrics
 

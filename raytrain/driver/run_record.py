@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from raytrain.checkpoints.layout import MONITOR_MISSING
+from raytrain.checkpoints.layout import MONITOR_MISSING, STOPPED_KEY
 from raytrain.driver import runstate
 from raytrain.driver.background import Background
 from raytrain.driver.model_log import ModelLog
@@ -125,6 +125,10 @@ class RunRecord:
                 )
         if MONITOR_MISSING in event:
             self._monitor_missing(tracker, event[MONITOR_MISSING])
+        if STOPPED_KEY in event:
+            print(f"raytrain: stopped early at step {step}: {event[STOPPED_KEY]}",
+                  file=sys.stderr)  # fmt: skip
+            tracker.set_tags({"raytrain.stopped": str(event[STOPPED_KEY])})
         tracker.log_metrics(event, step=step)
 
     def _monitor_missing(self, tracker: Any, reported: list[str]) -> None:

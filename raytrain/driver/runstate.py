@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from raytrain import storage
+from raytrain.checkpoints.layout import run_dir
 from raytrain.errors import RunStateError
 from raytrain.redaction import masked_fields, redact, redact_flat
 from raytrain.spec import RESUMABLE_FIELDS, JobSpec
@@ -31,11 +32,6 @@ class RunState:
     restarts: int = 0  # worker-group restarts within attempts, all attempts together
     created_at: float = field(default_factory=time.time)
     status: str = "CREATED"
-
-
-def run_dir(spec: JobSpec) -> str:
-    """The run's folder: ``{checkpoint.storage}/{name}``; Ray Train writes here too."""
-    return storage.join(storage.resolve(spec.checkpoint.storage), spec.name)
 
 
 def load(spec: JobSpec) -> RunState | None:

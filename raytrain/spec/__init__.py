@@ -1,7 +1,9 @@
 """The job spec: a typed, validated description of one training job.
 
 A spec is YAML on disk and a pydantic model in code. Every section forbids unknown keys, so a
-typo is an error rather than a silently ignored setting. Field names follow Lightning's
+typo is an error rather than a silently ignored setting (``trainer`` also takes any argument
+of Lightning's Trainer, checked by name). A LightningCLI ``fit`` config is a spec too
+(``lightning_cli``). Field names follow Lightning's
 Trainer arguments and Ray's ScalingConfig/FailureConfig, so users of either recognise them.
 
 ``load_spec(path, overrides)`` reads the YAML, applies dotted command-line overrides
@@ -9,26 +11,32 @@ Trainer arguments and Ray's ScalingConfig/FailureConfig, so users of either reco
 whose lines each name a field path and what was expected.
 """
 
+from raytrain.spec.classes import (
+    CallbackSpec,
+    ClassSpec,
+    LoggerSpec,
+    OptimizerSpec,
+    SchedulerSpec,
+    normalize_class_path,
+)
+from raytrain.spec.data import DataModuleSpec, DataSpec, ShuffleSpec, SourceSpec
 from raytrain.spec.fields import MAX_SPEC_DEPTH
 from raytrain.spec.loading import apply_overrides, dump_spec, load_spec, parse_spec
 from raytrain.spec.sections import (
     RESUMABLE_FIELDS,
     CheckpointSpec,
-    DataSpec,
     FailureSpec,
     FsdpSpec,
     JobSpec,
     MlflowSpec,
     ModelSpec,
     ScalingSpec,
-    ShuffleSpec,
-    SourceSpec,
     StrategySpec,
     TrackingSpec,
-    TrainerSpec,
     flatten,
 )
 from raytrain.spec.storage_options import AzureOptions, GcsOptions, S3Options, StorageSpec
+from raytrain.spec.trainer import TrainerSpec
 from raytrain.spec.yaml_io import (
     MAX_OVERRIDE_PARTS,
     MAX_SPEC_BYTES,
@@ -44,16 +52,22 @@ __all__ = [
     "MAX_SPEC_NODES",
     "RESUMABLE_FIELDS",
     "AzureOptions",
+    "CallbackSpec",
     "CheckpointSpec",
+    "ClassSpec",
+    "DataModuleSpec",
     "DataSpec",
     "FailureSpec",
     "FsdpSpec",
     "GcsOptions",
     "JobSpec",
+    "LoggerSpec",
     "MlflowSpec",
     "ModelSpec",
+    "OptimizerSpec",
     "S3Options",
     "ScalingSpec",
+    "SchedulerSpec",
     "ShuffleSpec",
     "SourceSpec",
     "StorageSpec",
@@ -65,6 +79,7 @@ __all__ = [
     "flatten",
     "load_spec",
     "load_yaml",
+    "normalize_class_path",
     "parse_spec",
     "read_spec_file",
 ]

@@ -66,6 +66,13 @@ def _admits_bool(annotation: Any) -> bool:
     return any(_admits_bool(arg) for arg in getattr(annotation, "__args__", ()))
 
 
+def _admits_none(annotation: Any) -> bool:
+    """Whether a field of this type may hold None."""
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return True
+    return any(_admits_none(arg) for arg in getattr(annotation, "__args__", ()))
+
+
 def _refuse_bool(value: Any, depth: int = 0) -> None:
     if isinstance(value, bool):
         raise ValueError("a boolean (true/false) is not a value of this field")

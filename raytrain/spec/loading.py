@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -15,7 +17,9 @@ from pydantic import (
 )
 
 from raytrain.errors import SpecError
+from raytrain.spec.data import DataModuleSpec, DataSpec
 from raytrain.spec.fields import _CREDENTIALS_REFUSED, _section_type
+from raytrain.spec.lightning_cli import lightning_cli_tree
 from raytrain.spec.sections import JobSpec
 from raytrain.spec.yaml_io import MAX_OVERRIDE_PARTS, load_yaml, read_spec_file
 
@@ -60,7 +64,11 @@ def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str,
 def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
     lines = []
     for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"]) or "(spec)"
+        # a discriminated union's tag (`data`'s kind) is not a field the user wrote
+        loc = [part for part in item["loc"] if part not in UNION_TAGS]
+        if item["type"] == "unknown_argument":  # a section's own check of its keys
+            loc.append(item["ctx"]["field"])
+        path = ".".join(str(part) for part in loc) or "(spec)"
         if item["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, item["loc"][:-1])
             hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
@@ -76,10 +84,17 @@ def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
     return lines
 
 
+# The tags of discriminated unions (``data``: files or a DataModule), and their sections.
+UNION_TAGS: dict[str, type[BaseModel]] = {"files": DataSpec, "module": DataModuleSpec}
+
+
 def _allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
     """The field names of the section at ``loc``, for 'unknown field' hints."""
     current: Any = model
     for part in loc:
+        if part in UNION_TAGS:
+            current = UNION_TAGS[part]
+            continue
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:
             return []
@@ -93,10 +108,14 @@ def parse_spec(tree: Any, source: str = "spec") -> JobSpec:
     """Validate a spec given as a mapping (e.g. from a pipeline) into a ``JobSpec``."""
     if not isinstance(tree, dict):
         raise SpecError(f"{source}: expected a mapping of sections, got {type(tree).__name__}")
+    tree, problems = lightning_cli_tree(tree)
     try:
-        return JobSpec.model_validate(tree)
+        spec = JobSpec.model_validate(tree)
     except ValidationError as exc:
-        raise SpecError(_format_errors(exc, JobSpec)) from None
+        raise SpecError(problems + _format_errors(exc, JobSpec)) from None
+    if problems:
+        raise SpecError(problems)
+    return spec
 
 
 def load_spec(
@@ -114,6 +133,12 @@ def load_spec(
     else:
         source = os.fspath(spec)
         tree = read_spec_file(source)
+        named = any(item.partition("=")[0] == "name" for item in overrides)
+        if isinstance(tree, dict) and "name" not in tree and not named:
+            # as LightningCLI configs have no name: the file's, said once
+            tree["name"] = Path(source).stem
+            print(f"raytrain: {source} has no name: the run is named {tree['name']!r}",
+                  file=sys.stderr)  # fmt: skip
     return parse_spec(apply_overrides(tree, overrides), source)
 
 

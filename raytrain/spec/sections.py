@@ -14,98 +14,25 @@ from pydantic import (
     Field,
     StrictInt,
     field_validator,
+    model_validator,
 )
 
+from raytrain.spec.classes import ClassSpec, OptimizerSpec, SchedulerSpec
+from raytrain.spec.data import Data, DataSpec
 from raytrain.spec.fields import (
     _EXPERIMENT,
-    _IMPORT_PATH,
     _NAME,
     DEFAULT_STORAGE,
-    MAX_SEED,
     _check_location,
     _no_parent,
     _Section,
 )
 from raytrain.spec.storage_options import StorageSpec
+from raytrain.spec.trainer import TrainerSpec
 
 
-class ModelSpec(_Section):
-    class_path: str = Field(
-        pattern=_IMPORT_PATH,
-        description="The LightningModule to train, as `package.module:Class`.",
-    )
-    init_args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments for the class's constructor."
-    )
-
-
-class SourceSpec(_Section):
-    uri: str = Field(
-        min_length=1, description="A file, or a folder/prefix of many files: path or URI."
-    )
-
-    @field_validator("uri")
-    @classmethod
-    def _location(cls, value: str) -> str:
-        return _check_location(value)
-
-    format: Literal["parquet", "csv", "json", "images"] = Field(
-        default="parquet",
-        description="The files' format; `images`: image files, decoded on Ray Data workers "
-        "into an `image` column, with a `label` column when they sit in one folder per class.",
-    )
-    image_size: tuple[int, int] | None = Field(
-        default=None, description="`images`: resize every image to [height, width]."
-    )
-    image_mode: str | None = Field(
-        default=None, description="`images`: a Pillow mode to convert to (`RGB`, `L`, ...)."
-    )
-
-    @field_validator("image_size")
-    @classmethod
-    def _positive_size(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
-        if value is not None and min(value) < 1:
-            raise ValueError(f"height and width must be >= 1, got {list(value)}")
-        return value
-
-
-class ShuffleSpec(_Section):
-    seed: int = Field(default=0, description="Seed of the per-epoch shuffle of the train set.")
-    buffer_size: int = Field(
-        default=4096, ge=1, description="Rows held by each worker's local shuffle buffer."
-    )
-
-
-class DataSpec(_Section):
-    train: SourceSpec = Field(description="The training set.")
-    val: SourceSpec | None = Field(default=None, description="The validation set.")
-    columns: list[str] | None = Field(
-        default=None,
-        min_length=1,
-        description="Read only these columns (a projection); all when unset.",
-    )
-    batch_size: int = Field(default=64, ge=1, description="Rows per batch on each worker.")
-    shuffle: ShuffleSpec | None = Field(
-        default_factory=ShuffleSpec, description="Shuffle the train set each epoch; null: off."
-    )
-    preprocess: str | None = Field(
-        default=None,
-        pattern=_IMPORT_PATH,
-        description="`module:function(batch) -> batch` over dicts of numpy arrays, run as a Ray "
-        "Data `map_batches` step on CPU workers while the training actors train.",
-    )
-    cache: Literal["auto", "always", "never"] = Field(
-        default="auto",
-        description="Keep a split in the object store across epochs (`always`), stream it "
-        "from storage every epoch (`never`), or `auto`: cache what fits the object-store "
-        "budget unless it is images or preprocessed, which stream.",
-    )
-    prepare: str | None = Field(
-        default=None,
-        pattern=_IMPORT_PATH,
-        description="`module:function(train_uri, val_uri)` that writes the data when the train "
-        "set is missing (used by the bundled jobs to materialise their datasets).",
-    )
+class ModelSpec(ClassSpec):
+    """The LightningModule to train (`package.module.Class` or `package.module:Class`)."""
 
 
 class ScalingSpec(_Section):
@@ -196,27 +123,6 @@ class FsdpSpec(_Section):
 class StrategySpec(_Section):
     name: Literal["ddp", "fsdp"] = Field(default="ddp", description="Distributed strategy.")
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP options (name: fsdp).")
-
-
-Precision = Literal[
-    "32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true"
-]
-
-
-class TrainerSpec(_Section):
-    max_epochs: int | None = Field(default=10, ge=1, description="Stop after this many epochs.")
-    max_steps: int = Field(default=-1, ge=-1, description="Stop after this many steps; -1: off.")
-    precision: Precision = Field(default="32-true", description="Lightning precision.")
-    accumulate_grad_batches: int = Field(default=1, ge=1, description="Batches per step.")
-    gradient_clip_val: float | None = Field(default=None, ge=0, description="Clip grad norm.")
-    check_val_every_n_epoch: int = Field(default=1, ge=1, description="Validate every N epochs.")
-    log_every_n_steps: int = Field(default=50, ge=1, description="Report metrics every N steps.")
-    seed: int | None = Field(
-        default=42,
-        ge=0,
-        le=MAX_SEED,
-        description="Seed for model init and RNGs, 0 to 2**32-1; null: none.",
-    )
 
 
 class CheckpointSpec(_Section):
@@ -314,8 +220,12 @@ class JobSpec(_Section):
     def _no_dots(cls, value: str) -> str:
         return _no_parent(value)
 
-    model: ModelSpec
-    data: DataSpec
+    model: ModelSpec = Field(description="The LightningModule to train.")
+    data: Data | None = Field(
+        default=None,
+        description="The data: file sources (`train`, `val`, ...), a LightningDataModule "
+        "(`class_path`, `init_args`), or absent: the model's own dataloaders.",
+    )
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     strategy: StrategySpec = Field(default_factory=StrategySpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
@@ -323,6 +233,39 @@ class JobSpec(_Section):
     failure: FailureSpec = Field(default_factory=FailureSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)
+    optimizer: OptimizerSpec | None = Field(
+        default=None,
+        description="LightningCLI's automatic optimizer: built over the model's parameters in "
+        "place of its configure_optimizers.",
+    )
+    lr_scheduler: SchedulerSpec | None = Field(
+        default=None,
+        description="LightningCLI's automatic LR scheduler over `optimizer` (stepped each "
+        "epoch; ReduceLROnPlateau's `monitor` names its metric).",
+    )
+    ckpt_path: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A Lightning checkpoint (path or URI) a new run starts from; a run "
+        "with checkpoints of its own resumes from those.",
+    )
+
+    @field_validator("ckpt_path")
+    @classmethod
+    def _ckpt_location(cls, value: str | None) -> str | None:
+        return None if value is None else _check_location(value)
+
+    @model_validator(mode="after")
+    def _scheduler_needs_optimizer(self) -> JobSpec:
+        if self.lr_scheduler is not None and self.optimizer is None:
+            raise ValueError("lr_scheduler needs optimizer (LightningCLI's automatic "
+                             "configure_optimizers builds both)")  # fmt: skip
+        return self
+
+    @property
+    def files(self) -> DataSpec | None:
+        """The file sources, when `data` is files."""
+        return self.data if isinstance(self.data, DataSpec) else None
 
     def flat(self) -> dict[str, Any]:
         """The spec as ``{"a.b.c": value}``, e.g. for MLflow params."""

@@ -81,7 +81,9 @@ def first_batch(job: JobSpec) -> tuple[dict[str, Any] | None, str]:
     """The first rows of the job's val split (else train) as the workers' loaders make
     them (a dict of tensors) and which split they are; (None, why) when that cannot be done
     here: images are decoded, and ``data.preprocess`` is applied, by Ray Data tasks."""
-    data = job.data
+    data = job.files
+    if data is None:
+        return None, "the data is built in the workers (a DataModule or the model's loaders)"
     name, source = ("val", data.val) if data.val is not None else ("train", data.train)
     where = f"data.{name} ({source.uri})"
     if source.format == "images":

@@ -8,16 +8,21 @@ Lightning calls each hook on the callbacks in list order, and the order matters:
 4. ``CheckpointCallback``, whose report of a step includes them,
 5. ``PreemptionGuard``, which may checkpoint through 4 and then stop the run,
 6. ``LoaderPosition``, the loader's data position,
-7. ``SystemMetrics``' end marker (rank 0) last, to stop timing after every other hook.
+7. the user's ``trainer.callbacks``, in their order, after raytrain's own: an
+   EarlyStopping that stops the run at an epoch's end does so after that epoch is reported
+   and checkpointed,
+8. ``SystemMetrics``' end marker (rank 0) last, to stop timing after every other hook.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
 
+from raytrain.imports import import_object
 from raytrain.spec import JobSpec
 from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
@@ -38,10 +43,14 @@ class WorkerCallbacks:
 
 
 def build_callbacks(
-    spec: JobSpec, train_loader: Any, publish: Publish | None, startup: dict[str, float]
+    spec: JobSpec,
+    train_loader: Callable[[], Any],
+    publish: Publish | None,
+    startup: dict[str, float],
 ) -> WorkerCallbacks:
     """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
-    events to the driver), which also times its loop."""
+    events to the driver), which also times its loop. ``train_loader`` returns the train
+    loader, once there is one."""
     ckpt = spec.checkpoint
     schedule = CheckpointSchedule(ckpt.every_n_steps, ckpt.every_n_epochs)
     system = SystemMetrics() if publish is not None else None
@@ -65,6 +74,7 @@ def build_callbacks(
         checkpoints,
         preemption,
         LoaderPosition(train_loader),
+        *(import_object(c.class_path)(**c.init_args) for c in spec.trainer.callbacks),
         *([system.end_marker()] if system else []),
     ]
     return WorkerCallbacks(ordered=ordered, reporter=reporter, checkpoints=checkpoints)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -13,23 +14,36 @@ class LoaderPosition(pl.Callback):
     """Keeps the train loader told where training is: which epoch starts (its shuffle order
     is (seed, epoch)) and how many of the epoch's batches have begun, which is the data
     position its ``state_dict`` saves in each checkpoint (Lightning's own batch count, so a
-    prefetched batch is not counted as trained)."""
+    prefetched batch is not counted as trained).
 
-    def __init__(self, loader: Any):
-        self.loader = loader
+    ``loader`` returns the train loader: a user's DataModule makes it only once fit has
+    started. A loader that keeps no position (a user's iterable one) is left alone."""
+
+    def __init__(self, loader: Callable[[], Any]):
+        self._loader = loader
+
+    @property
+    def loader(self) -> Any:
+        loader = self._loader()
+        return loader if hasattr(loader, "position") else None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A restore mid-epoch skips on_train_epoch_start; the restored loader knows its epoch.
-        refit_epoch_length(trainer, self.loader)
+        if self.loader is not None:
+            refit_epoch_length(trainer, self.loader)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.loader.epoch = trainer.current_epoch
-        refit_epoch_length(trainer, self.loader)
+        loader = self.loader
+        if loader is not None:
+            loader.epoch = trainer.current_epoch
+            refit_epoch_length(trainer, loader)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self.loader.position = batch_idx + 1
+        loader = self.loader
+        if loader is not None:
+            loader.position = batch_idx + 1
 
 
 def refit_epoch_length(trainer: pl.Trainer, loader: Any) -> None:

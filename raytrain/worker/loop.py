@@ -27,11 +27,15 @@ def _quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*Total length of `.*` across ranks is zero.*")
+    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
 
 
-def build_trainer(spec: JobSpec, callbacks: list[Any], model: Any = None) -> Any:
+def build_trainer(
+    spec: JobSpec, callbacks: list[Any], model: Any = None, loggers: list[Any] | None = None
+) -> Any:
     """A Lightning Trainer with the spec's options, prepared to run under Ray Train
-    (``model``: what FSDP's module class names refer to)."""
+    (``model``: what FSDP's module class names refer to). The spec's other Trainer
+    arguments (``trainer.passthrough``) are given as written."""
     import lightning.pytorch as pl
     from ray.train.lightning import prepare_trainer
 
@@ -39,6 +43,12 @@ def build_trainer(spec: JobSpec, callbacks: list[Any], model: Any = None) -> Any
     from raytrain.worker.strategy import build_plugins, build_strategy
 
     t = spec.trainer
+    options: dict[str, Any] = {
+        "num_sanity_val_steps": 0,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        **t.passthrough,
+    }
     trainer = pl.Trainer(
         accelerator="gpu" if spec.scaling.use_gpu else "cpu",
         devices="auto",
@@ -52,11 +62,11 @@ def build_trainer(spec: JobSpec, callbacks: list[Any], model: Any = None) -> Any
         gradient_clip_val=t.gradient_clip_val,
         check_val_every_n_epoch=t.check_val_every_n_epoch,
         log_every_n_steps=t.log_every_n_steps,
-        logger=False,
+        logger=loggers or False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
+        # raytrain samples every loader itself (data.loaders, worker.user_data)
+        use_distributed_sampler=False,
+        **options,
     )
     # SIGTERM is a preemption notice (raytrain.worker.preemption), agreed on about once a
     # second by PreemptionGuard; Lightning's own check is a collective before every batch.
@@ -72,9 +82,11 @@ def train_loop(config: dict[str, Any]) -> None:
     import torch
 
     from raytrain.checkpoints.layout import restore_path
-    from raytrain.data.loaders import worker_loaders
     from raytrain.imports import import_object
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
+    from raytrain.worker.reporting import ReportLogger
+    from raytrain.worker.user_code import configure_optimizers, start_from, user_loggers
+    from raytrain.worker.user_data import worker_data
 
     imported = time.time()
     _quiet_lightning()
@@ -89,32 +101,35 @@ def train_loop(config: dict[str, Any]) -> None:
         pl.seed_everything(spec.trainer.seed, workers=True, verbose=False)
 
     model = import_object(spec.model.class_path)(**spec.model.init_args)
-    train_loader, val_loader = worker_loaders(
-        spec, work.cached, context.get_world_rank(), context.get_world_size()
-    )
-    sink = work.sink if context.get_world_rank() == 0 else None
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    data, loaders = worker_data(spec, work, model, rank, world_size)
+    sink = work.sink if rank == 0 else None
     startup = {
         "_worker_started_at": _process_started_at(entered),
         "_loop_entered_at": entered,
         "_lightning_imported_at": imported,
     }
     publish = (lambda event: sink.put.remote(event)) if sink is not None else None
-    callbacks = build_callbacks(spec, train_loader, publish, startup)
-    trainer = build_trainer(spec, callbacks.ordered, model)
+    callbacks = build_callbacks(spec, data, publish, startup)
+    configure_optimizers(spec, model)
+    loggers = [ReportLogger(callbacks.reporter), *user_loggers(spec)]
+    trainer = build_trainer(spec, callbacks.ordered, model, loggers)
+
+    from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
-        trainer.fit(model, train_loader, val_loader)
+        start = start_from(spec)  # a Lightning checkpoint of the user's, or none
+        with lightning_globals():
+            trainer.fit(model, **loaders, ckpt_path=start, weights_only=True)
     else:
-        from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
-
         with checkpoint.as_directory() as directory, lightning_globals():
             path = restore_path(directory)
             # Lightning reads FSDP checkpoints with unrestricted unpicklers (its own for a
             # full state dict, torch's DCP reader for shards): checked first. The rest it
             # reads with weights_only=True, whatever TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says.
             verify_checkpoint(path)
-            trainer.fit(model, train_loader, val_loader, ckpt_path=path, weights_only=True)
+            trainer.fit(model, **loaders, ckpt_path=path, weights_only=True)
     if sink is not None:
         ray.get(sink.ping.remote())  # the driver has every event before the run ends
 

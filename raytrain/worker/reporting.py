@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import Logger
 
-from raytrain.checkpoints.layout import MONITOR_MISSING, SCORE_KEY
+from raytrain.checkpoints.layout import MONITOR_MISSING, SCORE_KEY, STOPPED_KEY
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.system_metrics import SystemMetrics
 
@@ -48,14 +49,28 @@ def monitor_missing(monitor: str, known: dict[str, float], validated: bool) -> l
 
 
 def batch_rows(batch: Any) -> int:
-    """How many samples a batch holds (a dict of columns, or a sequence)."""
+    """How many samples a batch holds: a dict of columns, a tuple or list of them (``x, y =
+    batch``), or a tensor."""
     if isinstance(batch, dict) and batch:
-        first = next(iter(batch.values()))
-        return len(first)
+        return batch_rows(next(iter(batch.values())))
+    if isinstance(batch, tuple | list) and batch:
+        return batch_rows(batch[0])
     try:
         return len(batch)
     except TypeError:
         return 0
+
+
+def stop_reason(trainer: pl.Trainer) -> str | None:
+    """Why a callback stopped training before its limits, or None: an EarlyStopping's
+    ``stopping_reason_message``, else that ``trainer.should_stop`` was set."""
+    if not trainer.should_stop:
+        return None
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        message = getattr(callback, "stopping_reason_message", None)
+        if message:
+            return f"{type(callback).__name__}: {message}"
+    return f"stopped at step {trainer.global_step} by a callback (trainer.should_stop)"
 
 
 class MetricsReporter(pl.Callback):
@@ -96,6 +111,9 @@ class MetricsReporter(pl.Callback):
         self._score: float | None = None
         self._monitor_checked = False
         self._validated = False  # a validation (not the sanity check) has ended
+        # What Lightning's loggers were given that callback_metrics lacks (a callback's
+        # log_metrics, e.g. LearningRateMonitor's): ``ReportLogger`` puts it here.
+        self.logged: dict[str, float] = {}
 
     # -- Lightning hooks -------------------------------------------------------------------
 
@@ -132,6 +150,12 @@ class MetricsReporter(pl.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.schedule.at_epoch(trainer.current_epoch + 1):
             self.publish(self.collect(trainer, "epoch"))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        why = stop_reason(trainer)
+        if why is not None:
+            self.publish({STOPPED_KEY: why, "step": trainer.global_step,
+                          "epoch": trainer.current_epoch, "kind": "stopped"})  # fmt: skip
 
     # -- reports ---------------------------------------------------------------------------
 
@@ -173,7 +197,9 @@ class MetricsReporter(pl.Callback):
         next window."""
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
-        out: dict[str, Any] = {k: v for k, v in values.items() if k not in self._val_keys}
+        out: dict[str, Any] = {k: v for k, v in self.logged.items() if k not in values}
+        out.update({k: v for k, v in values.items() if k not in self._val_keys})
+        self.logged = {}
         out["samples_per_s"] = self._samples * trainer.world_size / elapsed
         if self.system is not None:
             out.update(self.system.sample(trainer.global_step))
@@ -200,3 +226,31 @@ class MetricsReporter(pl.Callback):
         worst = -math.inf if self.mode == "max" else math.inf
         out[SCORE_KEY] = worst if self._score is None else self._score
         return out
+
+
+class ReportLogger(Logger):
+    """A Lightning logger whose metrics join the reporter's next report: what callbacks
+    write to the Trainer's loggers (LearningRateMonitor refuses a Trainer without one)
+    reaches MLflow with the rest. Rank 0's is the one that reports."""
+
+    def __init__(self, reporter: MetricsReporter):
+        super().__init__()
+        self._reporter = reporter
+
+    @property
+    def name(self) -> str:
+        return "raytrain"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            try:
+                self._reporter.logged[key] = float(value)
+            except (TypeError, ValueError):
+                continue
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass  # the spec is the run's params, logged by the driver

@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import torch
 
 from raytrain.models.digits import DigitsCNN
+from raytrain.models.digits_tuple import DigitsClassifier
 from raytrain.models.tinygpt import TinyGPT
 
 
@@ -312,3 +313,63 @@ class ProbedGPT(TinyGPT):
 
     def on_train_end(self) -> None:
         self._probe("end")
+
+
+class RankEndsClassifier(DigitsClassifier):
+    """``DigitsClassifier`` (``x, y = batch``) whose every rank appends the step and epoch
+    its fit ended at to ``out_dir/ends.jsonl``: where a callback stopped each rank."""
+
+    def __init__(self, out_dir: str, **kwargs):
+        super().__init__(**kwargs)
+        self.out_dir = out_dir
+
+    def on_fit_end(self) -> None:
+        import json
+
+        line = json.dumps({"rank": self.global_rank, "step": self.global_step,
+                           "epoch": self.current_epoch})  # fmt: skip
+        with open(f"{self.out_dir}/ends.jsonl", "a") as handle:
+            handle.write(line + "\n")
+
+
+class DigitsRows(torch.utils.data.Dataset):
+    """A Parquet split of the digits as a map-style dataset of dict samples (``id``,
+    ``pixels``, ``label``): the default collate makes the dict batches the digits models
+    read."""
+
+    def __init__(self, uri: str):
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(uri, columns=["id", "pixels", "label"])
+        self.ids = torch.tensor(table.column("id").to_pylist())
+        self.pixels = torch.tensor(table.column("pixels").to_pylist(), dtype=torch.float32)
+        self.labels = torch.tensor(table.column("label").to_pylist())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"id": self.ids[index], "pixels": self.pixels[index], "label": self.labels[index]}
+
+
+class DigitsRowsModule(pl.LightningDataModule):
+    """The digits' Parquet splits as a LightningDataModule of ``DigitsRows``; ``setup``
+    counts its calls per rank in ``out_dir/setup.jsonl``."""
+
+    def __init__(self, train: str, val: str, out_dir: str, batch_size: int = 24):
+        super().__init__()
+        self.train_uri, self.val_uri, self.out_dir = train, val, out_dir
+        self.batch_size = batch_size
+
+    def setup(self, stage: str) -> None:
+        import json
+
+        with open(f"{self.out_dir}/setup.jsonl", "a") as handle:
+            handle.write(json.dumps({"rank": self.trainer.global_rank, "stage": stage}) + "\n")
+        self.train, self.val = DigitsRows(self.train_uri), DigitsRows(self.val_uri)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(self.train, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(self.val, batch_size=self.batch_size)

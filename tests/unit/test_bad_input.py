@@ -32,6 +32,20 @@ CASES = {
         ["strategy.name=fsdp", "strategy.fsdp.sharding=hybrid"],
         "strategy.fsdp.sharding",
     ),
+    # a LightningCLI config's classes, checked before Ray starts
+    "datamodule_missing": (["data={class_path: nosuch_pkg.Data}"], "data.class_path"),
+    "datamodule_not_one": (["data={class_path: collections.OrderedDict}"], "data.class_path"),
+    "unknown_trainer_argument": (["trainer.val_check_intervl=0.5"], "trainer.val_check_intervl"),
+    "owned_trainer_argument": (["trainer.devices=4"], "trainer.devices"),
+    "callback_missing": (["trainer.callbacks=[NoSuchCallback]"], "trainer.callbacks.0.class_path"),
+    "logger_missing": (["trainer.logger=[nosuch_pkg.Logger]"], "trainer.logger.0.class_path"),
+    "optimizer_missing": (["optimizer=torch.optim.Adamm"], "optimizer.class_path"),
+    "scheduler_missing": (["optimizer=Adam", "lr_scheduler=NoSuchLR"], "lr_scheduler.class_path"),
+    "init_args_refused": (
+        ["trainer.callbacks=[{class_path: EarlyStopping, init_args: {monitr: val_acc}}]"],
+        "trainer.callbacks.0.init_args.monitr",
+    ),
+    "model_checkpoint_refused": (["trainer.callbacks=[ModelCheckpoint]"], "trainer.callbacks.0"),
 }
 
 

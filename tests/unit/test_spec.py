@@ -111,10 +111,14 @@ def test_spec_that_is_not_a_mapping(tmp_path: Path) -> None:
         load_spec(path)
 
 
-def test_class_path_must_look_like_module_colon_class() -> None:
-    with pytest.raises(SpecError) as excinfo:
-        load_spec("jobs/digits.yaml", ["model.class_path=raytrain.models.digits.DigitsCNN"])
-    assert _problems(excinfo).startswith("model.class_path:")
+def test_class_path_is_dotted_or_colon_and_read_as_colon() -> None:
+    dotted = load_spec("jobs/digits.yaml", ["model.class_path=raytrain.models.digits.DigitsCNN"])
+    assert dotted.model.class_path == "raytrain.models.digits:DigitsCNN"
+    assert dotted == load_spec("jobs/digits.yaml")  # one spec, one digest, either way
+    for bad in ("DigitsCNN", "digits.", "1digits.DigitsCNN"):
+        with pytest.raises(SpecError) as excinfo:
+            load_spec("jobs/digits.yaml", [f"model.class_path={bad}"])
+        assert _problems(excinfo).startswith("model.class_path: Value error, expected")
 
 
 def test_resolved_spec_round_trips_through_yaml(tmp_path: Path) -> None:

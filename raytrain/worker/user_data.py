@@ -1,0 +1,162 @@
+"""Data from the user's own code: a LightningDataModule (``data: {class_path, init_args}``)
+or the model's ``train_dataloader``/``val_dataloader`` (no ``data`` section).
+
+Lightning runs the DataModule as it always does: ``prepare_data`` once per node (local rank
+0, then a barrier), ``setup`` on every rank, its hooks and its ``state_dict`` in
+checkpoints. What raytrain changes is each loader Lightning asks for: a loader over a
+map-style dataset becomes a ``ShardedLoader``, the same DataLoader (collate function,
+worker processes, pinning) sampled by raytrain's ``EpochSchedule`` instead of its own
+sampler. Every sample is then trained once per epoch, by one rank, in a (seed, epoch) order
+when the loader shuffled (``shuffle=True``) and in the dataset's order when it did not; and
+a restore resumes mid-epoch exactly, at any world size. A loader over an iterable dataset
+is left as it is: each rank iterates its own copy.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sized
+from typing import Any
+
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
+
+from raytrain.contract import WorkerConfig
+from raytrain.data.loaders import EpochSchedule, worker_loaders
+from raytrain.imports import import_object
+from raytrain.spec import DataSpec, JobSpec
+
+# What a ShardedLoader keeps of the user's DataLoader: how a batch is made and loaded.
+KEPT = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+        "multiprocessing_context", "prefetch_factor", "persistent_workers",
+        "pin_memory_device")  # fmt: skip
+
+
+class ShardedLoader(DataLoader):
+    """A user's DataLoader over a map-style dataset, sampled by ``EpochSchedule``: this
+    rank's batches of a global (seed, epoch) order. It has the loader protocol that
+    Lightning saves in checkpoints (``state_dict``/``load_state_dict``) and the ``epoch``
+    and ``position`` that ``LoaderPosition`` keeps, all the schedule's."""
+
+    def __init__(self, dataset: Any, schedule: EpochSchedule, **kept: Any):
+        super().__init__(dataset, batch_sampler=_ScheduleSampler(schedule), **kept)
+        self.schedule = schedule
+
+    @property
+    def epoch(self) -> int:
+        return self.schedule.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.schedule.epoch = value
+
+    @property
+    def position(self) -> int:
+        return self.schedule.position
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self.schedule.position = value
+
+    def state_dict(self) -> dict[str, int]:
+        return self.schedule.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.schedule.load_state_dict(state)
+
+
+class _ScheduleSampler:
+    """The schedule as a DataLoader's ``batch_sampler``: lists of dataset indices."""
+
+    def __init__(self, schedule: EpochSchedule):
+        self.schedule = schedule
+
+    def __iter__(self) -> Any:
+        for rows in self.schedule.index_batches():
+            yield rows.tolist()
+
+    def __len__(self) -> int:
+        return len(self.schedule)
+
+
+def shard(loader: Any, *, rank: int, world_size: int, seed: int, where: str) -> Any:
+    """``loader`` as this rank's share: a ``ShardedLoader`` for a DataLoader over a
+    map-style dataset; anything else as it is. ``where`` names the loader in errors
+    (``MyData.train_dataloader``)."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    if isinstance(loader, ShardedLoader):
+        return loader
+    sampler, batch_size = loader.sampler, loader.batch_size
+    if batch_size is None and type(loader.batch_sampler) is BatchSampler:
+        sampler, batch_size = loader.batch_sampler.sampler, loader.batch_sampler.batch_size
+    if batch_size is None or type(sampler) not in (RandomSampler, SequentialSampler):
+        used = type(loader.batch_sampler if batch_size is None else sampler).__name__
+        raise ValueError(
+            f"{where}: its DataLoader samples with a {used}; raytrain shards a map-style "
+            "dataset across the workers with its own sampler, so give the DataLoader "
+            "batch_size and shuffle=True/False instead (or an IterableDataset, which each "
+            "worker iterates as it is)"
+        )
+    if not isinstance(loader.dataset, Sized):
+        raise ValueError(f"{where}: its map-style dataset has no __len__; raytrain's sampler "
+                         "needs the number of samples (or make it an IterableDataset)")  # fmt: skip
+    rows = len(loader.dataset)
+    if rows < world_size:
+        raise ValueError(f"{where}: {rows} samples cannot give each of {world_size} workers "
+                         "a batch (fewer samples than scaling.num_workers)")  # fmt: skip
+    shuffled = type(sampler) is RandomSampler
+    schedule = EpochSchedule(rows, batch_size, rank=rank, world_size=world_size,
+                             shuffle_seed=seed if shuffled else None)  # fmt: skip
+    kept = {name: getattr(loader, name) for name in KEPT}
+    if not kept["num_workers"]:
+        kept.pop("prefetch_factor")  # torch refuses it without worker processes
+    return ShardedLoader(loader.dataset, schedule, **kept)
+
+
+class UserData:
+    """Routes the loaders Lightning asks of ``source`` (a DataModule, or the model) through
+    ``shard``, and keeps the train loader for ``LoaderPosition``.
+
+    Lightning asks by hook name (``train_dataloader()``), so the hooks are wrapped on this
+    instance: its class, and with it everything Lightning reads of it, is the user's."""
+
+    def __init__(self, source: Any, *, rank: int, world_size: int, seed: int):
+        self.source = source
+        self.train_loader: Any = None
+        owner = type(source).__name__
+        for hook in ("train_dataloader", "val_dataloader"):
+            original = getattr(source, hook)
+
+            @functools.wraps(original)
+            def sharded(original: Any = original, hook: str = hook) -> Any:
+                loader = shard(original(), rank=rank, world_size=world_size, seed=seed,
+                               where=f"{owner}.{hook}")  # fmt: skip
+                if hook == "train_dataloader":
+                    self.train_loader = loader
+                return loader
+
+            setattr(source, hook, sharded)
+
+
+def worker_data(
+    spec: JobSpec, work: WorkerConfig, model: Any, rank: int, world_size: int
+) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """This worker's data for ``trainer.fit``: a function returning the train loader (for
+    ``LoaderPosition``; a DataModule's exists only once fit asks for it) and ``fit``'s
+    data arguments: file loaders, the DataModule, or none (the model's own loaders)."""
+    if isinstance(spec.data, DataSpec):
+        train, val = worker_loaders(spec.data, work.cached, rank, world_size)
+        return (lambda: train), {"train_dataloaders": train, "val_dataloaders": val}
+    seed = 0 if spec.trainer.seed is None else spec.trainer.seed
+    if spec.data is None:
+        user = UserData(model, rank=rank, world_size=world_size, seed=seed)
+        return (lambda: user.train_loader), {}
+    datamodule = import_object(spec.data.class_path)(**spec.data.init_args)
+    user = UserData(datamodule, rank=rank, world_size=world_size, seed=seed)
+    return (lambda: user.train_loader), {"datamodule": datamodule}

@@ -1,0 +1,184 @@
+"""A Lightning project brought as it is: Lightning's own demo classes; a LightningCLI config
+(a module that unpacks ``x, y = batch``, a DataModule, EarlyStopping, LearningRateMonitor,
+LightningCLI's optimizer and scheduler) run by ``raytrain run`` and resumed; and a
+map-style DataModule killed mid-epoch and resumed on fewer workers, every row trained
+once per epoch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+import raytrain
+from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
+from tests.integration.cli_runs import cli_env
+
+pytestmark = pytest.mark.integration
+
+
+def _tracking(tmp_path: Path) -> dict[str, Any]:
+    return {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_model": False}}
+
+
+def _run(client: Any, result: Any) -> Any:
+    return client.get_run(result.mlflow_run_id)
+
+
+def test_lightnings_demo_classes_run_unchanged(
+    ray_cluster: None, tmp_path: Path, clean_env: None
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    demos = "lightning.pytorch.demos.boring_classes"
+    spec = {
+        "name": "boring",
+        "model": {"class_path": f"{demos}.BoringModel"},
+        "data": {"class_path": f"{demos}.BoringDataModule"},
+        "trainer": {"max_epochs": 2},
+        "checkpoint": {"storage": str(tmp_path / "runs")},
+        "tracking": _tracking(tmp_path),
+    }
+    result = raytrain.fit(spec, progress=False)
+    run = _run(MlflowClient(result.tracking_uri), result)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["model.class_path"] == f"{demos}:BoringModel"
+    # 64 samples a batch of one each, on 2 workers: 32 steps an epoch
+    assert result.metrics["step"] == 2 * 32 and result.metrics["world_size"] == 2
+
+
+def _cli_config(tmp_path: Path) -> dict[str, Any]:
+    """A LightningCLI config as its users write it; raytrain's sections beside it."""
+    return {
+        "seed_everything": 42,
+        "trainer": {
+            "accelerator": "auto", "devices": "auto", "max_epochs": 20,
+            "log_every_n_steps": 10, "enable_checkpointing": None,
+            "callbacks": [
+                {"class_path": "lightning.pytorch.callbacks.EarlyStopping",
+                 "init_args": {"monitor": "val_acc", "mode": "max", "stopping_threshold": 0.9,
+                               "patience": 50}},
+                {"class_path": "LearningRateMonitor", "init_args": {"logging_interval": "epoch"}},
+            ],
+            "logger": [{"class_path": "CSVLogger", "init_args": {"save_dir": "logs"}}],
+        },
+        "model": {"class_path": "tests.integration.models.RankEndsClassifier",
+                  "init_args": {"out_dir": str(tmp_path)}},
+        "data": {"class_path": "raytrain.datasets.digits_module.DigitsDataModule",
+                 "init_args": {"batch_size": 32}},
+        "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.003}},
+        "lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR",
+                         "init_args": {"step_size": 1, "gamma": 0.5}},
+        "ckpt_path": None,
+        "checkpoint": {"storage": str(tmp_path / "runs")},
+        "tracking": _tracking(tmp_path),
+    }  # fmt: skip
+
+
+def _ends(tmp_path: Path) -> list[dict[str, int]]:
+    lines = (tmp_path / "ends.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_a_lightning_cli_config_runs_with_raytrain_run_and_resumes(
+    ray_cluster: None, tmp_path: Path, clean_env: None
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    config = tmp_path / "digits-cli.yaml"
+    config.write_text(yaml.safe_dump(_cli_config(tmp_path)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "raytrain", "run", str(config), "--json"],
+        capture_output=True, text=True, env=cli_env(), cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "has no name: the run is named 'digits-cli'" in proc.stderr
+    assert first["name"] == "digits-cli"
+
+    # EarlyStopping stopped the run once val_acc reached 0.9, every rank at the same step
+    steps_per_epoch = 23  # 1,438 rows, 2 workers, 32 a batch
+    assert first["metrics"]["val_acc"] >= 0.9
+    stop = first["metrics"]["step"]
+    assert stop < 20 * steps_per_epoch and stop % steps_per_epoch == 0
+    assert sorted(e["rank"] for e in _ends(tmp_path)) == [0, 1]
+    assert {e["step"] for e in _ends(tmp_path)} == {stop}
+    assert "EarlyStopping" in first["stopped"] and "0.9" in first["stopped"]
+    assert "stopped early at step" in proc.stderr
+
+    client = MlflowClient(first["tracking_uri"])
+    run = client.get_run(first["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert "EarlyStopping" in run.data.tags["raytrain.stopped"]
+    # LearningRateMonitor's values (with each report of its epoch), halved each epoch by StepLR
+    history = client.get_metric_history(first["mlflow_run_id"], "lr-Adam")
+    by_epoch = {m.step // steps_per_epoch - (m.step % steps_per_epoch == 0): m.value
+                for m in history}  # fmt: skip
+    assert by_epoch == pytest.approx({k: 0.003 * 0.5**k for k in range(stop // steps_per_epoch)})
+
+    # The user's CSVLogger wrote on rank 0, under the run's folder
+    (csv,) = (tmp_path / "runs" / "digits-cli" / "logs").rglob("metrics.csv")
+    assert "val_acc" in csv.read_text().splitlines()[0]
+
+    # The same config again resumes: the step count continues from the stop, and the
+    # restored EarlyStopping stops it after the next validation, in the same MLflow run
+    (tmp_path / "ends.jsonl").unlink()
+    again = raytrain.fit(config, progress=False)
+    assert again.mlflow_run_id == first["mlflow_run_id"]
+    assert again.metrics["step"] == stop + steps_per_epoch
+    assert {e["step"] for e in _ends(tmp_path)} == {stop + steps_per_epoch}
+    assert again.stopped is not None
+
+
+def _rows_spec(tmp_path: Path, digits_dir: Path, workers: int, **model: Any) -> dict[str, Any]:
+    ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
+    return {
+        "name": "datamodule-rows",
+        "model": {"class_path": "tests.integration.models:SeenCountCNN",
+                  "init_args": {"out_dir": str(tmp_path), "num_ids": max(ids) + 1,
+                                "run_dir": str(tmp_path / "runs" / "datamodule-rows"),
+                                **model}},
+        "data": {"class_path": "tests.integration.models.DigitsRowsModule",
+                 "init_args": {"train": str(digits_dir / "train"), "val": str(digits_dir / "val"),
+                               "out_dir": str(tmp_path)}},
+        "scaling": {"num_workers": workers},
+        "trainer": {"max_epochs": 2, "log_every_n_steps": 5},
+        "checkpoint": {"storage": str(tmp_path / "runs"), "every_n_steps": 10, "keep": 20},
+        "tracking": _tracking(tmp_path),
+    }  # fmt: skip
+
+
+def test_a_map_style_datamodule_resumes_mid_epoch_on_fewer_workers_exactly(
+    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
+) -> None:
+    """2 workers, rank 1 SIGKILLed at step 45 (epoch 1 runs steps 31-60 at 24 a batch),
+    the run failing there; the same run again on 1 worker: from the step-40 checkpoint, 10
+    steps into epoch 1, it trains the rest of that epoch and epoch 2, and the final model
+    has trained every row exactly once per epoch."""
+    ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
+    spec = _rows_spec(tmp_path, digits_dir, 2, at_steps=[45])
+    with pytest.raises(raytrain.TrainingFailed):
+        raytrain.fit(spec, progress=False)
+    setups = [json.loads(x) for x in (tmp_path / "setup.jsonl").read_text().splitlines()]
+    assert sorted(s["rank"] for s in setups) == [0, 1]  # setup on every rank
+
+    # (rank 1, which the kill was for, is not in a 1-worker run)
+    result = raytrain.fit(_rows_spec(tmp_path, digits_dir, 1, at_steps=[45]), progress=False)
+
+    def step(checkpoint: str) -> int:
+        return json.loads((Path(checkpoint) / META_FILE).read_text())["step"]
+
+    assert result.resumed_from is not None and step(result.resumed_from) == 40
+    assert result.metrics["world_size"] == 1
+
+    final = max(result.checkpoints, key=step)
+    seen = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)
+    counts = seen["state_dict"]["seen"]
+    assert counts[ids].tolist() == [2] * len(ids) and int(counts.sum()) == 2 * len(ids)
