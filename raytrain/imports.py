@@ -19,3 +19,16 @@ def import_object(path: str) -> Any:
     for part in attr.split("."):
         value = getattr(value, part)
     return value
+
+
+OLD_NAMESPACE_HINT = (
+    "it derives from the older pytorch_lightning package, whose classes are not "
+    "lightning.pytorch's (the Trainer, Ray's strategies and raytrain use lightning.pytorch): "
+    "change `import pytorch_lightning as pl` to `import lightning.pytorch as pl`"
+)
+
+
+def old_namespace(cls: type) -> bool:
+    """Whether ``cls`` derives from a class of the ``pytorch_lightning`` package (read from
+    its MRO's module names, without importing that package)."""
+    return any(k.__module__.split(".")[0] == "pytorch_lightning" for k in cls.__mro__)

@@ -16,7 +16,7 @@ import difflib
 import inspect
 from typing import Any
 
-from raytrain.imports import import_object
+from raytrain.imports import OLD_NAMESPACE_HINT, import_object, old_namespace
 from raytrain.spec import ClassSpec, DataModuleSpec, JobSpec
 
 # What the first positional parameter of each kind is given by raytrain, not the config.
@@ -65,6 +65,9 @@ def check_classes(spec: JobSpec) -> list[str]:
         cls, why = _import_class(section.class_path)
         if cls is None:
             problems.append(f"{field}.class_path: {why}")
+            continue
+        if not issubclass(cls, bases[kind]) and old_namespace(cls):
+            problems.append(f"{field}.class_path: {section.class_path}: {OLD_NAMESPACE_HINT}")
             continue
         if not issubclass(cls, bases[kind]):
             expected = " or ".join(f"{b.__module__}.{b.__qualname__}" for b in bases[kind])

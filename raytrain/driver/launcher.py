@@ -122,6 +122,7 @@ def fit(
     record = held = None
     try:
         preflight.raise_if(model_check.result())
+        job = _decide_devices(job, ray_handle)
         mark("model_checked")
         held = Lease(runstate.run_dir(job), job.storage).acquire(force=force)
         held.start_heartbeat()
@@ -145,6 +146,18 @@ def fit(
     result = _finish(job, trained, record, held, mark)
     result.wall_time_s, result.timings = time.time() - start, timings
     return result
+
+
+def _decide_devices(job: JobSpec, ray_handle: ray_runtime.RayHandle) -> JobSpec:
+    """``scaling.use_gpu: auto`` decided by the cluster's GPUs, said on stderr; the
+    strategy's checks again, now that the device is known (FSDP's hybrid needs GPUs)."""
+    scaling, said = job.scaling.with_cluster_gpus(ray_handle.resources().get("GPU", 0.0))
+    if said is None:
+        return job
+    print(f"raytrain: {said}", file=sys.stderr)
+    job = job.model_copy(update={"scaling": scaling})
+    preflight.raise_if(strategy_problems(job))
+    return job
 
 
 def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark: Any) -> FitResult:

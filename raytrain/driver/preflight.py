@@ -17,7 +17,7 @@ from typing import Any
 from raytrain import storage
 from raytrain.driver import source_check
 from raytrain.errors import SpecError
-from raytrain.imports import import_object
+from raytrain.imports import OLD_NAMESPACE_HINT, import_object, old_namespace
 from raytrain.spec import JobSpec, StorageSpec
 
 
@@ -53,6 +53,8 @@ def check_model(spec: JobSpec) -> list[str]:
     import lightning.pytorch as pl
 
     if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
+        if isinstance(cls, type) and old_namespace(cls):
+            return [f"model.class_path: {path!r}: {OLD_NAMESPACE_HINT}"]
         return [f"model.class_path: {path!r} is not a lightning.pytorch.LightningModule subclass"]
     from raytrain.driver.class_check import check_init_args
 
@@ -64,7 +66,7 @@ def local_capacity(spec: JobSpec) -> dict[str, float]:
 
     GPUs are counted (through torch, a second's import) only when ``spec`` asks for them."""
     capacity: dict[str, float] = {"CPU": float(os.cpu_count() or 1)}
-    if not spec.scaling.use_gpu:
+    if spec.scaling.use_gpu is not True:
         return capacity
     try:
         import torch
@@ -87,7 +89,9 @@ def check_capacity(spec: JobSpec, capacity: dict[str, float]) -> list[str]:
         have = capacity.get(resource, 0.0)
         fits = int(have // amount)
         if fits < workers:
-            field = "scaling.use_gpu" if resource == "GPU" and spec.scaling.use_gpu else None
+            field = (
+                "scaling.use_gpu" if resource == "GPU" and spec.scaling.use_gpu is True else None
+            )
             field = field or "scaling.num_workers"
             problems.append(
                 f"{field}: {workers} workers need {workers * amount:g} {resource} "

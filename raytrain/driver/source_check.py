@@ -11,15 +11,14 @@ from __future__ import annotations
 import ast
 import importlib.util
 
-# Where LightningModule comes from, under the names users import it by.
+# Where LightningModule comes from, under the names users import it by. The older
+# ``pytorch_lightning`` package's is another class, which Ray's Lightning strategies do not
+# train: a module deriving from it is imported and refused (``preflight.check_model``).
 _LIGHTNING_MODULES = {
     "lightning",
     "lightning.pytorch",
     "lightning.pytorch.core",
     "lightning.pytorch.core.module",
-    "pytorch_lightning",
-    "pytorch_lightning.core",
-    "pytorch_lightning.core.module",
 }
 _MAX_DEPTH = 8
 

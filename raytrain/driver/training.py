@@ -69,11 +69,11 @@ def make_trainer(
         max_preemptions=job.failure.max_preemptions,
         train_loop_per_worker=train_loop,
         train_loop_config=work.as_train_loop_config(),
-        torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu else "gloo"),
+        torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu is True else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=job.scaling.num_workers,
             elastic_resize_monitor_interval_s=job.scaling.resize_check_s,
-            use_gpu=job.scaling.use_gpu,
+            use_gpu=job.scaling.use_gpu is True,
             resources_per_worker=job.scaling.worker_resources(),
         ),
         run_config=run_config(job),

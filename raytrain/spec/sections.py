@@ -48,7 +48,11 @@ class ScalingSpec(_Section):
         description="Elastic runs: how often a healthy run checks whether more workers fit "
         "(growing restarts the workers from the latest checkpoint).",
     )
-    use_gpu: bool = Field(default=False, description="Give each worker one GPU.")
+    use_gpu: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Give each worker one GPU; `auto`: when the cluster has a GPU for every "
+        "worker, else CPU slots (the log says which).",
+    )
     resources_per_worker: dict[str, float] | None = Field(
         default=None, description="Ray resources per worker; default {CPU: 1} (+ GPU: 1)."
     )
@@ -86,11 +90,21 @@ class ScalingSpec(_Section):
                 raise ValueError(f"{key} must be >= 0, got {amount}")
         return value
 
+    def with_cluster_gpus(self, gpus: float) -> tuple[ScalingSpec, str | None]:
+        """``use_gpu: auto`` decided for a cluster of ``gpus`` GPUs: GPUs when there is one
+        for each of the fewest workers, else CPU slots; with what to log. Pure."""
+        if self.use_gpu != "auto":
+            return self, None
+        use = gpus >= self.min_workers
+        why = (f"{gpus:g} GPUs in the cluster: one per worker" if use else
+               f"{gpus:g} GPUs in the cluster, {self.min_workers} workers: CPU slots")  # fmt: skip
+        return self.model_copy(update={"use_gpu": use}), f"scaling.use_gpu: auto: {why}"
+
     def worker_resources(self) -> dict[str, float]:
         """The Ray resources one worker asks for."""
         resources = dict(self.resources_per_worker or {})
         resources.setdefault("CPU", 1.0)
-        if self.use_gpu:
+        if self.use_gpu is True:
             resources.setdefault("GPU", 1.0)
         return resources
 

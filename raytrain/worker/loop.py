@@ -50,7 +50,7 @@ def build_trainer(
         **t.passthrough,
     }
     trainer = pl.Trainer(
-        accelerator="gpu" if spec.scaling.use_gpu else "cpu",
+        accelerator="gpu" if spec.scaling.use_gpu is True else "cpu",
         devices="auto",
         strategy=build_strategy(spec, model),
         plugins=build_plugins(spec),

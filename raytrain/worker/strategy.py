@@ -30,10 +30,10 @@ def strategy_problems(spec: JobSpec) -> list[str]:
     if spec.strategy.name != "fsdp" and spec.strategy.fsdp != FsdpSpec():
         return [f"strategy.fsdp: options for the fsdp strategy, but strategy.name is "
                 f"{spec.strategy.name!r}"]  # fmt: skip
-    if spec.strategy.fsdp.sharding == "hybrid" and not spec.scaling.use_gpu:
+    if spec.strategy.fsdp.sharding == "hybrid" and spec.scaling.use_gpu is False:
         # Lightning builds the hybrid (nodes x workers) device mesh on CUDA devices
-        return ["strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true); "
-                "on CPU workers use full"]  # fmt: skip
+        return ["strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true, or "
+                "auto on a cluster with GPUs); on CPU workers use full"]  # fmt: skip
     return []
 
 

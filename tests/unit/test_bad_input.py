@@ -29,7 +29,7 @@ CASES = {
     "gpu_without_gpus": (["scaling.use_gpu=true"], "scaling.use_gpu"),
     "fsdp_options_without_fsdp": (["strategy.fsdp.sharding=grad_op"], "strategy.fsdp"),
     "hybrid_sharding_on_cpu": (
-        ["strategy.name=fsdp", "strategy.fsdp.sharding=hybrid"],
+        ["strategy.name=fsdp", "strategy.fsdp.sharding=hybrid", "scaling.use_gpu=false"],
         "strategy.fsdp.sharding",
     ),
     # a LightningCLI config's classes, checked before Ray starts
@@ -68,6 +68,7 @@ def test_local_cpus_that_starve_ray_data_are_refused(
 LATE = {
     "not_a_lightning_module": (["model.class_path=collections:OrderedDict"], "model.class_path"),
     "model_module_raises": (["model.class_path=raising_model:Model"], "model.class_path"),
+    "older_namespace": (["model.class_path=old_pl_model:Model"], "model.class_path"),
 }
 
 _DRIVER = r"""
@@ -108,6 +109,9 @@ def late_outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     work = tmp_path_factory.mktemp("bad-model")
     spec_path = write_spec(work / "job.yaml", digits_spec(digits_dir, work))
     (work / "raising_model.py").write_text("raise RuntimeError('broken on purpose')\n")
+    (work / "old_pl_model.py").write_text(
+        "import pytorch_lightning as pl\n\nclass Model(pl.LightningModule):\n    pass\n"
+    )
     argvs = {name: ["run", str(spec_path), *overrides] for name, (overrides, _) in LATE.items()}
     result = _run_cases(argvs, work)
     result["__work__"] = work
@@ -151,9 +155,17 @@ def test_bad_model_exits_2_and_writes_nothing(late_outcomes: dict, case: str) ->
     work: Path = late_outcomes["__work__"]
     assert sorted(p.name for p in work.iterdir() if p.name != "__pycache__") == [
         "job.yaml",
+        "old_pl_model.py",
         "raising_model.py",
     ]
 
 
 def test_broken_model_module_shows_its_error(late_outcomes: dict) -> None:
     assert "RuntimeError: broken on purpose" in late_outcomes["model_module_raises"]["stderr"]
+
+
+def test_a_pytorch_lightning_module_is_told_the_one_line_change(late_outcomes: dict) -> None:
+    assert (
+        "change `import pytorch_lightning as pl` to `import lightning.pytorch as pl`"
+        in (late_outcomes["older_namespace"]["stderr"])
+    )

@@ -169,3 +169,15 @@ def test_tuple_batches_need_columns_and_a_scheduler_needs_an_optimizer(tmp_path:
     )
     (problem,) = _problems(tmp_path, _cli_config(optimizer=None))
     assert "lr_scheduler needs optimizer" in problem
+
+
+def test_use_gpu_auto_is_gpus_when_the_cluster_has_one_per_worker() -> None:
+    spec = load_spec("jobs/digits.yaml", ["scaling.use_gpu=auto"])
+    assert spec.scaling.worker_resources() == {"CPU": 1.0}  # undecided: no GPU asked for
+    on_gpus, said = spec.scaling.with_cluster_gpus(8)
+    assert on_gpus.use_gpu is True and on_gpus.worker_resources()["GPU"] == 1.0
+    assert said == "scaling.use_gpu: auto: 8 GPUs in the cluster: one per worker"
+    on_cpus, said = spec.scaling.with_cluster_gpus(1)  # 2 workers, 1 GPU
+    assert on_cpus.use_gpu is False and "CPU slots" in str(said)
+    fixed = load_spec("jobs/digits.yaml").scaling  # the job says false
+    assert fixed.with_cluster_gpus(8) == (fixed, None)
