@@ -37,6 +37,8 @@ MONITOR_MISSING = "_monitor_missing"
 # The key of rank 0's report that a callback stopped training before its limits (a user's
 # EarlyStopping); its value says why.
 STOPPED_KEY = "_stopped"
+# The key of rank 0's first report that says the precision it trains at, and why.
+PRECISION_KEY = "_precision"
 
 
 # The file a sharded (torch distributed) checkpoint's folder is recognised by.

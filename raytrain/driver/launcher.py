@@ -41,6 +41,7 @@ from raytrain.driver.run_record import RunRecord
 from raytrain.imports import import_object
 from raytrain.redaction import redact
 from raytrain.spec import JobSpec, load_spec
+from raytrain.worker.precision import bf16_warning
 from raytrain.worker.strategy import strategy_problems
 
 __all__ = ["FitResult", "fit", "validate"]
@@ -68,6 +69,10 @@ def _check_before_ray(job: JobSpec) -> JobSpec:
         + (preflight.check_local_cpus(job) if capacity is not None else [])
         + preflight.check_stores(job, allow_prepare=True)
     )
+    if capacity is not None:  # the workers run on this machine's CPU
+        warning = bf16_warning(job.trainer.precision, job.scaling.use_gpu is True)
+        if warning:
+            print(f"raytrain: warning: {warning}", file=sys.stderr)
     return job
 
 

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain import storage
-from raytrain.checkpoints.layout import MONITOR_MISSING, SCORE_KEY, STOPPED_KEY, latest_committed
+from raytrain.checkpoints.layout import (
+    MONITOR_MISSING,
+    PRECISION_KEY,
+    SCORE_KEY,
+    STOPPED_KEY,
+    latest_committed,
+)
 from raytrain.driver import runstate
 from raytrain.errors import root_cause
 from raytrain.spec import JobSpec
@@ -95,7 +101,7 @@ def final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> d
     if not metrics:
         committed = latest_committed(runstate.run_dir(job), job.storage)
         metrics = dict(committed[1]) if committed else dict(result.metrics or {})
-    for key in (SCORE_KEY, "kind", MONITOR_MISSING, STOPPED_KEY):
+    for key in (SCORE_KEY, "kind", MONITOR_MISSING, STOPPED_KEY, PRECISION_KEY):
         metrics.pop(key, None)
     return metrics
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from raytrain.checkpoints.layout import MONITOR_MISSING, STOPPED_KEY
+from raytrain.checkpoints.layout import MONITOR_MISSING, PRECISION_KEY, STOPPED_KEY
 from raytrain.driver import runstate
 from raytrain.driver.background import Background
 from raytrain.driver.model_log import ModelLog
@@ -125,6 +125,8 @@ class RunRecord:
                 )
         if MONITOR_MISSING in event:
             self._monitor_missing(tracker, event[MONITOR_MISSING])
+        if PRECISION_KEY in event:
+            tracker.set_tags({"raytrain.precision": str(event[PRECISION_KEY])})
         if STOPPED_KEY in event:
             print(f"raytrain: stopped early at step {step}: {event[STOPPED_KEY]}",
                   file=sys.stderr)  # fmt: skip

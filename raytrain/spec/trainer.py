@@ -31,7 +31,11 @@ class TrainerSpec(_Section):
 
     max_epochs: int | None = Field(default=10, ge=1, description="Stop after this many epochs.")
     max_steps: int = Field(default=-1, ge=-1, description="Stop after this many steps; -1: off.")
-    precision: Precision = Field(default="32-true", description="Lightning precision.")
+    precision: Precision | Literal["auto"] = Field(
+        default="auto",
+        description="Lightning precision; `auto`: bf16-mixed where the hardware computes "
+        "bf16 natively (GPUs from Ampere on, CPUs with AMX or AVX512-BF16), else 32-true.",
+    )
     accumulate_grad_batches: int = Field(default=1, ge=1, description="Batches per step.")
     gradient_clip_val: float | None = Field(default=None, ge=0, description="Clip grad norm.")
     check_val_every_n_epoch: int = Field(default=1, ge=1, description="Validate every N epochs.")

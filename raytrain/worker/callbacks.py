@@ -46,7 +46,7 @@ def build_callbacks(
     spec: JobSpec,
     train_loader: Callable[[], Any],
     publish: Publish | None,
-    startup: dict[str, float],
+    startup: dict[str, Any],
 ) -> WorkerCallbacks:
     """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
     events to the driver), which also times its loop. ``train_loader`` returns the train

@@ -40,9 +40,11 @@ def build_trainer(
     from ray.train.lightning import prepare_trainer
 
     from raytrain._compat.lightning import skip_sigterm_broadcast
+    from raytrain.worker.precision import decide
     from raytrain.worker.strategy import build_plugins, build_strategy
 
     t = spec.trainer
+    precision, _ = decide(t.precision, spec.scaling.use_gpu is True)
     options: dict[str, Any] = {
         "num_sanity_val_steps": 0,
         "enable_progress_bar": False,
@@ -57,7 +59,7 @@ def build_trainer(
         callbacks=callbacks,
         max_epochs=t.max_epochs,
         max_steps=t.max_steps,
-        precision=t.precision,
+        precision=precision,
         accumulate_grad_batches=t.accumulate_grad_batches,
         gradient_clip_val=t.gradient_clip_val,
         check_val_every_n_epoch=t.check_val_every_n_epoch,
@@ -81,9 +83,10 @@ def train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import torch
 
-    from raytrain.checkpoints.layout import restore_path
+    from raytrain.checkpoints.layout import PRECISION_KEY, restore_path
     from raytrain.imports import import_object
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
+    from raytrain.worker.precision import decide
     from raytrain.worker.reporting import ReportLogger
     from raytrain.worker.user_code import configure_optimizers, start_from, user_loggers
     from raytrain.worker.user_data import worker_data
@@ -104,10 +107,12 @@ def train_loop(config: dict[str, Any]) -> None:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     data, loaders = worker_data(spec, work, model, rank, world_size)
     sink = work.sink if rank == 0 else None
-    startup = {
+    on_gpu = spec.scaling.use_gpu is True
+    startup: dict[str, Any] = {
         "_worker_started_at": _process_started_at(entered),
         "_loop_entered_at": entered,
         "_lightning_imported_at": imported,
+        PRECISION_KEY: "{} ({})".format(*decide(spec.trainer.precision, on_gpu)),
     }
     publish = (lambda event: sink.put.remote(event)) if sink is not None else None
     callbacks = build_callbacks(spec, data, publish, startup)

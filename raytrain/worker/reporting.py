@@ -84,7 +84,7 @@ class MetricsReporter(pl.Callback):
         monitor: str | None = None,
         mode: str = "min",
         publish: Publish | None = None,
-        startup: dict[str, float] | None = None,
+        startup: dict[str, Any] | None = None,
         system: SystemMetrics | None = None,
     ):
         """``publish`` receives rank 0's metric events; None on the other ranks.
@@ -97,7 +97,7 @@ class MetricsReporter(pl.Callback):
         self.mode = mode
         self.publish_to = publish
         self.system = system
-        self._startup: dict[str, float] | None = dict(startup or {})
+        self._startup: dict[str, Any] | None = dict(startup or {})
         self._blocked_s: float | None = None  # the last checkpoint's hold-up, sent once
         self._last_step = -1
         self._last_report_step = -1

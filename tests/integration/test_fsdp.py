@@ -33,7 +33,8 @@ def _spec(tmp_path: Path, workers: int, epochs: int) -> dict:
         "scaling": {"num_workers": workers},
         "strategy": {"name": "fsdp", "fsdp": {"auto_wrap": ["Block"],
                                               "activation_checkpointing": ["Block"]}},
-        "trainer": {"max_epochs": epochs, "log_every_n_steps": 10, "gradient_clip_val": 1.0},
+        "trainer": {"max_epochs": epochs, "log_every_n_steps": 10, "gradient_clip_val": 1.0,
+                    "precision": "32-true"},
         "checkpoint": {"storage": str(tmp_path / "runs"), "keep": 1},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
                                 "log_model": False}},
@@ -77,7 +78,7 @@ def test_fsdp_shards_resumes_on_another_world_size_and_exports(
     assert probe_loss(plain.eval(), GPT["block"]) == pytest.approx(probes[5]["loss"], abs=1e-5)
 
 
-# 32-true, the default, is the precision of the test above
+# 32-true is the precision of the test above
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "bf16-true"])
 def test_fsdp_trains_in_each_precision(
     ray_cluster: None, tmp_path: Path, clean_env: None, precision: str

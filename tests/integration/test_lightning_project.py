@@ -19,6 +19,7 @@ import yaml
 
 import raytrain
 from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
+from raytrain.worker.precision import decide
 from tests.integration.cli_runs import cli_env
 
 pytestmark = pytest.mark.integration
@@ -49,6 +50,8 @@ def test_lightnings_demo_classes_run_unchanged(
     result = raytrain.fit(spec, progress=False)
     run = _run(MlflowClient(result.tracking_uri), result)
     assert run.info.status == "FINISHED"
+    # trainer.precision: auto, decided by the workers' CPU (this machine's)
+    assert run.data.tags["raytrain.precision"] == "{} ({})".format(*decide("auto", False))
     assert run.data.params["model.class_path"] == f"{demos}:BoringModel"
     # 64 samples a batch of one each, on 2 workers: 32 steps an epoch
     assert result.metrics["step"] == 2 * 32 and result.metrics["world_size"] == 2
@@ -60,7 +63,7 @@ def _cli_config(tmp_path: Path) -> dict[str, Any]:
         "seed_everything": 42,
         "trainer": {
             "accelerator": "auto", "devices": "auto", "max_epochs": 20,
-            "log_every_n_steps": 10, "enable_checkpointing": None,
+            "log_every_n_steps": 10, "enable_checkpointing": None, "precision": "32-true",
             "callbacks": [
                 {"class_path": "lightning.pytorch.callbacks.EarlyStopping",
                  "init_args": {"monitor": "val_acc", "mode": "max", "stopping_threshold": 0.9,
@@ -149,7 +152,7 @@ def _rows_spec(tmp_path: Path, digits_dir: Path, workers: int, **model: Any) -> 
                  "init_args": {"train": str(digits_dir / "train"), "val": str(digits_dir / "val"),
                                "out_dir": str(tmp_path)}},
         "scaling": {"num_workers": workers},
-        "trainer": {"max_epochs": 2, "log_every_n_steps": 5},
+        "trainer": {"max_epochs": 2, "log_every_n_steps": 5, "precision": "32-true"},
         "checkpoint": {"storage": str(tmp_path / "runs"), "every_n_steps": 10, "keep": 20},
         "tracking": _tracking(tmp_path),
     }  # fmt: skip

@@ -96,7 +96,7 @@ def test_train_set_larger_than_the_object_store_streams_to_the_end(
         "data": {"train": {"uri": str(tmp_path / "wide")}, "columns": ["x", "y"],
                  "batch_size": BATCH},
         "scaling": {"num_workers": 2},
-        "trainer": {"max_epochs": EPOCHS, "log_every_n_steps": 10},
+        "trainer": {"max_epochs": EPOCHS, "log_every_n_steps": 10, "precision": "32-true"},
         "checkpoint": {"storage": str(tmp_path / "runs")},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
                                 "log_model": False}},

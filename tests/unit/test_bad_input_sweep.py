@@ -208,7 +208,7 @@ EXPECTED: dict[str, str] = {
     "spec_oversized": "oversized.yaml: the spec file is larger than the limit",
     "spec_nested_5000": "nested_5000.yaml: nested deeper than the limit",
     "spec_brackets_5000": "brackets_5000.yaml: ",
-    "spec_duplicate_key": "duplicate_key.yaml: malformed YAML at line 27, column 1: duplicate "
+    "spec_duplicate_key": "duplicate_key.yaml: malformed YAML at line 28, column 1: duplicate "
     "key 'name' (first at line 17)",
     "spec_latin1": "latin1.yaml: the spec file is not UTF-8",
     "spec_utf16": "utf16.yaml: the spec file is not UTF-8",

@@ -67,7 +67,7 @@ def test_a_lightning_cli_config_is_a_spec_named_after_its_file(
     assert spec.data.class_path == f"{BORING}:BoringDataModule" and spec.data.init_args == {}
     assert spec.trainer.seed == 7
     assert spec.trainer.max_epochs == 3
-    assert spec.trainer.precision == "32-true"  # null: the default
+    assert spec.trainer.precision == "auto"  # null: the default
     assert spec.trainer.passthrough == {"val_check_interval": 0.5}
     assert [c.class_path for c in spec.trainer.callbacks] == [
         "lightning.pytorch.callbacks:EarlyStopping",
