@@ -11,7 +11,8 @@ per-epoch overhead is measured with Ray given 6 and 16 logical CPUs, and with th
 in 32 files: an epoch's fixed cost must depend on neither. The startup breakdown comes
 from ``raytrain run --json`` (``FitResult.timings``).
 
-    python bench/overhead.py [--reps 3] [--models digits,compute] [--out FILE.json]
+    python bench/overhead.py [--reps 3] [--models digits,compute] [--variants A,B]
+                             [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -38,13 +39,16 @@ LABELS = {"step_s": "step (ms)", "startup_s": "startup to 1st step (s)",
           "epoch_overhead_s": "per-epoch overhead (s)", "exit_s": "end to end (s)"}  # fmt: skip
 # raytrain runs beside the default one: (label, logical CPUs given to Ray, train files,
 # trainer options). Metrics are reported every 10 steps by default; every step measures
-# what reporting costs.
+# what reporting costs. "DataModule" feeds the same rows from a LightningDataModule
+# (TensorDatasets, the default collate) instead of the cached Parquet: its step time is
+# compared with the default run's.
 VARIANTS = {
     "digits": [
         ("Ray 6 CPUs", 6, 1, {}),
         ("Ray 16 CPUs", 16, 1, {}),
         ("Ray 16 CPUs, 32 files", 16, 32, {}),
         ("metrics every step", None, 1, {"log_every_n_steps": 1}),
+        ("DataModule", None, 1, {}),
     ],
     "compute": [("Ray 16 CPUs", 16, 1, {})],
 }
@@ -104,7 +108,12 @@ def run_baseline(model: str, data: Path, work: Path) -> dict[str, float]:
 
 
 def run_raytrain(
-    model: str, data: Path, work: Path, cpus: int | None = None, trainer: dict | None = None
+    model: str,
+    data: Path,
+    work: Path,
+    cpus: int | None = None,
+    trainer: dict | None = None,
+    datamodule: bool = False,
 ) -> dict[str, float]:
     import yaml
 
@@ -129,6 +138,12 @@ def run_raytrain(
         "checkpoint": {"storage": str(work / "runs"), "every_n_epochs": 1, "keep": 1},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
     }  # fmt: skip
+    if datamodule:
+        spec["model"]["class_path"] = "bench.timed:TimedDigitsTupleCNN"
+        spec["data"] = {"class_path": "bench.timed.DigitsParquetModule",
+                        "init_args": {"train": str(data / "train"), "val": str(data / "val"),
+                                      "batch_size": config["batch_size"]}}  # fmt: skip
+        spec["trainer"]["seed"] = SHUFFLE["seed"] if SHUFFLE else 42
     path = work / f"{model}.yaml"
     path.write_text(yaml.safe_dump(spec))
     cmd = [sys.executable, "-m", "raytrain", "run", str(path), "--fresh", "--json"]
@@ -164,8 +179,11 @@ def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-def _bench_model(model: str, reps: int, work: Path, data: dict[int, Path]) -> dict:
-    variants = [("default", None, 1, {}), *VARIANTS.get(model, [])]
+def _bench_model(
+    model: str, reps: int, work: Path, data: dict[int, Path], only: set[str] | None = None
+) -> dict:
+    chosen = [v for v in VARIANTS.get(model, []) if only is None or v[0] in only]
+    variants = [("default", None, 1, {}), *chosen]
     runs: dict[str, list] = {"baseline": [], **{v[0]: [] for v in variants}}
     for rep in range(reps):
         # alternate the order so neither side always runs on a warmer machine
@@ -175,7 +193,8 @@ def _bench_model(model: str, reps: int, work: Path, data: dict[int, Path]) -> di
                 runs[side].append(run_baseline(model, data[1], work))
             else:
                 _, cpus, files, trainer = next(v for v in variants if v[0] == side)
-                runs[side].append(run_raytrain(model, data[files], work, cpus, trainer))
+                runs[side].append(run_raytrain(model, data[files], work, cpus, trainer,
+                                               datamodule=side == "DataModule"))  # fmt: skip
             shown = {k: round(v, 3) for k, v in runs[side][-1].items() if not k.startswith("at_")}
             print(f"  {model} {side} rep {rep + 1}: {shown}", file=sys.stderr, flush=True)
     med = {side: _median(r) for side, r in runs.items()}
@@ -203,9 +222,12 @@ def _print_tables(results: dict[str, dict], reps: int) -> None:
         base = res["baseline"]
         for label, figures in res["variants"].items():
             key, scale = ("step_s", 1000) if "metrics" in label else ("epoch_overhead_s", 1)
+            # the DataModule's step against raytrain's own (cached Parquet) step
+            key, scale, against = (("step_s", 1000, res["raytrain"]) if label == "DataModule"
+                                   else (key, scale, base))  # fmt: skip
             name = f"{LABELS[key].split(' (')[0]}, {label}"
             print(f"{model:<9} {name:<44} {figures[key] * scale:>10.2f} "
-                  f"{base[key] * scale:>10.2f} {figures[key] / base[key]:>7.2f}")  # fmt: skip
+                  f"{against[key] * scale:>10.2f} {figures[key] / against[key]:>7.2f}")  # fmt: skip
     for model, res in results.items():
         figures = res["raytrain"]
         print(f"\nstartup breakdown, {model} (s from the command's launch, median of {reps})")
@@ -222,6 +244,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", default="digits,compute")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated variant labels to run beside the default "
+                        "(e.g. DataModule); all when unset")  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
     args = parser.parse_args()
 
@@ -232,7 +257,8 @@ def main() -> None:
         files = {1} | {f for m in models for _, _, f, _ in VARIANTS.get(m, [])}
         data = {n: write_data(work / f"digits-{n}", n) for n in sorted(files)}
         for model in models:
-            results[model] = _bench_model(model, args.reps, work, data)
+            only = set(args.variants.split(",")) if args.variants else None
+            results[model] = _bench_model(model, args.reps, work, data, only)
 
     _print_tables(results, args.reps)
     out = Path(args.out)

@@ -114,3 +114,47 @@ def summarize(timing: dict[str, Any], launched_at: float) -> dict[str, float]:
         "wall_s": timing["train_end"] - launched_at,
         "steps": sum(len(s) for s in steps),
     }
+
+
+class DigitsParquetModule(pl.LightningDataModule):
+    """The benchmark's Parquet splits as a LightningDataModule, as a user would write one:
+    ``TensorDataset``s of dict-free ``(pixels, label)`` rows read once in ``setup``, batched
+    by DataLoaders with the default collate. ``TimedDigitsTupleCNN`` reads them."""
+
+    def __init__(self, train: str, val: str, batch_size: int):
+        super().__init__()
+        self.train_uri, self.val_uri, self.batch_size = train, val, batch_size
+
+    @staticmethod
+    def _rows(uri: str) -> Any:
+        import pyarrow.parquet as pq
+        import torch
+        from torch.utils.data import TensorDataset
+
+        table = pq.read_table(uri, columns=["pixels", "label"])
+        pixels = torch.tensor(table.column("pixels").to_pylist(), dtype=torch.float32)
+        return TensorDataset(pixels, torch.tensor(table.column("label").to_pylist()))
+
+    def setup(self, stage: str) -> None:
+        self.train, self.val = self._rows(self.train_uri), self._rows(self.val_uri)
+
+    def train_dataloader(self) -> Any:
+        from torch.utils.data import DataLoader
+
+        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> Any:
+        from torch.utils.data import DataLoader
+
+        return DataLoader(self.val, batch_size=self.batch_size)
+
+
+class TimedDigitsTupleCNN(TimedDigitsCNN):
+    """``TimedDigitsCNN`` for ``(pixels, label)`` batches (a DataModule's, or
+    ``data.batch_format: tuple``)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        return super().training_step({"pixels": batch[0], "label": batch[1]}, batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        super().validation_step({"pixels": batch[0], "label": batch[1]}, batch_idx)

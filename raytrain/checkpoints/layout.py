@@ -28,6 +28,9 @@ def run_dir(spec: JobSpec) -> str:
 
 
 CKPT_FILE = "checkpoint.ckpt"
+# The run folder's folder of profiler reports (``trainer.profiler``), also their folder in
+# MLflow's artifacts.
+PROFILES = "profiles"
 META_FILE = "raytrain.json"
 # The reported key Ray Train ranks checkpoints by: the value of ``checkpoint.monitor``.
 SCORE_KEY = "_score"

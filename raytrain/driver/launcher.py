@@ -29,6 +29,7 @@ from raytrain.driver import (
 )
 from raytrain.driver.background import Background
 from raytrain.driver.lease import Lease
+from raytrain.driver.profiles import log_profiles
 from raytrain.driver.results import (
     FitResult,
     Trained,
@@ -173,6 +174,7 @@ def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark
         best = best_checkpoint(job, trained.result)
         model_uri = record.model.log(best)
         mark("model_logged")
+        log_profiles(job, record.tracker())
         record.finish("FINISHED", best=best or "")
         # register_as asked for, model missing: exit 1
         record.model.raise_if_unregistered(record.state.mlflow_run_id)

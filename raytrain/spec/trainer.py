@@ -58,6 +58,16 @@ class TrainerSpec(_Section):
         "a relative save_dir is under the run's storage. `true`/`false`/null: none.",
     )
 
+    profiler: Profiler | None = Field(
+        default=None,
+        description="Lightning's profiler (`simple`, `advanced`, `pytorch`: a trace for "
+        "Perfetto or chrome://tracing); its reports go to the run's `profiles/` folder in "
+        "checkpoint.storage and to MLflow's artifacts.",
+    )
+    profile_all_ranks: bool = Field(
+        default=False, description="Profile every rank, not only rank 0."
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _known_arguments(cls, value: Any) -> Any:

@@ -171,6 +171,10 @@ class MlflowTracker:
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
+    def log_folder(self, local_dir: str, artifact_path: str) -> None:
+        """The files of ``local_dir`` as the run's artifacts under ``artifact_path``."""
+        self.client.log_artifacts(self.run_id, local_dir, artifact_path)
+
     def set_tags(self, tags: dict[str, str]) -> None:
         """Set ``tags`` on the run, credentials masked (a user's tag, an error's text)."""
         from mlflow.entities import RunTag

@@ -31,7 +31,11 @@ def _quiet_lightning() -> None:
 
 
 def build_trainer(
-    spec: JobSpec, callbacks: list[Any], model: Any = None, loggers: list[Any] | None = None
+    spec: JobSpec,
+    callbacks: list[Any],
+    model: Any = None,
+    loggers: list[Any] | None = None,
+    profiler: Any = None,
 ) -> Any:
     """A Lightning Trainer with the spec's options, prepared to run under Ray Train
     (``model``: what FSDP's module class names refer to). The spec's other Trainer
@@ -68,6 +72,7 @@ def build_trainer(
         enable_checkpointing=False,
         # raytrain samples every loader itself (data.loaders, worker.user_data)
         use_distributed_sampler=False,
+        profiler=profiler,
         **options,
     )
     # SIGTERM is a preemption notice (raytrain.worker.preemption), agreed on about once a
@@ -88,7 +93,13 @@ def train_loop(config: dict[str, Any]) -> None:
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
     from raytrain.worker.precision import decide
     from raytrain.worker.reporting import ReportLogger
-    from raytrain.worker.user_code import configure_optimizers, start_from, user_loggers
+    from raytrain.worker.user_code import (
+        build_profiler,
+        configure_optimizers,
+        start_from,
+        upload_profiles,
+        user_loggers,
+    )
     from raytrain.worker.user_data import worker_data
 
     imported = time.time()
@@ -118,7 +129,8 @@ def train_loop(config: dict[str, Any]) -> None:
     callbacks = build_callbacks(spec, data, publish, startup)
     configure_optimizers(spec, model)
     loggers = [ReportLogger(callbacks.reporter), *user_loggers(spec)]
-    trainer = build_trainer(spec, callbacks.ordered, model, loggers)
+    profiler, profiles = build_profiler(spec, rank)
+    trainer = build_trainer(spec, callbacks.ordered, model, loggers, profiler)
 
     from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
 
@@ -135,6 +147,7 @@ def train_loop(config: dict[str, Any]) -> None:
             # reads with weights_only=True, whatever TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says.
             verify_checkpoint(path)
             trainer.fit(model, **loaders, ckpt_path=path, weights_only=True)
+    upload_profiles(spec, profiles)
     if sink is not None:
         ray.get(sink.ping.remote())  # the driver has every event before the run ends
 

@@ -10,7 +10,7 @@ import tempfile
 from typing import Any
 
 from raytrain import storage
-from raytrain.checkpoints.layout import run_dir
+from raytrain.checkpoints.layout import PROFILES, run_dir
 from raytrain.imports import import_object
 from raytrain.spec import JobSpec
 
@@ -52,6 +52,31 @@ def user_loggers(spec: JobSpec) -> list[Any]:
             args["save_dir"] = storage.join(run_dir(spec), save_dir)
         out.append(cls(**args))
     return out
+
+
+def build_profiler(spec: JobSpec, rank: int) -> tuple[Any, str | None]:
+    """Lightning's profiler named by ``trainer.profiler`` for this rank (rank 0, or every
+    rank with ``profile_all_ranks``), writing into a local folder; (None, None) without."""
+    name = spec.trainer.profiler
+    if name is None or (rank != 0 and not spec.trainer.profile_all_ranks):
+        return None, None
+    from lightning.pytorch import profilers
+
+    classes = {"simple": profilers.SimpleProfiler, "advanced": profilers.AdvancedProfiler,
+               "pytorch": profilers.PyTorchProfiler}  # fmt: skip
+    local = tempfile.mkdtemp(prefix="raytrain-profile-")
+    return classes[name](dirpath=local, filename=f"rank{rank}"), local
+
+
+def upload_profiles(spec: JobSpec, local: str | None) -> None:
+    """Copy a profiler's reports into ``{run folder}/profiles/`` in checkpoint.storage."""
+    if local is None or not os.listdir(local):
+        return
+    import pyarrow.fs as pafs
+
+    fs, path = storage.filesystem(storage.join(run_dir(spec), PROFILES), spec.storage)
+    fs.create_dir(path, recursive=True)
+    pafs.copy_files(local, path, destination_filesystem=fs)
 
 
 def start_from(spec: JobSpec) -> str | None:

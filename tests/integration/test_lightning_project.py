@@ -43,7 +43,7 @@ def test_lightnings_demo_classes_run_unchanged(
         "name": "boring",
         "model": {"class_path": f"{demos}.BoringModel"},
         "data": {"class_path": f"{demos}.BoringDataModule"},
-        "trainer": {"max_epochs": 2},
+        "trainer": {"max_epochs": 2, "profiler": "pytorch"},
         "checkpoint": {"storage": str(tmp_path / "runs")},
         "tracking": _tracking(tmp_path),
     }
@@ -55,6 +55,16 @@ def test_lightnings_demo_classes_run_unchanged(
     assert run.data.params["model.class_path"] == f"{demos}:BoringModel"
     # 64 samples a batch of one each, on 2 workers: 32 steps an epoch
     assert result.metrics["step"] == 2 * 32 and result.metrics["world_size"] == 2
+
+    # trainer.profiler: pytorch left rank 0's trace in the run's storage and in MLflow: JSON
+    # that chrome://tracing and Perfetto open, holding the training steps
+    profiles = tmp_path / "runs" / "boring" / "profiles"
+    (trace,) = profiles.glob("fit-rank0-*training_step*.pt.trace.json")  # one per hook
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any("training_step" in str(event.get("name")) for event in events)
+    assert (profiles / "fit-rank0-0.txt").exists()  # the summary table
+    logged = MlflowClient(result.tracking_uri).list_artifacts(result.mlflow_run_id, "profiles")
+    assert {p.name for p in profiles.iterdir()} == {Path(a.path).name for a in logged}
 
 
 def _cli_config(tmp_path: Path) -> dict[str, Any]:
@@ -70,7 +80,8 @@ def _cli_config(tmp_path: Path) -> dict[str, Any]:
                                "patience": 50}},
                 {"class_path": "LearningRateMonitor", "init_args": {"logging_interval": "epoch"}},
             ],
-            "logger": [{"class_path": "CSVLogger", "init_args": {"save_dir": "logs"}}],
+            "logger": [{"class_path": "CSVLogger", "init_args": {"save_dir": "logs"}},
+                       {"class_path": "TensorBoardLogger", "init_args": {"save_dir": "tb"}}],
         },
         "model": {"class_path": "tests.integration.models.RankEndsClassifier",
                   "init_args": {"out_dir": str(tmp_path)}},
@@ -126,9 +137,10 @@ def test_a_lightning_cli_config_runs_with_raytrain_run_and_resumes(
                 for m in history}  # fmt: skip
     assert by_epoch == pytest.approx({k: 0.003 * 0.5**k for k in range(stop // steps_per_epoch)})
 
-    # The user's CSVLogger wrote on rank 0, under the run's folder
+    # The user's CSVLogger and TensorBoardLogger wrote on rank 0, under the run's folder
     (csv,) = (tmp_path / "runs" / "digits-cli" / "logs").rglob("metrics.csv")
     assert "val_acc" in csv.read_text().splitlines()[0]
+    assert list((tmp_path / "runs" / "digits-cli" / "tb").rglob("events.out.tfevents.*"))
 
     # The same config again resumes: the step count continues from the stop, and the
     # restored EarlyStopping stops it after the next validation, in the same MLflow run

@@ -181,3 +181,10 @@ def test_use_gpu_auto_is_gpus_when_the_cluster_has_one_per_worker() -> None:
     assert on_cpus.use_gpu is False and "CPU slots" in str(said)
     fixed = load_spec("jobs/digits.yaml").scaling  # the job says false
     assert fixed.with_cluster_gpus(8) == (fixed, None)
+
+
+def test_the_profiler_is_lightnings_by_name() -> None:
+    spec = load_spec("jobs/digits.yaml", ["trainer.profiler=pytorch"])
+    assert spec.trainer.profiler == "pytorch" and spec.trainer.passthrough == {}
+    with pytest.raises(SpecError, match=r"trainer\.profiler: Input should be"):
+        load_spec("jobs/digits.yaml", ["trainer.profiler=fast"])
