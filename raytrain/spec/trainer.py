@@ -50,7 +50,7 @@ class TrainerSpec(_Section):
     callbacks: list[CallbackSpec] = Field(
         default_factory=list,
         description="Lightning callbacks as `{class_path, init_args}` (or a class name from "
-        "lightning.pytorch.callbacks), run on every rank after raytrain's own.",
+        "lightning.pytorch.callbacks), run on every rank, their state in every checkpoint.",
     )
     logger: list[LoggerSpec] = Field(
         default_factory=list,

@@ -5,12 +5,12 @@ Lightning calls each hook on the callbacks in list order, and the order matters:
 1. ``SystemMetrics`` (rank 0) first, to start timing a batch before anything else runs,
 2. ``FiniteGuard``, before any callback acts on a step whose gradients are not finite,
 3. ``MetricsReporter``, which counts the batch's samples before a report of this step,
-4. ``CheckpointCallback``, whose report of a step includes them,
-5. ``PreemptionGuard``, which may checkpoint through 4 and then stop the run,
-6. ``LoaderPosition``, the loader's data position,
-7. the user's ``trainer.callbacks``, in their order, after raytrain's own: an
-   EarlyStopping that stops the run at an epoch's end does so after that epoch is reported
-   and checkpointed,
+4. the user's ``trainer.callbacks``, in their order, before the checkpoint: a checkpoint
+   taken at a validation's end holds what an EarlyStopping made of that validation (with
+   them after it, a resume restored their state one validation behind),
+5. ``CheckpointCallback``, whose report of a step includes them,
+6. ``PreemptionGuard``, which may checkpoint through 5 and then stop the run,
+7. ``LoaderPosition``, the loader's data position,
 8. ``SystemMetrics``' end marker (rank 0) last, to stop timing after every other hook.
 """
 
@@ -71,10 +71,10 @@ def build_callbacks(
         *([system] if system else []),
         FiniteGuard(),
         reporter,
+        *(import_object(c.class_path)(**c.init_args) for c in spec.trainer.callbacks),
         checkpoints,
         preemption,
         LoaderPosition(train_loader),
-        *(import_object(c.class_path)(**c.init_args) for c in spec.trainer.callbacks),
         *([system.end_marker()] if system else []),
     ]
     return WorkerCallbacks(ordered=ordered, reporter=reporter, checkpoints=checkpoints)

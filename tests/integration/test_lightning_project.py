@@ -56,6 +56,11 @@ def test_lightnings_demo_classes_run_unchanged(
     # 64 samples a batch of one each, on 2 workers: 32 steps an epoch
     assert result.metrics["step"] == 2 * 32 and result.metrics["world_size"] == 2
 
+    # ckpt_path: a new run starts from that Lightning checkpoint, its step count and all
+    started = {**spec, "name": "boring-from", "trainer": {"max_epochs": 3},
+               "ckpt_path": str(Path(result.latest_checkpoint_uri) / CKPT_FILE)}  # fmt: skip
+    assert raytrain.fit(started, progress=False).metrics["step"] == 3 * 32
+
     # trainer.profiler: pytorch left rank 0's trace in the run's storage and in MLflow: JSON
     # that chrome://tracing and Perfetto open, holding the training steps
     profiles = tmp_path / "runs" / "boring" / "profiles"
@@ -141,6 +146,13 @@ def test_a_lightning_cli_config_runs_with_raytrain_run_and_resumes(
     (csv,) = (tmp_path / "runs" / "digits-cli" / "logs").rglob("metrics.csv")
     assert "val_acc" in csv.read_text().splitlines()[0]
     assert list((tmp_path / "runs" / "digits-cli" / "tb").rglob("events.out.tfevents.*"))
+
+    # Every checkpoint holds the user's callbacks' state, which Lightning restores on resume.
+    # Lightning runs EarlyStopping's epoch-end check after every other callback's hook, so
+    # the epoch's checkpoint holds its state from the validation before.
+    last = torch.load(Path(first["latest_checkpoint_uri"]) / CKPT_FILE, weights_only=False)
+    (stopper,) = [v for k, v in last["callbacks"].items() if k.startswith("EarlyStopping")]
+    assert 0.5 < float(stopper["best_score"]) <= first["metrics"]["val_acc"]
 
     # The same config again resumes: the step count continues from the stop, and the
     # restored EarlyStopping stops it after the next validation, in the same MLflow run

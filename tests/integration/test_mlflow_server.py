@@ -74,8 +74,9 @@ def test_a_run_records_everything_on_the_server(
     run = client.get_run(result.mlflow_run_id)
     assert run.info.status == "FINISHED"
 
-    # params: the whole flattened spec
+    # params: the whole flattened spec, as run: scaling.use_gpu's auto decided (no GPUs here)
     job = load_spec(spec)
+    job = job.model_copy(update={"scaling": job.scaling.with_cluster_gpus(0)[0]})
     assert run.data.params == {k: str(v) for k, v in job.flat().items()}
 
     # per-step and per-epoch metrics at their global steps, each step once
