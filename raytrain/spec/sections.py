@@ -292,11 +292,16 @@ class JobSpec(_Section):
 
 
 # Fields that may change between attempts of one run without making it a different run:
-# how long to train, how many workers, how failures and tracking are handled.
+# how long to train, how many workers, how failures and tracking are handled, what is
+# profiled and logged besides MLflow, and where a run without checkpoints starts.
 RESUMABLE_FIELDS = (
     "trainer.max_epochs",
     "trainer.max_steps",
     "trainer.log_every_n_steps",
+    "trainer.profiler",
+    "trainer.profile_all_ranks",
+    "trainer.logger",
+    "ckpt_path",
     "scaling.",
     "failure.",
     "tracking.",

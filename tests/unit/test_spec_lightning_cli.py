@@ -188,3 +188,11 @@ def test_the_profiler_is_lightnings_by_name() -> None:
     assert spec.trainer.profiler == "pytorch" and spec.trainer.passthrough == {}
     with pytest.raises(SpecError, match=r"trainer\.profiler: Input should be"):
         load_spec("jobs/digits.yaml", ["trainer.profiler=fast"])
+
+
+def test_profiling_logging_and_ckpt_path_do_not_make_another_run() -> None:
+    base = load_spec("jobs/lightning_cli.yaml")
+    same = ["trainer.profiler=simple", "trainer.logger=[CSVLogger]", "ckpt_path=/x.ckpt"]
+    assert load_spec("jobs/lightning_cli.yaml", same).digest() == base.digest()
+    other = load_spec("jobs/lightning_cli.yaml", ["trainer.callbacks=[]"])
+    assert other.digest() != base.digest()  # callbacks change what is trained
