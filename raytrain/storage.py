@@ -29,6 +29,7 @@ import datetime
 import functools
 import os
 import posixpath
+import re
 import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -217,9 +218,9 @@ _DENIED = "access denied (no permission)"
 _CAUSES = (
     (("INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "InvalidAccessKeyId",
       "SignatureDoesNotMatch", "AuthenticationFailed", "InvalidToken", "EXPIRED_TOKEN",
-      "ExpiredToken", "Unauthorized", "401"), "the credentials were rejected"),
+      "ExpiredToken", "Unauthorized", 401), "the credentials were rejected"),
     (("ACCESS_DENIED", "AccessDenied", "AuthorizationPermissionMismatch",
-      "AuthorizationFailure", "Forbidden", "403"), _DENIED),
+      "AuthorizationFailure", "Forbidden", 403), _DENIED),
     (("NETWORK_CONNECTION", "Could not connect", "Couldn't connect", "Connection refused",
       "curlCode: 7", "curlCode: 28", "timed out", "Timeout", "Could not resolve",
       "Failed to connect"), "the endpoint cannot be reached"),
@@ -229,10 +230,14 @@ _CAUSES = (
 
 
 def cause(exc: BaseException) -> str | None:
-    """What a storage error means (missing bucket, rejected credentials ...), if known."""
+    """What a storage error means (missing bucket, rejected credentials ...), if known.
+
+    A marker that is a number (an HTTP status) matches only as a number of its own: the
+    port in "Failed to connect to 127.0.0.1 port 40111" is no 401."""
     text = str(exc)
+    numbers = set(re.findall(r"\d+", text))
     for markers, meaning in _CAUSES:
-        if any(marker in text for marker in markers):
+        if any(str(m) in numbers if isinstance(m, int) else m in text for m in markers):
             return meaning
     return None
 

@@ -155,6 +155,21 @@ def test_an_endpoint_nobody_listens_on_cannot_be_reached() -> None:
     assert storage.cause(error) == UNREACHABLE
 
 
+def test_a_status_code_is_not_read_out_of_a_port_number() -> None:
+    """The port a test's server had (40111) once made an unreachable endpoint read as
+    rejected credentials ("401" inside it); a status is a number of its own."""
+    for port in (40111, 40312, 14010):
+        error = OSError(f"When listing objects under key 'runs' in bucket 'b': AWS Error "
+                        f"NETWORK_CONNECTION during ListObjectsV2 operation: curlCode: 7, "
+                        f"Could not connect to server; Details: Failed to connect to "
+                        f"127.0.0.1 port {port} after 0 ms")  # fmt: skip
+        assert storage.cause(error) == UNREACHABLE
+    assert storage.cause(OSError("HTTP status 401 returned")) == storage.cause(
+        OSError("Unauthorized")
+    )
+    assert storage.cause(OSError("status code: 403")) == DENIED
+
+
 def test_local_errors_keep_their_own_words(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as caught:
         pafs.LocalFileSystem().open_input_stream(str(tmp_path / "missing"))
