@@ -7,7 +7,9 @@ parameters, a scheduler's optimizer) standing in. A ModelCheckpoint is refused: 
 owns checkpoints. Without a ``data`` section the model must make its own train loader.
 
 These imports run Lightning on the driver (seconds), so ``check_classes`` imports only for
-specs that name such classes (or no data); a file-data job without them costs nothing.
+specs that name such classes (or no data); a file-data job without them costs nothing. A
+DataModule's module is first looked for without running it (``source_check``), as the
+model's is: a DataModule that cannot be found is refused without importing Lightning.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import difflib
 import inspect
 from typing import Any
 
+from raytrain.driver import source_check
 from raytrain.imports import OLD_NAMESPACE_HINT, import_object, old_namespace
 from raytrain.spec import ClassSpec, DataModuleSpec, JobSpec
 
@@ -56,11 +59,19 @@ def named_classes(spec: JobSpec) -> list[tuple[str, str, ClassSpec]]:
 def check_classes(spec: JobSpec) -> list[str]:
     """Every problem with the classes the spec names beside the model (see the module
     docstring), each naming its field."""
-    named = named_classes(spec)
-    if not named and spec.data is not None:
-        return []
-    bases = _bases()
     problems = []
+    named = []
+    for field, kind, section in named_classes(spec):
+        # A DataModule in the user's own package is found from its source first, as the
+        # model is: a missing module costs no import of Lightning.
+        missing = source_check.module_problem(section.class_path) if kind == "data" else None
+        if missing:
+            problems.append(f"{field}.class_path: {missing}")
+        else:
+            named.append((field, kind, section))
+    if not named and spec.data is not None:
+        return problems
+    bases = _bases()
     for field, kind, section in named:
         cls, why = _import_class(section.class_path)
         if cls is None:

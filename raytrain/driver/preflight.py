@@ -9,8 +9,6 @@ shows the user all of them.
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import os
 from typing import Any
 
@@ -24,16 +22,10 @@ from raytrain.spec import JobSpec, StorageSpec
 def check_model_located(spec: JobSpec) -> list[str]:
     """The model's module can be found and defines the class's name, read from its source
     without running it (``check_model`` imports it: Lightning and torch, seconds)."""
-    path = spec.model.class_path
-    module, _, attr = path.partition(":")
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as exc:  # a parent package is missing or broken
-        return [f"model.class_path: cannot import {path!r}: {exc}"]
-    if found is None:
-        return [f"model.class_path: cannot import {path!r}: No module named {module!r}"]
-    names = source_check.top_level_names(found.origin)
-    if names is not None and attr not in names:
+    problem = source_check.module_problem(spec.model.class_path)
+    if problem:
+        return [f"model.class_path: {problem}"]
+    if source_check.binds(spec.model.class_path) is False:
         return check_model(spec)  # the source does not bind it: confirm by importing
     return []
 

@@ -41,6 +41,27 @@ def _parse(origin: str | None) -> ast.Module | None:
         return None  # importing it reports the problem
 
 
+def module_problem(path: str) -> str | None:
+    """Why the module of ``path`` (``pkg.mod:Name``) cannot be imported, found without
+    running it (a missing module or parent package); None when it is there."""
+    module = path.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:  # a parent package is missing or broken
+        return f"cannot import {path!r}: {exc}"
+    if found is None:
+        return f"cannot import {path!r}: No module named {module!r}"
+    return None
+
+
+def binds(path: str) -> bool | None:
+    """Whether the source of ``path``'s module binds its name at top level; None when that
+    cannot be known (see ``top_level_names``)."""
+    module, _, name = path.partition(":")
+    names = top_level_names(_origin(module))
+    return None if names is None else name in names
+
+
 def top_level_names(origin: str | None) -> set[str] | None:
     """The names a module's source binds at top level; None when that cannot be known (no
     Python source, a star import or a module ``__getattr__``)."""

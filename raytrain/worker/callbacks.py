@@ -64,7 +64,11 @@ def build_callbacks(
         system=system,
     )
     checkpoints = CheckpointCallback(
-        schedule=schedule, reporter=reporter, upload=ckpt.upload, sharded=shards_checkpoints(spec)
+        schedule=schedule,
+        reporter=reporter,
+        upload=ckpt.upload,
+        sharded=shards_checkpoints(spec),
+        train_loader=train_loader,
     )
     preemption = PreemptionGuard(checkpoints, spec.failure.preemption_check_s)
     ordered: list[pl.Callback] = [

@@ -7,6 +7,12 @@ epoch, global step) into a local temporary folder and then call ``ray.train.repo
 it, so Ray uploads it to the run's storage in the background and commits it only once
 complete. Every rank reports at the same steps: a report is a barrier across ranks. The
 report's metrics come from the ``MetricsReporter``, which also publishes them to the driver.
+
+A train loader that keeps no position (``loader_position.keeps_position``: a user's
+loader over an iterable dataset) cannot be resumed mid-epoch exactly, so it is checkpointed
+only where an epoch ends: a step checkpoint (or a preemption's) due within an epoch is
+taken at that epoch's end instead, and a restore starts the next epoch with nothing
+trained twice. The end of training is checkpointed wherever it falls.
 """
 
 from __future__ import annotations
@@ -16,11 +22,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_warn
 
 from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
+from raytrain.worker.loader_position import keeps_position
 from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
 
@@ -29,7 +38,8 @@ class CheckpointCallback(pl.Callback):
     """Saves and reports checkpoints from every rank (see the module docstring).
 
     ``upload`` is ``checkpoint.upload`` ("async" or "sync"). ``sharded``: sharded FSDP, where
-    every rank writes its own shard (see ``_save``).
+    every rank writes its own shard (see ``_save``). ``train_loader`` returns the train
+    loader (None before there is one), read to know whether it can resume mid-epoch.
     """
 
     def __init__(
@@ -39,8 +49,11 @@ class CheckpointCallback(pl.Callback):
         reporter: MetricsReporter,
         upload: str = "async",
         sharded: bool = False,
+        train_loader: Callable[[], Any] = lambda: None,
     ):
         self.schedule = schedule
+        self.train_loader = train_loader
+        self._deferred = False  # a checkpoint due this epoch waits for its end
         self.reporter = reporter
         self.upload = upload
         self.sharded = sharded
@@ -58,12 +71,30 @@ class CheckpointCallback(pl.Callback):
         if step == self._last_step:  # still accumulating gradients
             return
         self._last_step = step
-        if self.schedule.at_step(step):
+        if self.schedule.at_step(step) and not self._defer(trainer):
             self._checkpoint(trainer, "step")
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.schedule.at_epoch(trainer.current_epoch + 1):
+        if self.schedule.at_epoch(trainer.current_epoch + 1) or self._deferred:
+            self._deferred = False
             self._checkpoint(trainer, "epoch")
+
+    def _defer(self, trainer: pl.Trainer) -> bool:
+        """Whether a checkpoint due now, mid-epoch, waits for the epoch's end instead (see
+        the module docstring); every rank answers alike (they share the loader's type)."""
+        loader = self.train_loader()
+        if loader is None or keeps_position(loader):
+            return False
+        if not self._deferred:
+            dataset = type(getattr(loader, "dataset", loader)).__name__
+            kind = f"{type(loader).__name__} over {dataset}"
+            rank_zero_warn(
+                f"raytrain: the train loader ({kind}) keeps no position (no state_dict/"
+                "load_state_dict): checkpoints due within an epoch are taken at its end, "
+                "where a restore resumes exactly"
+            )
+        self._deferred = True
+        return True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Whatever was trained since the last checkpoint is saved, so a finished run can be
@@ -77,7 +108,7 @@ class CheckpointCallback(pl.Callback):
         one still in the worker's queue is dropped with it."""
         import ray.train
 
-        if trainer.global_step != self._last_ckpt_step:
+        if trainer.global_step != self._last_ckpt_step and not self._defer(trainer):
             self._checkpoint(trainer, kind, upload="sync")
         # Ray's report queue holds one report: this one waits until the checkpoint's is taken.
         mode = ray.train.CheckpointUploadMode.SYNC

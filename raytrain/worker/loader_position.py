@@ -46,6 +46,18 @@ class LoaderPosition(pl.Callback):
             loader.position = batch_idx + 1
 
 
+def keeps_position(loader: Any) -> bool:
+    """Whether a restore mid-epoch resumes ``loader`` where it was: it has Lightning's
+    loader protocol (``state_dict`` and ``load_state_dict``, which Lightning saves in
+    checkpoints and restores), as raytrain's own loaders, a user's map-style loader once
+    sharded, and a ``StatefulDataLoader`` do. Lightning restarts any other loader from its
+    first batch while keeping the epoch's step count, so that a restore mid-epoch would
+    train the epoch's first batches twice and (a sized loader) never its last ones."""
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    )
+
+
 def refit_epoch_length(trainer: pl.Trainer, loader: Any) -> None:
     """Give Lightning this epoch's length when it differs from the one it read at setup.
 

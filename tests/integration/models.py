@@ -352,14 +352,30 @@ class DigitsRows(torch.utils.data.Dataset):
         return {"id": self.ids[index], "pixels": self.pixels[index], "label": self.labels[index]}
 
 
-class DigitsRowsModule(pl.LightningDataModule):
-    """The digits' Parquet splits as a LightningDataModule of ``DigitsRows``; ``setup``
-    counts its calls per rank in ``out_dir/setup.jsonl``."""
+class RankRows(torch.utils.data.IterableDataset):
+    """``DigitsRows`` as an iterable dataset that gives each rank its part, as an iterable
+    dataset must: rows ``rank::world_size``, in the same order every epoch."""
 
-    def __init__(self, train: str, val: str, out_dir: str, batch_size: int = 24):
+    def __init__(self, rows: DigitsRows, rank: int, world_size: int):
+        self.rows, self.indices = rows, range(rank, len(rows), world_size)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return (self.rows[i] for i in self.indices)
+
+
+class DigitsRowsModule(pl.LightningDataModule):
+    """The digits' Parquet splits as a LightningDataModule of ``DigitsRows`` (``iterable``:
+    the train split as ``RankRows``); ``setup`` counts its calls per rank in
+    ``out_dir/setup.jsonl``."""
+
+    def __init__(self, train: str, val: str, out_dir: str, batch_size: int = 24,
+                 iterable: bool = False):  # fmt: skip
         super().__init__()
         self.train_uri, self.val_uri, self.out_dir = train, val, out_dir
-        self.batch_size = batch_size
+        self.batch_size, self.iterable = batch_size, iterable
 
     def setup(self, stage: str) -> None:
         import json
@@ -369,6 +385,9 @@ class DigitsRowsModule(pl.LightningDataModule):
         self.train, self.val = DigitsRows(self.train_uri), DigitsRows(self.val_uri)
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
+        if self.iterable:
+            part = RankRows(self.train, self.trainer.global_rank, self.trainer.world_size)
+            return torch.utils.data.DataLoader(part, batch_size=self.batch_size)
         return torch.utils.data.DataLoader(self.train, batch_size=self.batch_size, shuffle=True)
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:

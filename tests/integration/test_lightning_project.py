@@ -209,3 +209,32 @@ def test_a_map_style_datamodule_resumes_mid_epoch_on_fewer_workers_exactly(
     seen = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)
     counts = seen["state_dict"]["seen"]
     assert counts[ids].tolist() == [2] * len(ids) and int(counts.sum()) == 2 * len(ids)
+
+
+def test_an_iterable_datamodule_resumes_at_the_epoch_boundary_exactly(
+    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
+) -> None:
+    """An iterable train set (each rank iterating its own part) keeps no position, so the
+    checkpoints due every 10 steps are taken at epoch ends: 2 workers, rank 1 SIGKILLed at
+    step 45, the run resumes on 1 worker from the step-30 checkpoint (epoch 0's end), not
+    from step 40, and the final model has trained every row exactly once per epoch."""
+    ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
+
+    def spec(workers: int) -> dict[str, Any]:
+        out = _rows_spec(tmp_path, digits_dir, workers, at_steps=[45])
+        out["data"]["init_args"]["iterable"] = True
+        return out
+
+    with pytest.raises(raytrain.TrainingFailed):
+        raytrain.fit(spec(2), progress=False)
+    result = raytrain.fit(spec(1), progress=False)
+
+    def step(checkpoint: str) -> int:
+        return json.loads((Path(checkpoint) / META_FILE).read_text())["step"]
+
+    assert result.resumed_from is not None and step(result.resumed_from) == 30
+    assert sorted(step(c) for c in result.checkpoints) == [30, 90]  # epoch ends only
+    final = max(result.checkpoints, key=step)
+    seen = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)
+    counts = seen["state_dict"]["seen"]
+    assert counts[ids].tolist() == [2] * len(ids) and int(counts.sum()) == 2 * len(ids)

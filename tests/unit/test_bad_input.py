@@ -82,6 +82,7 @@ for name, argv in cases.items():
         rc = main(argv)
     out[name] = {"rc": rc, "stderr": err.getvalue()}
 out["__ray_imported__"] = "ray" in sys.modules
+out["__lightning_imported__"] = "lightning" in sys.modules
 print(json.dumps(out))
 """
 
@@ -125,6 +126,17 @@ def test_bad_field_exits_2_naming_the_field(outcomes: dict, case: str) -> None:
     lines = got["stderr"].strip().splitlines()
     assert lines, got
     assert lines[0].startswith(f"error: {CASES[case][1]}"), got["stderr"]
+
+
+def test_a_missing_datamodule_is_found_from_source_without_importing_lightning(
+    digits_dir: Path, tmp_path: Path
+) -> None:
+    spec_path = write_spec(tmp_path / "job.yaml", digits_spec(digits_dir, tmp_path))
+    overrides = CASES["datamodule_missing"][0]
+    got = _run_cases({"case": ["run", str(spec_path), *overrides]}, tmp_path)
+    assert got["case"]["rc"] == 2
+    assert got["case"]["stderr"].startswith("error: data.class_path: cannot import"), got
+    assert got["__lightning_imported__"] is False
 
 
 def test_malformed_yaml_names_the_file(outcomes: dict) -> None:

@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, WeightedRandomSampler
 
+from raytrain.worker.loader_position import keeps_position
 from raytrain.worker.user_data import ShardedLoader, UserData, shard
 
 ROWS = 37
@@ -93,6 +94,21 @@ class _Stream(IterableDataset):
 def test_an_iterable_dataset_is_each_ranks_own_copy() -> None:
     loader = DataLoader(_Stream(), batch_size=2)
     assert shard(loader, rank=1, world_size=2, seed=0, where="x") is loader
+
+
+class _StatefulLoader(DataLoader):
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_only_a_loader_with_lightnings_loader_protocol_resumes_mid_epoch() -> None:
+    # (an iterable one without it is checkpointed at epoch ends: worker.checkpointing)
+    assert keeps_position(_loaders(2)[0])
+    assert keeps_position(_StatefulLoader(_Stream()))
+    assert not keeps_position(DataLoader(_Stream(), batch_size=2))
 
 
 class _Module(pl.LightningDataModule):
