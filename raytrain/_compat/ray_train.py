@@ -7,8 +7,9 @@ without a barrier. This module does each through ``ray.train.v2._internal`` and 
 else does raytrain touch it. ``tests/unit/test_compat.py`` pins what each entry relies on.
 
 - ``ControllerTrainer``: ``TorchTrainer`` overriding ``_create_default_callbacks`` (adds
-  worker-group callbacks; drops ``PlacementGroupCleanerCallback`` and, without Ray
-  Datasets, ``DatasetsCallback`` when trimmed) and ``_initialize_and_run_controller``
+  worker-group callbacks; drops ``WorkingDirectorySetupCallback``, so that the workers
+  stay in the directory Ray started them in, and ``PlacementGroupCleanerCallback`` and,
+  without Ray Datasets, ``DatasetsCallback`` when trimmed) and ``_initialize_and_run_controller``
   (starts ``TrainController`` itself: on the driver's node, with 0 CPUs, with the policy
   given, with a runtime env only when the cluster's processes lack the controller's
   variables; ends it, and puts the caller's SIGINT handler back, when the run is over).
@@ -35,6 +36,7 @@ from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import (
     PlacementGroupCleanerCallback,
 )
+from ray.train.v2._internal.callbacks.working_dir_setup import WorkingDirectorySetupCallback
 from ray.train.v2._internal.constants import (
     DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
     get_env_vars_to_propagate,
@@ -156,11 +158,15 @@ class ControllerTrainer(TorchTrainer):
 
     def _create_default_callbacks(self) -> list[Any]:
         callbacks = [*super()._create_default_callbacks(), *self._group_callbacks]
-        if not self._trimmed:
-            return callbacks
-        drop: tuple[type, ...] = (PlacementGroupCleanerCallback,)
-        if not self.datasets:
-            drop += (DatasetsCallback,)
+        # Ray Train moves every worker into its own artifacts folder; the workers stay where
+        # Ray started them instead (the driver's directory on a local cluster, the job's
+        # working dir on a cluster), so a relative path in the user's code (a DataModule's
+        # data_dir) means what it means to `python train.py`.
+        drop: tuple[type, ...] = (WorkingDirectorySetupCallback,)
+        if self._trimmed:
+            drop += (PlacementGroupCleanerCallback,)
+            if not self.datasets:
+                drop += (DatasetsCallback,)
         return [cb for cb in callbacks if not isinstance(cb, drop)]
 
     def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Any:

@@ -26,6 +26,20 @@ from raytrain.spec import JobSpec
 Mark = Callable[[str], None]
 
 
+def for_workers(job: JobSpec) -> JobSpec:
+    """``job`` as the workers get it: the local locations they open themselves
+    (``checkpoint.storage``, under which the user's loggers and the profiler's reports
+    go, and ``ckpt_path``) made absolute against this process's directory, since a worker
+    is another process, started in the cluster's directory, not necessarily this one."""
+    checkpoint = job.checkpoint.model_copy(
+        update={"storage": storage.resolve(job.checkpoint.storage)}
+    )
+    update: dict[str, Any] = {"checkpoint": checkpoint}
+    if job.ckpt_path is not None:
+        update["ckpt_path"] = storage.resolve(job.ckpt_path)
+    return job.model_copy(update=update)
+
+
 def run_config(job: JobSpec) -> Any:
     """Ray Train's ``RunConfig``: the run folder on the spec's storage, the failure limits,
     and how many checkpoints to keep, ranked by ``SCORE_KEY`` when a metric is monitored."""
@@ -63,7 +77,7 @@ def make_trainer(
     from raytrain.driver.trainer import build_trainer
     from raytrain.worker.loop import train_loop
 
-    work = WorkerConfig(spec=job, sink=sink, cached=cached)
+    work = WorkerConfig(spec=for_workers(job), sink=sink, cached=cached)
     return build_trainer(
         embedded_env=ray_handle.embedded_env,
         max_preemptions=job.failure.max_preemptions,

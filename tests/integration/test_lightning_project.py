@@ -96,7 +96,7 @@ def _cli_config(tmp_path: Path) -> dict[str, Any]:
         "lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR",
                          "init_args": {"step_size": 1, "gamma": 0.5}},
         "ckpt_path": None,
-        "checkpoint": {"storage": str(tmp_path / "runs")},
+        "checkpoint": {"storage": "runs"},  # relative: to the directory raytrain runs in
         "tracking": _tracking(tmp_path),
     }  # fmt: skip
 
@@ -107,7 +107,7 @@ def _ends(tmp_path: Path) -> list[dict[str, int]]:
 
 
 def test_a_lightning_cli_config_runs_with_raytrain_run_and_resumes(
-    ray_cluster: None, tmp_path: Path, clean_env: None
+    ray_cluster: None, tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -157,11 +157,14 @@ def test_a_lightning_cli_config_runs_with_raytrain_run_and_resumes(
     # The same config again resumes: the step count continues from the stop, and the
     # restored EarlyStopping stops it after the next validation, in the same MLflow run
     (tmp_path / "ends.jsonl").unlink()
+    monkeypatch.chdir(tmp_path)  # (the session's Ray cluster was started elsewhere)
     again = raytrain.fit(config, progress=False)
     assert again.mlflow_run_id == first["mlflow_run_id"]
     assert again.metrics["step"] == stop + steps_per_epoch
     assert {e["step"] for e in _ends(tmp_path)} == {stop + steps_per_epoch}
     assert again.stopped is not None
+    # its loggers wrote beside the first attempt's, though its workers run elsewhere
+    assert len(list((tmp_path / "runs" / "digits-cli" / "tb").rglob("events.out.*"))) == 2
 
 
 def _rows_spec(tmp_path: Path, digits_dir: Path, workers: int, **model: Any) -> dict[str, Any]:

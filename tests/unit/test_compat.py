@@ -225,7 +225,11 @@ def test_a_trimmed_trainer_drops_only_the_helpers_a_local_run_never_uses() -> No
     stock = [type(c) for c in trainer(False)._create_default_callbacks()]
     trimmed = [type(c) for c in trainer(True)._create_default_callbacks()]
     helpers = {ray_train.PlacementGroupCleanerCallback, ray_train.DatasetsCallback}
-    assert helpers <= set(stock)  # Ray Train still starts them by default
+    chdir = ray_train.WorkingDirectorySetupCallback
+    # Ray Train still adds them by default; raytrain drops the chdir either way
+    plain = ray_train.TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=1))
+    assert helpers | {chdir} <= {type(c) for c in plain._create_default_callbacks()}
+    assert helpers <= set(stock) and chdir not in stock
     assert ray_train.OnWorkerGroupStart in stock and ray_train.OnWorkerGroupStart in trimmed
     assert set(trimmed) == set(stock) - helpers
 
