@@ -27,6 +27,7 @@ __all__ = [
     "RunStateError",
     "SpecError",
     "StorageError",
+    "SweepResult",
     "TrackingError",
     "TrainingFailed",
     "attach",
@@ -35,6 +36,7 @@ __all__ = [
     "load_spec",
     "start_local",
     "submit",
+    "tune",
     "validate",
 ]
 
@@ -45,6 +47,10 @@ def __getattr__(name: str) -> Any:
         from raytrain.driver import launcher
 
         return getattr(launcher, name)
+    if name in ("tune", "SweepResult"):  # sweeps on Ray Tune
+        from raytrain.sweep import results, runner
+
+        return runner.tune if name == "tune" else results.SweepResult
     if name == "start_local":  # one embedded Ray for several fits (a pipeline's)
         from raytrain.driver.ray_runtime import start_local
 

@@ -1,6 +1,7 @@
 """The ``raytrain`` command line: argument parsing only; the work is in the public API.
 
     raytrain run SPEC [a.b=value ...] [--fresh] [--resume-anyway] [--force] [--verbose]
+    raytrain tune SPEC [a.b=value ...] [--fresh] [--json]   (a spec with a tune section)
     raytrain validate SPEC [a.b=value ...]
     raytrain export CHECKPOINT OUT
     raytrain report RUN_ID... [--tracking-uri URI] [--out report.png] [--html report.html]
@@ -47,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--verbose", action="store_true", help="show Ray's and workers' output")
     run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+    sweep = sub.add_parser("tune", help="run the spec's sweep (its tune section) on Ray Tune")
+    sweep.add_argument("spec", help="path to a job spec with a tune section (YAML)")
+    sweep.add_argument("overrides", nargs="*", help="dotted overrides: tune.num_samples=8")
+    sweep.add_argument("--fresh", action="store_true", help="delete the sweep's folder first")
+    sweep.add_argument("--verbose", action="store_true", help="show Ray's and workers' output")
+    sweep.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
     validate = sub.add_parser("validate", help="print the resolved spec, or every problem")
     validate.add_argument("spec", help="path to a job spec (YAML)")
@@ -150,6 +158,37 @@ def _print_summary(result: FitResult) -> None:
         print(f"  model: {result.model_uri}")
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from raytrain.sweep.runner import tune
+
+    result = tune(args.spec, args.overrides, fresh=args.fresh, verbose=args.verbose)
+    if args.json:
+        print(json.dumps(asdict(result), default=str))
+        return EXIT_OK
+    table = result.table()
+    columns = list(dict.fromkeys(key for row in table for key in row))
+    print(f"raytrain: sweep {result.name}: {len(result.trials)} trials in "
+          f"{result.timings.get('total', 0):.1f}s")  # fmt: skip
+    widths = [max(len(c), *(len(_cell(r.get(c))) for r in table)) for c in columns]
+    print("  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in table:
+        print("  " + "  ".join(_cell(row.get(c)).ljust(w)
+                               for c, w in zip(columns, widths, strict=True)))  # fmt: skip
+    if result.best is not None:
+        print(f"  best: {result.best.name} ({result.metric} "
+              f"{result.best.score(result.metric):.4f})")  # fmt: skip
+        print(f"  best spec: {result.best_spec_path} (raytrain run it)")
+        print(f"  best checkpoint: {result.best_checkpoint_uri}")
+    print(f"  mlflow parent run id: {result.mlflow_run_id} ({result.tracking_uri})")
+    return EXIT_OK
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -191,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             count = sum(v.numel() for v in state.values())
             print(f"raytrain: wrote {args.out}: {len(state)} tensors, {count:,} values")
             return EXIT_OK
+        if args.command == "tune":
+            return _tune(args)
         if args.command == "validate":
             from raytrain.driver.launcher import validate
             from raytrain.spec import dump_spec

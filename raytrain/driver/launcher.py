@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 from raytrain import storage
@@ -39,6 +39,7 @@ from raytrain.driver.results import (
     worker_timings,
 )
 from raytrain.driver.run_record import RunRecord
+from raytrain.errors import SpecError
 from raytrain.imports import import_object
 from raytrain.redaction import redact
 from raytrain.spec import JobSpec, load_spec
@@ -52,12 +53,16 @@ def validate(
     spec: str | os.PathLike[str] | Mapping[str, Any] | JobSpec, overrides: Iterable[str] = ()
 ) -> JobSpec:
     """Load and check ``spec`` as ``fit`` would, writing nothing; raises ``SpecError``."""
-    job = _check_before_ray(load_spec(spec, overrides))
+    job = check_before_ray(load_spec(spec, overrides))
     preflight.raise_if(preflight.check_model(job))
+    if job.tune is not None:  # every value a trial can get, checked as `raytrain tune` does
+        from raytrain.sweep.space import check_space
+
+        preflight.raise_if(check_space(job))
     return job
 
 
-def _check_before_ray(job: JobSpec) -> JobSpec:
+def check_before_ray(job: JobSpec) -> JobSpec:
     """Every check that needs no import of the model's code (cheap: a spec, file footers,
     the machine); the model's import is checked while Ray starts (``fit``) or after."""
     check_supported()
@@ -77,7 +82,7 @@ def _check_before_ray(job: JobSpec) -> JobSpec:
     return job
 
 
-def _prepare_data(spec: JobSpec) -> None:
+def prepare_data(spec: JobSpec) -> None:
     """Run ``data.prepare`` when the train set is missing, then check what it wrote.
 
     ``validate`` has already checked data that existed; only freshly written data is new.
@@ -110,12 +115,35 @@ def fit(
     it from its latest checkpoint and continues its MLflow run; ``fresh`` starts it over.
     """
     start = time.time()
+    job = load_spec(spec, overrides)
+    if job.tune is not None:
+        raise SpecError("tune: this spec is a sweep: run it with `raytrain tune` (or "
+                        "raytrain.tune); `raytrain run` trains one spec")  # fmt: skip
+    job = check_before_ray(job)
+    return run_job(job, fresh=fresh, resume_anyway=resume_anyway, force=force,
+                   progress=progress, verbose=verbose, start=start)  # fmt: skip
+
+
+def run_job(
+    job: JobSpec,
+    *,
+    fresh: bool = False,
+    resume_anyway: bool = False,
+    force: bool = False,
+    progress: bool | TextIO = True,
+    verbose: bool = False,
+    listeners: Sequence[Callable[[dict[str, Any]], None]] = (),
+    start: float | None = None,
+) -> FitResult:
+    """``fit`` after the checks that need no Ray (``check_before_ray``): a sweep's trial
+    runs this, its spec checked once for the whole sweep. ``listeners`` get rank 0's
+    events (``training.train``)."""
+    start = time.time() if start is None else start
     timings: dict[str, float] = {}
 
     def mark(phase: str) -> None:
         timings[phase] = round(time.time() - start, 3)
 
-    job = _check_before_ray(load_spec(spec, overrides))
     state = run_folder.check_resumable(job, fresh, resume_anyway)
     run_folder.check_run_folder(job, fresh, force)
     mark("validated")
@@ -132,10 +160,10 @@ def fit(
         mark("model_checked")
         held = Lease(runstate.run_dir(job), job.storage).acquire(force=force)
         held.start_heartbeat()
-        _prepare_data(job)
+        prepare_data(job)
         record = RunRecord(job, run_folder.open_run(job, state, fresh, held))
         record.resumed_from = run_folder.resume_point(job, held)
-        trained = training.train(job, ray_handle, record, held, progress, mark)
+        trained = training.train(job, ray_handle, record, held, progress, mark, listeners)
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
         timings.update(worker_timings(trained.latest, start))

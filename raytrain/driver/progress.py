@@ -62,15 +62,32 @@ def stop_sink(sink: Any) -> None:
     ray.kill(sink)
 
 
+class StopRun(Exception):
+    """Raised by a ``ReportPump`` handler to end the run with ``error`` (a sweep's metric
+    that the trial does not report): the pump stops training, and ``fit`` raises it."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 class ReportPump:
-    """A driver thread that drains the sink into handlers until stopped."""
+    """A driver thread that drains the sink into handlers until stopped. A handler's error
+    is kept (``errors``) and training goes on, unless it is a ``StopRun``: then ``on_stop``
+    is called once (it aborts the trainer) and ``stopped`` holds it."""
 
     def __init__(
-        self, sink: Any, handlers: list[Callable[[dict[str, Any]], None]], interval_s: float = 1.0
+        self,
+        sink: Any,
+        handlers: list[Callable[[dict[str, Any]], None]],
+        interval_s: float = 1.0,
+        on_stop: Callable[[], None] | None = None,
     ):
         self.sink = sink
         self.handlers = handlers
         self.interval_s = interval_s
+        self.on_stop = on_stop
+        self.stopped: StopRun | None = None
         self.latest: dict[str, Any] = {}  # the newest value of every metric seen
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
@@ -102,6 +119,11 @@ class ReportPump:
             for handler in self.handlers:
                 try:
                     handler(event)
+                except StopRun as stop:
+                    if self.stopped is None:
+                        self.stopped = stop
+                        if self.on_stop is not None:
+                            self.on_stop()
                 except Exception as exc:  # a tracker outage must not stop training
                     self.errors.append(exc)
 

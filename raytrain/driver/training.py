@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from raytrain import storage
@@ -24,6 +24,7 @@ from raytrain.errors import RunStateError, TrainingFailed
 from raytrain.spec import JobSpec
 
 Mark = Callable[[str], None]
+Handler = Callable[[dict[str, Any]], None]
 
 
 def for_workers(job: JobSpec) -> JobSpec:
@@ -103,9 +104,12 @@ def train(
     held: Lease,
     progress: bool | TextIO,
     mark: Mark,
+    listeners: Sequence[Handler] = (),
 ) -> Trained:
     """Build the datasets and the trainer, open the run's records while the workers start,
-    and train (see the module docstring)."""
+    and train (see the module docstring). ``listeners`` get every event of rank 0 beside
+    MLflow and the progress line (a sweep's trial reports to Ray Tune from them); one may
+    raise ``progress.StopRun`` to end the run."""
     from raytrain.data.sources import build_datasets
     from raytrain.driver.progress import start_sink, stop_sink
 
@@ -118,7 +122,7 @@ def train(
         # does another run taking the lease over.
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
-        result, latest = _fit(job, trainer, sink, record, held, progress, mark)
+        result, latest = _fit(job, trainer, sink, record, held, progress, mark, listeners)
     finally:
         stop_sink(sink)
     data_paths = {**{k: "streamed" for k in datasets}, **{k: "cached" for k in cached}}
@@ -127,7 +131,7 @@ def train(
 
 def _fit(
     job: JobSpec, trainer: Any, sink: Any, record: RunRecord, held: Lease,
-    progress: bool | TextIO, mark: Mark,
+    progress: bool | TextIO, mark: Mark, listeners: Sequence[Handler],
 ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     """``trainer.fit()`` with rank 0's events pumped to MLflow and the progress line;
     returns Ray's result and the newest value of every metric."""
@@ -136,17 +140,20 @@ def _fit(
     from raytrain._compat.ray_train import RunAborted
     from raytrain.driver.progress import ProgressLine, ReportPump
 
-    handlers: list[Callable[[dict[str, Any]], None]] = [record.log_metrics]
+    handlers: list[Handler] = [record.log_metrics, *listeners]
     line = None
     if progress:
         stream = progress if not isinstance(progress, bool) else sys.stderr
         line = ProgressLine(job.trainer.max_epochs, job.trainer.max_steps, stream=stream)
         handlers.append(line)
     try:
-        with ReportPump(sink, handlers) as pump:
+        pump = ReportPump(sink, handlers, on_stop=trainer.abort)
+        with pump:
             result = trainer.fit()
             mark("trained")
     except RunAborted:
+        if pump.stopped is not None:
+            raise pump.stopped.error from None
         if held.lost_to is not None:
             raise RunStateError(
                 f"name: {held.path} was taken over by another run "
@@ -160,6 +167,8 @@ def _fit(
         if line is not None:
             line.close()
     record.tracker()
+    if pump.stopped is not None:  # a listener's stop in the last drain, after training
+        raise pump.stopped.error
     if result.error is not None:
         raise TrainingFailed(worker_errors(result.error))
     if pump.errors:  # training finished; say what the progress line or MLflow missed

@@ -43,22 +43,29 @@ def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str,
         except SpecError as exc:
             problems.extend(exc.problems)
             continue
-        node = result
-        *parents, leaf = key.split(".")
-        for depth, part in enumerate(parents):
-            child = node.setdefault(part, {})
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                where = ".".join(parents[: depth + 1])
-                problems.append(f"{key}: cannot set inside {where}, which is not a section")
-                break
-            node = child
-        else:
-            node[leaf] = value
+        problem = set_path(result, key, value)
+        if problem:
+            problems.append(problem)
     if problems:
         raise SpecError(problems)
     return result
+
+
+def set_path(tree: dict[str, Any], key: str, value: Any) -> str | None:
+    """Set the dotted ``key`` of ``tree`` (in place) to ``value``, making the sections on
+    the way; the problem, naming ``key``, when a part on the way is not a section."""
+    node = tree
+    *parents, leaf = key.split(".")
+    for depth, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parents[: depth + 1])
+            return f"{key}: cannot set inside {where}, which is not a section"
+        node = child
+    node[leaf] = value
+    return None
 
 
 def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:

@@ -29,6 +29,7 @@ from raytrain.spec.fields import (
 )
 from raytrain.spec.storage_options import StorageSpec
 from raytrain.spec.trainer import TrainerSpec
+from raytrain.spec.tune import TuneSpec
 
 
 class ModelSpec(ClassSpec):
@@ -264,6 +265,12 @@ class JobSpec(_Section):
         "with checkpoints of its own resumes from those.",
     )
 
+    tune: TuneSpec | None = Field(
+        default=None,
+        description="A sweep over this spec's fields, run by `raytrain tune` (`raytrain run` "
+        "trains one spec and refuses it).",
+    )
+
     @field_validator("ckpt_path")
     @classmethod
     def _ckpt_location(cls, value: str | None) -> str | None:
@@ -282,8 +289,10 @@ class JobSpec(_Section):
         return self.data if isinstance(self.data, DataSpec) else None
 
     def flat(self) -> dict[str, Any]:
-        """The spec as ``{"a.b.c": value}``, e.g. for MLflow params."""
-        return flatten(self.model_dump(mode="json"))
+        """The spec as ``{"a.b.c": value}``, e.g. for MLflow params. A spec without a
+        sweep has no ``tune`` key (its digest is what it was before sweeps existed)."""
+        exclude = {"tune"} if self.tune is None else None
+        return flatten(self.model_dump(mode="json", exclude=exclude))
 
     def digest(self) -> str:
         """A hash of what defines the run's results; fields a resume may change are left out."""

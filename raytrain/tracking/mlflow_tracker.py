@@ -132,6 +132,13 @@ class MlflowTracker:
         run = client.create_run(experiment_id, run_name=spec.name, tags=tags)
         return cls(client, run.info.run_id, tracking_uri), False
 
+    @classmethod
+    def attach(cls, tracking_uri: str, run_id: str) -> MlflowTracker:
+        """The existing run ``run_id``, as it is (a sweep's driver closing a trial's run)."""
+        from mlflow.tracking import MlflowClient
+
+        return cls(MlflowClient(tracking_uri=tracking_uri), run_id, tracking_uri)
+
     def log_params(self, params: dict[str, Any]) -> None:
         """Log params not yet on the run; values that changed since are noted in a tag."""
         from mlflow.entities import Param

@@ -71,6 +71,23 @@ LATE = {
     "older_namespace": (["model.class_path=old_pl_model:Model"], "model.class_path"),
 }
 
+# `raytrain tune` of a spec whose sweep is wrong: (overrides, the field path named)
+_SWEEP = (
+    "tune={metric: val_acc, mode: max, "
+    "search_space: {model.init_args.lr: {uniform: [0.001, 0.01]}}}"
+)
+TUNE_CASES = {
+    "tune_unknown_field": ([_SWEEP, "tune.search_space={trainer.epochs: {choice: [2]}}"],
+                           "tune.search_space.trainer.epochs"),
+    "tune_bad_bounds": ([_SWEEP, "tune.search_space={model.init_args.lr: {loguniform: [0, 1]}}"],
+                        "tune.search_space.model.init_args.lr"),
+    "tune_value_the_spec_refuses": (
+        [_SWEEP, "tune.search_space={trainer.max_epochs: {randint: [0, 3]}}"],
+        "tune.search_space.trainer.max_epochs"),
+    "tune_missing": ([], "tune"),
+    "run_of_a_sweep": ([_SWEEP], "tune"),
+}  # fmt: skip
+
 _DRIVER = r"""
 import contextlib, io, json, sys
 from raytrain.cli.app import main
@@ -98,6 +115,9 @@ def outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     broken = work / "broken.yaml"
     broken.write_text("name: x\nmodel: [unclosed\n")
     argvs = {name: ["run", str(spec_path), *overrides] for name, (overrides, _) in CASES.items()}
+    for name, (overrides, _) in TUNE_CASES.items():
+        command = "run" if name == "run_of_a_sweep" else "tune"
+        argvs[name] = [command, str(spec_path), *overrides]
     argvs["malformed_yaml"] = ["run", str(broken)]
     argvs["missing_file"] = ["run", str(work / "absent.yaml")]
     result = _run_cases(argvs, work)
@@ -137,6 +157,13 @@ def test_a_missing_datamodule_is_found_from_source_without_importing_lightning(
     assert got["case"]["rc"] == 2
     assert got["case"]["stderr"].startswith("error: data.class_path: cannot import"), got
     assert got["__lightning_imported__"] is False
+
+
+@pytest.mark.parametrize("case", sorted(TUNE_CASES))
+def test_a_bad_sweep_exits_2_naming_the_field(outcomes: dict, case: str) -> None:
+    got = outcomes[case]
+    assert got["rc"] == 2, got
+    assert got["stderr"].startswith(f"error: {TUNE_CASES[case][1]}"), got["stderr"]
 
 
 def test_malformed_yaml_names_the_file(outcomes: dict) -> None:

@@ -1,0 +1,130 @@
+"""One trial of a sweep, run by Ray Tune in its trial actor: a whole raytrain run.
+
+The sweep's driver hands every trial one ``TrialPlan``. A trial sets its sampled values
+into the plan's base spec, names itself ``{sweep}-{n}`` (n: Tune's trial number, the same
+when a sweep resumes), and runs ``launcher.run_job``: its own Ray Train workers, its
+checkpoints in ``{sweep folder}/trials``, its MLflow run nested under the sweep's, a rerun
+resuming from its last committed checkpoint. Metrics reach Tune from the run's own event
+stream on this side (``TuneReporter``, a listener beside MLflow): the workers report
+nothing extra.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from raytrain.checkpoints.layout import MONITOR_MISSING
+from raytrain.errors import SpecError
+
+# The result keys a trial reports beside its metrics: what the sweep's driver reads back.
+TRIAL_NAME = "raytrain_trial"
+BEST_CHECKPOINT = "raytrain_best_checkpoint"
+MLFLOW_RUN = "raytrain_mlflow_run_id"
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """What every trial gets from the sweep's driver (Tune pickles it to each trial)."""
+
+    base: dict[str, Any]  # the spec's tree without `tune`, locations made absolute
+    sweep: str  # the sweep's name
+    trials_storage: str  # checkpoint.storage of every trial: {sweep folder}/trials
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str
+    metric: str
+    mode: str
+    time_attr: str  # "epoch" or "step": what the scheduler counts
+    cwd: str  # the driver's directory: a relative path in the user's code means the same
+
+
+def trial_name(sweep: str, trial_id: str) -> str:
+    """``{sweep}-{n}``, n from Tune's trial id (``<experiment>_<n:05d>``)."""
+    return f"{sweep}-{int(trial_id.rsplit('_', 1)[-1]):03d}"
+
+
+def trial_values(plan: TrialPlan, config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The fields a trial sets in the base spec: its sampled values, then where it keeps
+    its checkpoints, the sweep's metric as its checkpoints' ranking, and its MLflow run's
+    place under the sweep's."""
+    tags = {
+        **plan.base.get("tracking", {}).get("mlflow", {}).get("tags", {}),
+        "mlflow.parentRunId": plan.parent_run_id,
+        "raytrain.sweep": plan.sweep,
+        "raytrain.trial": name,
+        **{f"raytrain.sampled.{key}": str(value) for key, value in config.items()},
+    }
+    return {
+        **config,
+        "checkpoint.storage": plan.trials_storage,
+        "checkpoint.monitor": plan.metric,
+        "checkpoint.mode": plan.mode,
+        "tracking.mlflow.tracking_uri": plan.tracking_uri,
+        "tracking.mlflow.experiment": plan.experiment,
+        "tracking.mlflow.tags": tags,
+    }
+
+
+class TuneReporter:
+    """A listener of the trial's events: each report that carries the sweep's metric goes
+    to Tune, with ``epoch`` as epochs completed and ``step``, except the one at the trial's
+    end (``end``, counted in ``time_attr``): a scheduler may stop a trial at any result it
+    gets, and one stopped there would lose its last checkpoint and MLflow records, so the
+    end's result is reported once the run is done (``run_trial``). The first validation's
+    report that lacks the metric (``MONITOR_MISSING``: the trial ranks checkpoints by the
+    sweep's metric) ends the trial with an error naming ``tune.metric`` and what is
+    reported."""
+
+    def __init__(self, metric: str, report: Any, time_attr: str = "epoch", end: int = 0):
+        self.metric = metric
+        self.report = report
+        self.time_attr, self.end = time_attr, end
+        self.latest: dict[str, Any] = {}  # the latest result, reported or not
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        from raytrain.driver.progress import StopRun
+
+        if MONITOR_MISSING in event:
+            keys = ", ".join(sorted(event[MONITOR_MISSING])) or "nothing"
+            raise StopRun(SpecError(f"tune.metric: {self.metric!r} is not reported by the "
+                                    f"trials (they report: {keys})"))  # fmt: skip
+        value = event.get(self.metric)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return
+        done = int(event.get("epoch", 0)) + (1 if event.get("kind") == "epoch" else 0)
+        metrics = {k: v for k, v in event.items() if _reportable(k, v)}
+        self.latest = {**metrics, "epoch": done, "step": int(event.get("step", 0))}
+        if not self.end or self.latest[self.time_attr] < self.end:
+            self.report(self.latest)
+
+
+def _reportable(key: str, value: Any) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and not key.startswith("_")
+
+
+def run_trial(config: dict[str, Any], plan: TrialPlan) -> None:
+    """The Tune trainable: this trial's run (see the module docstring)."""
+    from ray import tune
+
+    from raytrain.driver.launcher import run_job
+    from raytrain.sweep.space import trial_spec
+
+    if os.path.isdir(plan.cwd):  # Tune moved this actor into its trial folder
+        os.chdir(plan.cwd)
+    name = trial_name(plan.sweep, tune.get_context().get_trial_id())
+    spec = trial_spec(plan.base, trial_values(plan, config, name), name)
+    end = spec.trainer.max_epochs if plan.time_attr == "epoch" else spec.trainer.max_steps
+    reporter = TuneReporter(plan.metric, tune.report, plan.time_attr, max(end or 0, 0))
+    result = run_job(spec, progress=False, listeners=[reporter])
+    # A trial already complete (a resumed sweep's) trained nothing now: its final metrics.
+    final = reporter.latest or {k: v for k, v in result.metrics.items() if _reportable(k, v)}
+    if plan.metric not in final:
+        raise SpecError(f"tune.metric: {plan.metric!r} is not reported by the trials (they "
+                        f"report: {', '.join(sorted(final)) or 'nothing'})")  # fmt: skip
+    # The last report: where the sweep's driver finds the trial's run and best checkpoint.
+    tune.report({**final, TRIAL_NAME: name, BEST_CHECKPOINT: result.best_checkpoint_uri or "",
+                 MLFLOW_RUN: result.mlflow_run_id or ""})  # fmt: skip

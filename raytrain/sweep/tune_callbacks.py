@@ -1,0 +1,63 @@
+"""The sweep driver's hooks into Ray Tune's loop: the metric gate and the trial lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.tune import Callback, Stopper
+
+from raytrain.sweep.trial import TRIAL_NAME, trial_name
+
+METRIC_PREFIX = "tune.metric: "
+
+
+def metric_error(error: Any) -> str | None:
+    """The ``tune.metric: ...`` line of a trial's error (its metric is not reported)."""
+    text = str(error or "")
+    if METRIC_PREFIX not in text:
+        return None
+    return METRIC_PREFIX + text.split(METRIC_PREFIX, 1)[1].splitlines()[0]
+
+
+class MetricGate(Callback, Stopper):
+    """Stops the whole sweep once a trial ended because the sweep's metric is not among
+    what it reports: every trial would report alike."""
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        if self.error is None:
+            self.error = metric_error(trial.get_pickled_error() or trial.get_error())
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.error is not None
+
+
+class TrialLines(Callback):
+    """One line on stderr as each trial ends: how, after how many epochs, its metric."""
+
+    def __init__(self, sweep: str, metric: str):
+        self.sweep, self.metric = sweep, metric
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._say(trial, "finished" if (trial.last_result or {}).get(TRIAL_NAME) else "stopped")
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._say(trial, "failed")
+
+    def _say(self, trial: Any, how: str) -> None:
+        import sys
+
+        result = trial.last_result or {}
+        value = result.get(self.metric)
+        shown = f"{self.metric} {value:.4g}" if isinstance(value, float) else "no metric"
+        values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in trial.config.items())  # fmt: skip
+        name = trial_name(self.sweep, trial.trial_id)
+        epochs = result.get("epoch", 0)
+        print(f"raytrain: trial {name} {how} after {epochs} epoch(s): {shown} ({values})",
+              file=sys.stderr)  # fmt: skip
