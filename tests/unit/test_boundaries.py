@@ -306,7 +306,7 @@ def test_only_the_strategy_module_branches_on_the_strategy_name() -> None:
 DRIVER_SIDE = sorted(
     name
     for name in sources()
-    if name.startswith(("raytrain.driver", "raytrain.cli", "raytrain.submit"))
+    if name.startswith(("raytrain.driver", "raytrain.cli", "raytrain.submit", "raytrain.sweep"))
     or name
     in {
         "raytrain",
