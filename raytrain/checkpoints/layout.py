@@ -181,6 +181,12 @@ def uncommitted(run_dir: str, options: StorageSpec | None = None) -> Leftovers:
     return Leftovers(partial, kept, why)
 
 
+def epochs_done(metrics: dict[str, Any]) -> int:
+    """Epochs completed as of a report: a report at an epoch's end (``kind: epoch``) carries
+    that epoch's 0-based number; any other, the number of the epoch it was in."""
+    return int(metrics.get("epoch", 0)) + (1 if metrics.get("kind") == "epoch" else 0)
+
+
 def latest_committed(
     run_dir: str, options: StorageSpec | None = None
 ) -> tuple[str, dict[str, Any]] | None:

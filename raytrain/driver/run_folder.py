@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from raytrain import storage
-from raytrain.checkpoints.layout import SCORE_KEY, latest_committed, read_snapshot, uncommitted
+from raytrain.checkpoints.layout import (
+    SCORE_KEY,
+    epochs_done,
+    latest_committed,
+    read_snapshot,
+    uncommitted,
+)
 from raytrain.driver import runstate
 from raytrain.driver.lease import Lease, check_free
 from raytrain.driver.results import FitResult
@@ -98,7 +104,7 @@ def already_complete(
     if latest is None or not trained_to_limits(latest[1], job):
         return None
     uri, metrics = latest
-    epochs = int(metrics["epoch"]) + (1 if metrics.get("kind") == "epoch" else 0)
+    epochs = epochs_done(metrics)
     t = job.trainer
     print(
         f"raytrain: run {job.name} is complete: its latest checkpoint {uri} is at epoch "

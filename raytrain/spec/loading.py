@@ -150,5 +150,6 @@ def load_spec(
 
 
 def dump_spec(spec: JobSpec) -> str:
-    """The resolved spec as YAML, defaults filled in."""
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    """The resolved spec as YAML, defaults filled in (no ``tune`` key unless it sweeps)."""
+    exclude = {"tune"} if spec.tune is None else None
+    return yaml.safe_dump(spec.model_dump(mode="json", exclude=exclude), sort_keys=False)

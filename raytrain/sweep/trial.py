@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from raytrain.checkpoints.layout import MONITOR_MISSING
+from raytrain.checkpoints.layout import MONITOR_MISSING, epochs_done, latest_committed, run_dir
 from raytrain.errors import SpecError
 
 # The result keys a trial reports beside its metrics: what the sweep's driver reads back.
@@ -94,11 +94,16 @@ class TuneReporter:
         value = event.get(self.metric)
         if not isinstance(value, int | float) or not math.isfinite(value):
             return
-        done = int(event.get("epoch", 0)) + (1 if event.get("kind") == "epoch" else 0)
-        metrics = {k: v for k, v in event.items() if _reportable(k, v)}
-        self.latest = {**metrics, "epoch": done, "step": int(event.get("step", 0))}
+        self.latest = tune_result(event)
         if not self.end or self.latest[self.time_attr] < self.end:
             self.report(self.latest)
+
+
+def tune_result(event: dict[str, Any]) -> dict[str, Any]:
+    """A report's numbers as Tune gets them: ``epoch`` as epochs completed (a report at an
+    epoch's end carries that epoch's 0-based number), ``step`` the optimizer steps."""
+    metrics = {k: v for k, v in event.items() if _reportable(k, v)}
+    return {**metrics, "epoch": epochs_done(event), "step": int(event.get("step", 0))}
 
 
 def _reportable(key: str, value: Any) -> bool:
@@ -120,8 +125,9 @@ def run_trial(config: dict[str, Any], plan: TrialPlan) -> None:
     end = spec.trainer.max_epochs if plan.time_attr == "epoch" else spec.trainer.max_steps
     reporter = TuneReporter(plan.metric, tune.report, plan.time_attr, max(end or 0, 0))
     result = run_job(spec, progress=False, listeners=[reporter])
-    # A trial already complete (a resumed sweep's) trained nothing now: its final metrics.
-    final = reporter.latest or {k: v for k, v in result.metrics.items() if _reportable(k, v)}
+    # A trial already complete (a resumed sweep's) trained nothing now: its last checkpoint's.
+    committed = None if reporter.latest else latest_committed(run_dir(spec), spec.storage)
+    final = reporter.latest or tune_result(committed[1] if committed else result.metrics)
     if plan.metric not in final:
         raise SpecError(f"tune.metric: {plan.metric!r} is not reported by the trials (they "
                         f"report: {', '.join(sorted(final)) or 'nothing'})")  # fmt: skip

@@ -392,3 +392,21 @@ class DigitsRowsModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader(self.val, batch_size=self.batch_size)
+
+
+class StartsCNN(DigitsCNN):
+    """``DigitsCNN`` that appends, each time its fit starts training (rank 0), its learning
+    rate and the step it starts from to ``out_dir/starts.jsonl``: which trials of a sweep
+    trained, and from where."""
+
+    def __init__(self, out_dir: str, **kwargs):
+        super().__init__(**kwargs)
+        self.out_dir = out_dir
+
+    def on_train_start(self) -> None:
+        import json
+
+        if self.global_rank == 0:
+            line = json.dumps({"lr": self.hparams["lr"], "step": self.global_step})
+            with open(f"{self.out_dir}/starts.jsonl", "a") as handle:
+                handle.write(line + "\n")

@@ -1,0 +1,183 @@
+"""Sweeps on Ray Tune, for real: trials that are whole raytrain runs on the session's Ray
+cluster, ASHA stopping the poorer ones, MLflow's parent and child runs, the best spec run by
+``raytrain run``; a sweep's metric that no trial reports; and a sweep whose driver (with its
+embedded Ray) is SIGKILLed after its first trial finished, continued by the same command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import raytrain
+from tests.conftest import digits_spec
+from tests.integration.cli_runs import cli_env
+
+pytestmark = pytest.mark.integration
+
+EPOCHS = 4
+STEPS_PER_EPOCH = 45  # the digits' train split, 1 worker, 32 a batch
+
+
+def _sweep_spec(digits_dir: Path, work: Path, name: str, **tune: Any) -> dict[str, Any]:
+    """jobs/digits_sweep.yaml's sweep over the test digits: 4 trials of log-uniform lr, 1
+    worker each, 2 at once. Seed 1 draws lr 1.9e-3, 2.3e-2, 2.3e-4, 2.2e-2: the third
+    trial starts after both first ones passed the first rung, far behind them."""
+    section = {
+        "search_space": {"model.init_args.lr": {"loguniform": [1e-4, 3e-2]}},
+        "metric": "val_acc", "mode": "max", "num_samples": 4, "seed": 1,
+        "max_concurrent_trials": 2,
+        "scheduler": {"name": "asha", "grace_period": 1, "reduction_factor": 2, "max_t": EPOCHS},
+        **tune,
+    }  # fmt: skip
+    return digits_spec(digits_dir, work, name=name, scaling={"num_workers": 1},
+                       trainer={"max_epochs": EPOCHS, "log_every_n_steps": 10,
+                                "precision": "32-true", "seed": 42},
+                       checkpoint={"storage": str(work / "runs"), "every_n_epochs": 1, "keep": 2},
+                       tune=section)  # fmt: skip
+
+
+def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
+    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    result = raytrain.tune(_sweep_spec(digits_dir, tmp_path, "lr-sweep"), progress=False)
+
+    assert len(result.trials) == 4
+    stopped = [t for t in result.trials if t.status == "stopped"]
+    assert stopped and all(t.epochs < EPOCHS for t in stopped)  # ASHA stopped them early
+    assert {t.status for t in result.trials} <= {"finished", "stopped"}
+    assert result.best is not None and result.best.status == "finished"
+    assert result.best_metrics["val_acc"] >= 0.9
+    assert result.best_checkpoint_uri and Path(result.best_checkpoint_uri).is_dir()
+
+    # MLflow: one parent run, a child per trial; a stopped trial's run ends with the reason
+    client = MlflowClient(result.tracking_uri)
+    parent = client.get_run(result.mlflow_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["raytrain.best_trial"] == result.best.name
+    assert parent.data.params["tune.search_space.model.init_args.lr"].startswith("loguniform")
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")} == {
+        "sweep/sweep.png", "sweep/trials.json"}  # fmt: skip
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    assert sorted(r.data.tags["raytrain.trial"] for r in children) == sorted(
+        t.name for t in result.trials
+    )
+    assert all(r.info.status == "FINISHED" for r in children)
+    by_trial = {r.data.tags["raytrain.trial"]: r for r in children}
+    for trial in stopped:
+        assert by_trial[trial.name].data.tags["raytrain.stopped"].startswith("asha: stopped")
+    best_run = by_trial[result.best.name]
+    assert best_run.data.tags["raytrain.sampled.model.init_args.lr"] == str(
+        result.best.values["model.init_args.lr"]
+    )
+
+    # The best trial's spec, written out, is a plain spec that `raytrain run` trains
+    assert result.best_spec_path is not None
+    best = yaml.safe_load(Path(result.best_spec_path).read_text())
+    assert "tune" not in best and best["model"]["init_args"]["lr"] == result.best.values[
+        "model.init_args.lr"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "raytrain", "run", result.best_spec_path, "trainer.max_epochs=1",
+         "--json"], capture_output=True, text=True, env=cli_env(), cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["name"] == "lr-sweep-best"
+
+    # A metric no trial reports stops the sweep at the first validation, naming what is
+    with pytest.raises(raytrain.SpecError) as caught:
+        raytrain.tune(_sweep_spec(digits_dir, tmp_path, "typo-sweep", metric="val_accuracy",
+                                  num_samples=1, scheduler={"name": "fifo"}),
+                      progress=False)  # fmt: skip
+    (line,) = caught.value.problems
+    assert line.startswith("tune.metric: 'val_accuracy' is not reported by the trials")
+    assert "val_acc" in line and "val_loss" in line
+
+
+def test_a_killed_sweep_continues_without_rerunning_finished_trials(
+    digits_dir: Path, tmp_path: Path
+) -> None:
+    """The sweep's driver, with its embedded Ray, SIGKILLed once a trial finished and
+    another is mid-run with a committed checkpoint; the same command again ends with all 4
+    trials: the finished one not trained again, the interrupted one resumed from its
+    checkpoint."""
+    spec = _sweep_spec(digits_dir, tmp_path, "kill-sweep", scheduler={"name": "fifo"})
+    spec["model"] = {"class_path": "tests.integration.models:StartsCNN",
+                     "init_args": {"lr": 0.003, "out_dir": str(tmp_path)}}  # fmt: skip
+    spec["trainer"]["max_epochs"] = EPOCHS + 1
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    trials_dir = tmp_path / "runs" / "kill-sweep" / "trials"
+    cmd = [sys.executable, "-m", "raytrain", "tune", str(path), "--json"]
+    proc = subprocess.Popen(cmd, env=cli_env(), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    finished: list[str] = []
+    reader = threading.Thread(target=_finished_trials, args=(proc, finished), daemon=True)
+    reader.start()
+    interrupted = None
+    try:
+        while proc.poll() is None and interrupted is None:
+            interrupted = _mid_run(trials_dir, finished) if finished else None
+            time.sleep(0.05)  # polling the run folders: the condition is a file's content
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its embedded Ray
+        proc.wait(timeout=60)
+    assert finished and interrupted, "the sweep ended before a trial was caught mid-run"
+    finished_first = finished[0]
+
+    again = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), cwd=tmp_path,
+                           timeout=600)  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"raytrain: sweep kill-sweep: continuing from {tmp_path / 'runs' / 'kill-sweep'}" in (
+        again.stderr)  # fmt: skip
+    result = json.loads(again.stdout.strip().splitlines()[-1])
+    trials = {t["name"]: t for t in result["trials"]}
+    assert len(trials) == 4 and {t["status"] for t in trials.values()} == {"finished"}
+    assert all(t["epochs"] == EPOCHS + 1 for t in trials.values())
+
+    # Each trial trained from scratch once; the finished one was not started again, and the
+    # trial the kill interrupted resumed from a committed checkpoint: at or after the one
+    # seen before the kill (Ray's workers outlive a killed driver by a moment), before its end
+    starts = [json.loads(x) for x in (tmp_path / "starts.jsonl").read_text().splitlines()]
+    lr_of = {name: t["values"]["model.init_args.lr"] for name, t in trials.items()}
+    assert [s["lr"] for s in starts].count(lr_of[finished_first]) == 1
+    name, seen = interrupted
+    first, resumed = [s["step"] for s in starts if s["lr"] == lr_of[name]]
+    assert first == 0 and seen <= resumed < (EPOCHS + 1) * STEPS_PER_EPOCH
+    assert resumed % STEPS_PER_EPOCH == 0  # an epoch's checkpoint
+    for lr in lr_of.values():
+        mine = [s["step"] for s in starts if s["lr"] == lr]
+        assert mine[0] == 0 and mine == sorted(mine) and len(set(mine)) == len(mine), mine
+
+
+def _finished_trials(proc: subprocess.Popen, finished: list[str]) -> None:
+    """Collect the names of the trials the sweep's driver says finished (its stderr)."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("raytrain: trial ") and " finished after " in line:
+            finished.append(line.split()[2])
+
+
+def _mid_run(trials_dir: Path, finished: list[str]) -> tuple[str, int] | None:
+    """A trial not finished whose run folder has a committed checkpoint: (name, its step)."""
+    for snapshot in trials_dir.glob("*/checkpoint_manager_snapshot.json"):
+        name = snapshot.parent.name
+        try:
+            latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
+        except (ValueError, KeyError):
+            continue  # being written
+        if name not in finished and latest and latest["metrics"]["epoch"] < EPOCHS - 1:
+            return name, int(latest["metrics"]["step"])
+    return None
