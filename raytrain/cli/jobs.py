@@ -55,6 +55,13 @@ def _outcome(handle: jobs_client.JobHandle, status: str) -> int:
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
 
 
+def sweep_lines(logs: str) -> list[str]:
+    """What a sweep's job said of its trials so far: one line per trial that ended (its
+    driver prints them as ``raytrain: trial NAME finished|stopped|failed after ...``)."""
+    return [line.removeprefix("raytrain: trial ") for line in logs.splitlines()
+            if line.startswith("raytrain: trial ")]  # fmt: skip
+
+
 def _when(seconds_ms: int | None) -> str:
     if not seconds_ms:
         return "-"
@@ -99,6 +106,11 @@ def run_job_command(args: argparse.Namespace) -> int:
         print(info.status.value)
         if info.message:
             print(f"  {redact(info.message)}")
+        if (info.metadata or {}).get("raytrain_sweep"):
+            trials = sweep_lines(handle.logs())
+            print(f"  trials ended: {len(trials)}")
+            for line in trials:
+                print(f"    {redact(line)}")
         return EXIT_OK
     if args.command == "logs":
         if args.follow:

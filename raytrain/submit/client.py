@@ -151,10 +151,12 @@ class JobHandle:
         return bool(self._call("stop", self.server.client.stop_job))
 
 
-def entrypoint(spec_path: str, overrides: Iterable[str], flags: Sequence[str] = ()) -> str:
-    """The job's command: raytrain's own CLI, from the working directory's copy or the
-    cluster's install."""
-    return shlex.join(["python", "-m", "raytrain", "run", spec_path, *overrides, *flags])
+def entrypoint(
+    spec_path: str, overrides: Iterable[str], flags: Sequence[str] = (), command: str = "run"
+) -> str:
+    """The job's command: raytrain's own CLI (``run``, or ``tune`` for a sweep), from the
+    working directory's copy or the cluster's install."""
+    return shlex.join(["python", "-m", "raytrain", command, spec_path, *overrides, *flags])
 
 
 def _spec_in_working_dir(spec: str | os.PathLike[str], working_dir: Path) -> str:
@@ -282,6 +284,10 @@ def submit(
         for line in _warnings(job, env, overrides):
             print(f"raytrain: warning: {line}", file=sys.stderr)
     runtime_env.update(_job_env(env, pip, working_dir))
+    sweep = job is not None and job.tune is not None  # the job runs `raytrain tune`
+    if sweep and (resume_anyway or force):
+        raise JobsError("--resume-anyway and --force are for one run; a sweep (the spec's "
+                        "tune section) takes --fresh only")  # fmt: skip
     flags = [f for f, on in (("--fresh", fresh), ("--resume-anyway", resume_anyway),
                              ("--force", force)) if on]  # fmt: skip
     # Ray warns on every upload that it leaves .git and .venv out; so does WORKING_DIR_EXCLUDES
@@ -291,10 +297,13 @@ def submit(
         "submit",
         None,
         server.client.submit_job,
-        entrypoint=entrypoint(spec_path, overrides, flags),
+        entrypoint=entrypoint(spec_path, overrides, flags, "tune" if sweep else "run"),
         runtime_env=runtime_env or None,
         submission_id=job_id,
-        metadata={"raytrain_job": job.name if job else spec_path},
+        metadata={
+            "raytrain_job": job.name if job else spec_path,
+            **({"raytrain_sweep": "true"} if sweep else {}),
+        },  # fmt: skip
     )
     return JobHandle(submitted, server)
 

@@ -291,6 +291,30 @@ def local_store_path(tracking_uri: str) -> str | None:
     return storage.local_path(tracking_uri)
 
 
+def sweep_trials(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
+    """When ``run_id`` is a sweep's parent run (``raytrain tune``): its name, metric, mode
+    and its trials' run ids; else None."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None  # fetch_runs says it is unknown
+    if run.data.tags.get("raytrain.sweep.role") != "parent":
+        return None
+    children = client.search_runs(
+        [run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'", max_results=10_000
+    )
+    return {
+        "name": run.info.run_name or run_id[:8],
+        "metric": run.data.params.get("tune.metric", ""),
+        "mode": run.data.params.get("tune.mode", "max"),
+        "trials": [child.info.run_id for child in children],
+    }
+
+
 def fetch_runs(tracking_uri: str, run_ids: list[str]) -> list[dict[str, Any]]:
     """What ``raytrain report`` shows of each run: its name, params, latest metrics and every
     metric's history as (step, value) pairs, by step. An unknown run id is a
@@ -328,6 +352,7 @@ def fetch_runs(tracking_uri: str, run_ids: list[str]) -> list[dict[str, Any]]:
                 "status": run.info.status,
                 "params": dict(run.data.params),
                 "metrics": dict(run.data.metrics),
+                "tags": dict(run.data.tags),
                 "histories": histories,
             }
         )

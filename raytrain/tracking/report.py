@@ -4,6 +4,10 @@ The picture (PNG, matplotlib) has three panels over the global step: the losses,
 metrics (val_acc, ...), and throughput (samples/s), one curve per run and key. The table
 lists the params that differ between the runs (every param, for one run) and each run's
 final metrics. ``--html`` writes both into one self-contained page (the PNG inlined).
+
+A sweep's parent run (``raytrain tune``) as the one RUN_ID reports its trials: their loss
+and sweep-metric curves on one picture, and a row per trial (status, the metric, the
+sampled values) sorted best first by the sweep's metric.
 """
 
 from __future__ import annotations
@@ -129,10 +133,51 @@ def html_page(report: Report) -> str:
 
 
 def build_report(run_ids: list[str], tracking_uri: str | None = None) -> Report:
-    """The report of ``run_ids`` at ``tracking_uri`` (default: raytrain's default store)."""
-    from raytrain.tracking.mlflow_tracker import default_tracking_uri, fetch_runs
+    """The report of ``run_ids`` at ``tracking_uri`` (default: raytrain's default store);
+    of a sweep's trials when the one run id is a sweep's parent run."""
+    from raytrain.tracking.mlflow_tracker import default_tracking_uri, fetch_runs, sweep_trials
 
-    runs = fetch_runs(tracking_uri or default_tracking_uri(), run_ids)
+    uri = tracking_uri or default_tracking_uri()
+    sweep = sweep_trials(uri, run_ids[0]) if len(run_ids) == 1 else None
+    if sweep is not None:
+        trials = fetch_runs(uri, sweep["trials"])
+        curves = sweep_panels(trials, sweep["metric"])
+        columns, rows = sweep_table(trials, sweep["metric"], sweep["mode"])
+        return Report(panels=curves, columns=columns, rows=rows, png=plot(curves))
+    runs = fetch_runs(uri, run_ids)
     curves = panels(runs)
     columns, rows = table(runs)
     return Report(panels=curves, columns=columns, rows=rows, png=plot(curves))
+
+
+SAMPLED = "raytrain.sampled."
+
+
+def sweep_panels(trials: list[dict[str, Any]], metric: str) -> dict[str, list[Curve]]:
+    """A sweep's picture: every trial's losses, and its curve of the sweep's metric."""
+    curves = panels(trials)
+    return {"loss": curves["loss"], metric: [c for c in curves["metrics"] if c.key == metric]}
+
+
+def sweep_table(
+    trials: list[dict[str, Any]], metric: str, mode: str
+) -> tuple[list[str], list[list[str]]]:
+    """A row per trial, best first by ``metric`` (trials without it last): its name, MLflow
+    status, stop reason, the metric, and the values it sampled."""
+    sampled = sorted({k for t in trials for k in t["tags"] if k.startswith(SAMPLED)})
+    columns = ["trial", "status", metric, *(k.removeprefix(SAMPLED) for k in sampled), "run"]
+
+    def order(trial: dict[str, Any]) -> tuple[int, float]:
+        value = trial["metrics"].get(metric)
+        if value is None:
+            return (1, 0.0)
+        return (0, -value if mode == "max" else value)
+
+    rows = []
+    for trial in sorted(trials, key=order):
+        tags = trial["tags"]
+        status = "stopped" if "raytrain.stopped" in tags else trial["status"].lower()
+        rows.append([tags.get("raytrain.trial", trial["name"]), status,
+                     _fmt(trial["metrics"].get(metric, "-")),
+                     *(tags.get(k, "-") for k in sampled), trial["run_id"][:8]])  # fmt: skip
+    return columns, rows

@@ -106,6 +106,30 @@ def test_raytrain_submit_follows_the_job_to_success_and_records_it(
         assert head.token not in text
 
 
+def test_a_submitted_sweep_runs_as_one_job_and_its_status_shows_the_trials(
+    head: RayHead, digits_dir: Path, tmp_path: Path
+) -> None:
+    sweep = {"search_space": {"model.init_args.lr": {"grid": [0.003, 0.01]}},
+             "metric": "val_acc", "mode": "max"}  # fmt: skip
+    wd = job_dir(tmp_path, digits_dir, name="submitted-sweep", scaling={"num_workers": 1},
+                 tune=sweep)  # fmt: skip
+    env = client_env(head)
+    proc = raytrain_cli(env, "submit", "spec.yaml", "trainer.max_epochs=1",
+                        "--address", head.dashboard_url, "--follow", cwd=wd)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert "raytrain: sweep submitted-sweep: 1 sample(s)" in proc.stdout + proc.stderr
+    status = raytrain_cli(env, "status", job_id, "--address", head.dashboard_url)
+    assert status.returncode == 0 and status.stdout.split()[0] == "SUCCEEDED"
+    assert "trials ended: 2" in status.stdout
+    trials = [line.split()[0] for line in status.stdout.splitlines()
+              if " finished after 1 epoch(s)" in line]  # fmt: skip
+    assert sorted(trials) == ["submitted-sweep-000", "submitted-sweep-001"]
+    client, parent = run_of_job(tmp_path, job_id)  # the sweep's parent run, by the job's id
+    assert parent is not None and parent.data.tags["raytrain.sweep.role"] == "parent"
+    assert parent.info.status == "FINISHED"
+
+
 def test_ray_job_submit_trains_through_the_entrypoint_and_the_python_api_stops_it(
     head: RayHead, digits_dir: Path, tmp_path: Path
 ) -> None:

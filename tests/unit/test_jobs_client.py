@@ -71,6 +71,22 @@ def test_the_entrypoint_is_raytrains_cli_with_quoted_overrides() -> None:
                                     "tracking.mlflow.tags={k: 'v w'}", "--fresh"]  # fmt: skip
 
 
+def test_a_sweep_is_submitted_as_raytrain_tune() -> None:
+    command = jobs_client.entrypoint("sweep.yaml", [], ["--fresh"], "tune")
+    assert shlex.split(command) == ["python", "-m", "raytrain", "tune", "sweep.yaml", "--fresh"]
+
+
+def test_status_lines_of_a_sweep_are_its_trials() -> None:
+    from raytrain.cli.jobs import sweep_lines
+
+    logs = (
+        "raytrain: sweep s: 2 sample(s)\nraytrain: trial s-000 finished after 1 epoch(s): "
+        "val_acc 0.9 (lr=0.01)\nother\nraytrain: trial s-001 stopped after 1 epoch(s)\n"
+    )
+    assert sweep_lines(logs) == ["s-000 finished after 1 epoch(s): val_acc 0.9 (lr=0.01)",
+                                 "s-001 stopped after 1 epoch(s)"]  # fmt: skip
+
+
 def _spec(tmp_path: Path, digits_dir: Path) -> Path:
     wd = tmp_path / "wd"
     wd.mkdir()
