@@ -303,7 +303,7 @@ def submit(
         metadata={
             "raytrain_job": job.name if job else spec_path,
             **({"raytrain_sweep": "true"} if sweep else {}),
-        },  # fmt: skip
+        },
     )
     return JobHandle(submitted, server)
 

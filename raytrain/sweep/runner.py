@@ -73,6 +73,7 @@ def tune(
 ) -> SweepResult:
     """Run the sweep the spec's ``tune`` section describes (see the module docstring)."""
     from raytrain.driver.launcher import check_before_ray, prepare_data
+    from raytrain.tracking.mlflow_tracker import attempt_tags
 
     start = time.time()
     timings: dict[str, float] = {}
@@ -101,6 +102,7 @@ def tune(
             trials_storage=storage.join(folder, TRIALS), tracking_uri=tracking_uri,
             experiment=experiment, parent_run_id=parent.run_id, metric=sweep.metric,
             mode=sweep.mode, time_attr=sweep.scheduler.time_attr, cwd=os.getcwd(),
+            tags=attempt_tags(),  # a submitted sweep's job id: its trials' actors lack it
         )  # fmt: skip
         print(f"raytrain: sweep {job.name}: {sweep.num_samples} sample(s), up to "
               f"{concurrency} trial(s) at once, in {folder}", file=sys.stderr)  # fmt: skip

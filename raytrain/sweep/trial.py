@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain.checkpoints.layout import MONITOR_MISSING, epochs_done, latest_committed, run_dir
@@ -39,6 +39,7 @@ class TrialPlan:
     mode: str
     time_attr: str  # "epoch" or "step": what the scheduler counts
     cwd: str  # the driver's directory: a relative path in the user's code means the same
+    tags: dict[str, str] = field(default_factory=dict)  # on every trial's run (the job id)
 
 
 def trial_name(sweep: str, trial_id: str) -> str:
@@ -52,6 +53,7 @@ def trial_values(plan: TrialPlan, config: dict[str, Any], name: str) -> dict[str
     place under the sweep's."""
     tags = {
         **plan.base.get("tracking", {}).get("mlflow", {}).get("tags", {}),
+        **plan.tags,
         "mlflow.parentRunId": plan.parent_run_id,
         "raytrain.sweep": plan.sweep,
         "raytrain.trial": name,

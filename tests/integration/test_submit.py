@@ -125,9 +125,14 @@ def test_a_submitted_sweep_runs_as_one_job_and_its_status_shows_the_trials(
     trials = [line.split()[0] for line in status.stdout.splitlines()
               if " finished after 1 epoch(s)" in line]  # fmt: skip
     assert sorted(trials) == ["submitted-sweep-000", "submitted-sweep-001"]
-    client, parent = run_of_job(tmp_path, job_id)  # the sweep's parent run, by the job's id
-    assert parent is not None and parent.data.tags["raytrain.sweep.role"] == "parent"
+    # MLflow: the job's runs, found by its id: the sweep's parent and a run per trial
+    client, _ = run_of_job(tmp_path, job_id)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              filter_string=f"tags.`raytrain.ray_job_id` = '{job_id}'")  # fmt: skip
+    (parent,) = [r for r in runs if r.data.tags.get("raytrain.sweep.role") == "parent"]
     assert parent.info.status == "FINISHED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["raytrain.trial"] for r in children) == trials
 
 
 def test_ray_job_submit_trains_through_the_entrypoint_and_the_python_api_stops_it(

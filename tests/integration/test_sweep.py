@@ -84,6 +84,15 @@ def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
         result.best.values["model.init_args.lr"]
     )
 
+    # `raytrain report` of the parent: the trials' curves, a row per trial best first
+    from raytrain.tracking.report import build_report
+
+    report = build_report([result.mlflow_run_id], result.tracking_uri)
+    assert report.columns[:3] == ["trial", "status", "val_acc"]
+    assert [row[0] for row in report.rows] == [row["trial"] for row in result.table()]
+    assert {row[1] for row in report.rows if row[0] in {t.name for t in stopped}} == {"stopped"}
+    assert len(report.panels["val_acc"]) == 4 and report.png.startswith(b"\x89PNG")
+
     # The best trial's spec, written out, is a plain spec that `raytrain run` trains
     assert result.best_spec_path is not None
     best = yaml.safe_load(Path(result.best_spec_path).read_text())
