@@ -291,9 +291,24 @@ def local_store_path(tracking_uri: str) -> str | None:
     return storage.local_path(tracking_uri)
 
 
+def _require_store(tracking_uri: str) -> None:
+    """A local store that does not exist is a ``TrackingError``: reading it must not create
+    it (MLflow would, an empty ``mlflow.db``)."""
+    from raytrain.errors import TrackingError
+
+    store = local_store_path(tracking_uri)
+    if store is not None and not os.path.exists(store):
+        raise TrackingError(
+            f"--tracking-uri: no MLflow store at {redact(tracking_uri)} ({store} does not "
+            "exist); name the store the runs were recorded in (--tracking-uri or "
+            "$MLFLOW_TRACKING_URI)"
+        )
+
+
 def sweep_trials(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
     """When ``run_id`` is a sweep's parent run (``raytrain tune``): its name, metric, mode
     and its trials' run ids; else None."""
+    _require_store(tracking_uri)
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -320,15 +335,7 @@ def fetch_runs(tracking_uri: str, run_ids: list[str]) -> list[dict[str, Any]]:
     metric's history as (step, value) pairs, by step. An unknown run id is a
     ``TrackingError`` naming it. A local store that does not exist is one too: reading it
     must not create it (MLflow would, an empty ``mlflow.db``)."""
-    from raytrain.errors import TrackingError
-
-    store = local_store_path(tracking_uri)
-    if store is not None and not os.path.exists(store):
-        raise TrackingError(
-            f"--tracking-uri: no MLflow store at {redact(tracking_uri)} ({store} does not "
-            "exist); name the store the runs were recorded in (--tracking-uri or "
-            "$MLFLOW_TRACKING_URI)"
-        )
+    _require_store(tracking_uri)
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
