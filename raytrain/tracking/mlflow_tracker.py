@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from raytrain._compat.mlflow import last_steps
+from raytrain.errors import TrackingError
 from raytrain.provenance import git_commit
 from raytrain.redaction import redact, redact_flat, redact_value
 from raytrain.spec import JobSpec
@@ -294,8 +295,6 @@ def local_store_path(tracking_uri: str) -> str | None:
 def _require_store(tracking_uri: str) -> None:
     """A local store that does not exist is a ``TrackingError``: reading it must not create
     it (MLflow would, an empty ``mlflow.db``)."""
-    from raytrain.errors import TrackingError
-
     store = local_store_path(tracking_uri)
     if store is not None and not os.path.exists(store):
         raise TrackingError(
