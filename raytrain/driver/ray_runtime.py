@@ -207,6 +207,14 @@ def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: Any) -> 
     return RayHandle(started_here=True, address=None, embedded_env=env, env_changes=changes)
 
 
+def adopt_embedded(env: dict[str, str] | None) -> None:
+    """Say that this process runs inside an embedded cluster another raytrain process
+    started with ``env`` (a sweep's trial actor, on its driver's cluster), so its runs take
+    the trimmed start an embedded cluster allows (``driver.trainer``)."""
+    global _started_env
+    _started_env = env
+
+
 def connect(spec: JobSpec, *, verbose: bool = False) -> RayHandle:
     """Join ``RAY_ADDRESS``, reuse an already initialised Ray, or start a sized local one."""
     import ray

@@ -103,6 +103,7 @@ def tune(
             experiment=experiment, parent_run_id=parent.run_id, metric=sweep.metric,
             mode=sweep.mode, time_attr=sweep.scheduler.time_attr, cwd=os.getcwd(),
             tags=attempt_tags(),  # a submitted sweep's job id: its trials' actors lack it
+            embedded_env=ray_handle.embedded_env,
         )  # fmt: skip
         print(f"raytrain: sweep {job.name}: {sweep.num_samples} sample(s), up to "
               f"{concurrency} trial(s) at once, in {folder}", file=sys.stderr)  # fmt: skip

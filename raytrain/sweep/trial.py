@@ -40,6 +40,9 @@ class TrialPlan:
     time_attr: str  # "epoch" or "step": what the scheduler counts
     cwd: str  # the driver's directory: a relative path in the user's code means the same
     tags: dict[str, str] = field(default_factory=dict)  # on every trial's run (the job id)
+    # The environment of the embedded cluster the sweep's driver started; None when the
+    # sweep joined a cluster.
+    embedded_env: dict[str, str] | None = None
 
 
 def trial_name(sweep: str, trial_id: str) -> str:
@@ -118,10 +121,12 @@ def run_trial(config: dict[str, Any], plan: TrialPlan) -> None:
     from ray import tune
 
     from raytrain.driver.launcher import run_job
+    from raytrain.driver.ray_runtime import adopt_embedded
     from raytrain.sweep.space import trial_spec
 
     if os.path.isdir(plan.cwd):  # Tune moved this actor into its trial folder
         os.chdir(plan.cwd)
+    adopt_embedded(plan.embedded_env)
     name = trial_name(plan.sweep, tune.get_context().get_trial_id())
     spec = trial_spec(plan.base, trial_values(plan, config, name), name)
     end = spec.trainer.max_epochs if plan.time_attr == "epoch" else spec.trainer.max_steps

@@ -69,9 +69,8 @@ def _wait(what: str, ready, procs: list[subprocess.Popen], logs: list[Path]) -> 
         time.sleep(0.5)
 
 
-def _processes_under(marker: str) -> set[int]:
-    """Pids whose command line names ``marker`` (the cluster's temp dir), and all their
-    descendants (Ray's agents rename themselves and lose it)."""
+def _process_table() -> dict[int, tuple[int, str]]:
+    """Every process now: pid -> (parent pid, command line)."""
     table: dict[int, tuple[int, str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -82,13 +81,44 @@ def _processes_under(marker: str) -> set[int]:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
             table[int(entry)] = (ppid, cmd)
-    found = {pid for pid, (_, cmd) in table.items() if marker in cmd}
+    return table
+
+
+def _with_descendants(found: set[int], table: dict[int, tuple[int, str]]) -> set[int]:
     grew = True
     while grew:
         children = {pid for pid, (ppid, _) in table.items() if ppid in found} - found
         found |= children
         grew = bool(children)
     return found
+
+
+def _processes_under(marker: str) -> set[int]:
+    """Pids whose command line names ``marker`` (the cluster's temp dir), and all their
+    descendants (Ray's agents rename themselves and lose it)."""
+    table = _process_table()
+    return _with_descendants({pid for pid, (_, cmd) in table.items() if marker in cmd}, table)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it at once, as a machine's crash ends them.
+
+    The tree is first frozen with SIGSTOP, scanned again until no new process shows (a
+    stopped process cannot fork), and only then killed: killing the parent first would hand
+    its children to init, out of reach of a later scan, and a driver's embedded Ray's
+    workers would train on for a moment after it died."""
+    tree: set[int] = set()
+    while True:
+        found = {p for p in _with_descendants({pid}, _process_table()) if _running(p)}
+        if found <= tree:
+            break
+        for stop in found - tree:
+            with suppress(ProcessLookupError):
+                os.kill(stop, signal.SIGSTOP)
+        tree |= found
+    for kill in tree:
+        with suppress(ProcessLookupError):
+            os.kill(kill, signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:

@@ -6,8 +6,6 @@ embedded Ray) is SIGKILLed after its first trial finished, continued by the same
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +19,7 @@ import yaml
 import raytrain
 from tests.conftest import digits_spec
 from tests.integration.cli_runs import cli_env
+from tests.integration.ray_head import kill_tree
 
 pytestmark = pytest.mark.integration
 
@@ -135,15 +134,18 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(
     finished: list[str] = []
     reader = threading.Thread(target=_finished_trials, args=(proc, finished), daemon=True)
     reader.start()
-    interrupted = None
+    caught = None
     try:
-        while proc.poll() is None and interrupted is None:
-            interrupted = _mid_run(trials_dir, finished) if finished else None
+        while proc.poll() is None and caught is None:
+            caught = _mid_run(trials_dir, finished, EPOCHS - 1) if finished else None
             time.sleep(0.05)  # polling the run folders: the condition is a file's content
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its embedded Ray
+        kill_tree(proc.pid)  # the driver and its embedded Ray, its trials' workers too
         proc.wait(timeout=60)
-    assert finished and interrupted, "the sweep ended before a trial was caught mid-run"
+    # Read again once nothing runs: the trial caught early in its run may still have
+    # committed more (Ray's snapshot trails its uploads), even its last checkpoint.
+    interrupted = _mid_run(trials_dir, finished, EPOCHS)
+    assert finished and caught and interrupted, "no trial was left mid-run by the kill"
     finished_first = finished[0]
 
     again = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), cwd=tmp_path,
@@ -157,14 +159,13 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(
     assert all(t["epochs"] == EPOCHS + 1 for t in trials.values())
 
     # Each trial trained from scratch once; the finished one was not started again, and the
-    # trial the kill interrupted resumed from a committed checkpoint: at or after the one
-    # seen before the kill (Ray's workers outlive a killed driver by a moment), before its end
+    # trial the kill interrupted resumed from its last committed checkpoint, before its end
     starts = [json.loads(x) for x in (tmp_path / "starts.jsonl").read_text().splitlines()]
     lr_of = {name: t["values"]["model.init_args.lr"] for name, t in trials.items()}
     assert [s["lr"] for s in starts].count(lr_of[finished_first]) == 1
     name, seen = interrupted
     first, resumed = [s["step"] for s in starts if s["lr"] == lr_of[name]]
-    assert first == 0 and seen <= resumed < (EPOCHS + 1) * STEPS_PER_EPOCH
+    assert first == 0 and seen == resumed < (EPOCHS + 1) * STEPS_PER_EPOCH
     assert resumed % STEPS_PER_EPOCH == 0  # an epoch's checkpoint
     for lr in lr_of.values():
         mine = [s["step"] for s in starts if s["lr"] == lr]
@@ -179,14 +180,15 @@ def _finished_trials(proc: subprocess.Popen, finished: list[str]) -> None:
             finished.append(line.split()[2])
 
 
-def _mid_run(trials_dir: Path, finished: list[str]) -> tuple[str, int] | None:
-    """A trial not finished whose run folder has a committed checkpoint: (name, its step)."""
+def _mid_run(trials_dir: Path, finished: list[str], before: int) -> tuple[str, int] | None:
+    """A trial not finished whose latest committed checkpoint is from an epoch before
+    ``before``: (name, its step)."""
     for snapshot in trials_dir.glob("*/checkpoint_manager_snapshot.json"):
         name = snapshot.parent.name
         try:
             latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
         except (ValueError, KeyError):
             continue  # being written
-        if name not in finished and latest and latest["metrics"]["epoch"] < EPOCHS - 1:
+        if name not in finished and latest and latest["metrics"]["epoch"] < before:
             return name, int(latest["metrics"]["step"])
     return None
