@@ -1,8 +1,9 @@
 """raytrain: train PyTorch Lightning modules on Ray, from a job spec.
 
 The public surface: load and validate a spec, train it here (``fit``) or on a cluster
-(``submit``, a ``JobHandle`` to follow it), one embedded Ray for several runs
-(``start_local``), and the errors it may raise.
+(``submit``, a ``JobHandle`` to follow it), a run's live progress from anywhere
+(``status``, a ``RunStatus``), one embedded Ray for several runs (``start_local``), and the
+errors it may raise.
 """
 
 from typing import Any
@@ -15,6 +16,8 @@ from raytrain.errors import (
     TrackingError,
     TrainingFailed,
 )
+from raytrain.run_status import RunStatus
+from raytrain.run_status import status_of as status
 from raytrain.spec import JobSpec, load_spec
 from raytrain.submit.client import JobHandle, JobsError, attach, list_jobs, submit
 
@@ -25,6 +28,7 @@ __all__ = [
     "JobsError",
     "RaytrainError",
     "RunStateError",
+    "RunStatus",
     "SpecError",
     "StorageError",
     "SweepResult",
@@ -35,6 +39,7 @@ __all__ = [
     "list_jobs",
     "load_spec",
     "start_local",
+    "status",
     "submit",
     "tune",
     "validate",

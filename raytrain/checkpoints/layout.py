@@ -42,6 +42,11 @@ MONITOR_MISSING = "_monitor_missing"
 STOPPED_KEY = "_stopped"
 # The key of rank 0's first report that says the precision it trains at, and why.
 PRECISION_KEY = "_precision"
+# The key of rank 0's event of a report that carries a checkpoint (not in the checkpoint's
+# own metrics): the status record waits for Ray's snapshot to show it committed.
+CHECKPOINT_KEY = "_checkpoint"
+# The key of the failure policy's notice of a worker-group failure; its value says why.
+FAILURE_KEY = "_failure"
 
 
 # The file a sharded (torch distributed) checkpoint's folder is recognised by.

@@ -6,7 +6,8 @@
     raytrain export CHECKPOINT OUT
     raytrain report RUN_ID... [--tracking-uri URI] [--out report.png] [--html report.html]
     raytrain submit SPEC [a.b=value ...] --address URL [--follow] [--working-dir DIR] ...
-    raytrain status|logs|stop JOB_ID [--address URL]      raytrain list [--address URL]
+    raytrain status JOB_ID|SPEC|NAME --storage URI [--json]   (a run's live progress)
+    raytrain logs|stop JOB_ID [--address URL]      raytrain list [--address URL]
     (a job command sends the cluster's token over plain http only to this machine, or with
     --insecure)
 
@@ -119,8 +120,15 @@ def _add_job_commands(sub: Any) -> None:
     submit.add_argument(
         "--resume-anyway", action="store_true", help="resume even though the spec changed"
     )
+    status = sub.add_parser(
+        "status", help="a run's progress: a submitted job's, or a run's by spec or name"
+    )
+    status.add_argument("target", help="a job id, a job spec (YAML), or a run's name")
+    status.add_argument("overrides", nargs="*", help="dotted overrides of the spec")
+    status.add_argument("--storage", help="the checkpoint.storage a run NAME is under")
+    status.add_argument("--json", action="store_true", help="print the status record as JSON")
+    _add_address(status)
     for name, text in (
-        ("status", "a job's status and message"),
         ("logs", "a job's driver output"),
         ("stop", "stop a job"),
     ):
@@ -217,6 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
+        if args.command == "status":
+            from raytrain.cli.status import names_a_run, run_status_command
+
+            if names_a_run(args):
+                return run_status_command(args)
+            args.job_id = args.target
         if args.command in JOB_COMMANDS:
             from raytrain.cli.jobs import run_job_command
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from datetime import datetime
 
-from raytrain.errors import EXIT_FAILED, EXIT_OK
+from raytrain.errors import EXIT_FAILED, EXIT_OK, RunStateError
 from raytrain.redaction import redact
 from raytrain.submit import client as jobs_client
 
@@ -102,16 +102,7 @@ def run_job_command(args: argparse.Namespace) -> int:
         return EXIT_OK
     handle = server.handle(args.job_id)
     if args.command == "status":
-        info = handle.info()
-        print(info.status.value)
-        if info.message:
-            print(f"  {redact(info.message)}")
-        if (info.metadata or {}).get("raytrain_sweep"):
-            trials = sweep_lines(handle.logs())
-            print(f"  trials ended: {len(trials)}")
-            for line in trials:
-                print(f"    {redact(line)}")
-        return EXIT_OK
+        return _status(handle, args.json)
     if args.command == "logs":
         if args.follow:
             return _follow(handle)
@@ -125,4 +116,29 @@ def run_job_command(args: argparse.Namespace) -> int:
         print(handle.wait())
     else:
         print(f"raytrain: stopping job {handle.job_id}")
+    return EXIT_OK
+
+
+def _status(handle: jobs_client.JobHandle, as_json: bool) -> int:
+    """A job's state and message; then its run's status record (``--json``: the record
+    alone), or for a sweep the trials that ended."""
+    from raytrain.cli.status import show, show_job_run
+
+    if as_json:
+        status = handle.progress()
+        if status is None:
+            raise RunStateError(f"job {handle.job_id}: no status record yet")
+        show(status, True)
+        return EXIT_OK
+    info = handle.info()
+    print(info.status.value)
+    if info.message:
+        print(f"  {redact(info.message)}")
+    if (info.metadata or {}).get("raytrain_sweep"):
+        trials = sweep_lines(handle.logs())
+        print(f"  trials ended: {len(trials)}")
+        for line in trials:
+            print(f"    {redact(line)}")
+    else:
+        show_job_run(handle)
     return EXIT_OK

@@ -11,16 +11,18 @@ exceptions:
   as Ray does for a node drained for preemption, and not counted against ``max_failures``;
 - anything else is Ray's own decision (``DEFER``), which counts it against ``max_failures``.
 
-``_compat.ray_train.PolicyAdapter`` puts it in front of Ray's default policy.
+``_compat.ray_train.PolicyAdapter`` puts it in front of Ray's default policy. Each failure
+it is asked about is also told to ``notify`` (the driver's status record: why the workers
+restart), in one line.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from raytrain.errors import NonFiniteLossError, wraps
+from raytrain.errors import NonFiniteLossError, causes, wraps
 from raytrain.worker.preemption import PreemptedError
 
 logger = logging.getLogger(__name__)
@@ -36,14 +38,20 @@ class FailurePolicy:
     """raytrain's decisions on worker-group failures (see the module docstring);
     ``max_preemptions`` -1 is unlimited."""
 
-    def __init__(self, max_preemptions: int):
+    def __init__(self, max_preemptions: int, notify: Callable[[str], None] | None = None):
         self.max_preemptions = max_preemptions
         self.preemptions = 0
+        self.notify = notify
 
     def decide(self, errors: Iterable[BaseException | None]) -> Decision:
         """The decision for a failure whose ranks raised ``errors`` (empty: the group died
         without a worker's exception, e.g. a lost node)."""
         errors = list(errors)
+        if self.notify is not None:
+            try:
+                self.notify(describe_failure(errors))
+            except Exception:  # a notice that cannot be sent never changes the decision
+                logger.warning("the failure could not be told to the driver", exc_info=True)
         if any(wraps(error, NonFiniteLossError) for error in errors):
             return Decision.RAISE
         if errors and all(wraps(error, PreemptedError) for error in errors):
@@ -54,3 +62,20 @@ class FailurePolicy:
                            self.preemptions)  # fmt: skip
             return Decision.RETRY
         return Decision.DEFER
+
+
+def describe_failure(errors: list[BaseException | None]) -> str:
+    """One line for a worker-group failure: each distinct error once (its type and the
+    first line of its message), or what an empty list means."""
+    lines: list[str] = []
+    for error in errors:
+        if error is None:
+            continue
+        *_, error = causes(error, limit=100)  # the worker's own error, not Ray's wrappers
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        line = f"{type(error).__name__}: {first}" if first else type(error).__name__
+        if line not in lines:
+            lines.append(line)
+    if not lines:
+        return "a worker died without raising (its process was killed, or its node lost)"
+    return "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")

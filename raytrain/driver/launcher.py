@@ -39,7 +39,8 @@ from raytrain.driver.results import (
     worker_timings,
 )
 from raytrain.driver.run_record import RunRecord
-from raytrain.errors import SpecError
+from raytrain.driver.status_record import StatusRecord
+from raytrain.errors import ModelNotRegistered, SpecError
 from raytrain.imports import import_object
 from raytrain.redaction import redact
 from raytrain.spec import JobSpec, load_spec
@@ -153,7 +154,7 @@ def run_job(
     model_check = _start_model_check(job)
     ray_handle = ray_runtime.connect(job, verbose=verbose)
     mark("ray_ready")
-    record = held = None
+    record = held = status = None
     try:
         preflight.raise_if(model_check.result())
         job = _decide_devices(job, ray_handle)
@@ -163,11 +164,17 @@ def run_job(
         prepare_data(job)
         record = RunRecord(job, run_folder.open_run(job, state, fresh, held))
         record.resumed_from = run_folder.resume_point(job, held)
-        trained = training.train(job, ray_handle, record, held, progress, mark, listeners)
+        status = StatusRecord(job, attempt=record.state.attempts + 1,
+                              mlflow_run=lambda: record.state.mlflow_run_id)  # fmt: skip
+        status.start()
+        trained = training.train(job, ray_handle, record, held, progress, mark,
+                                 [*listeners, status])  # fmt: skip
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
         timings.update(worker_timings(trained.latest, start))
     except BaseException as exc:
+        if status is not None:
+            status.finish("failed", error=str(exc) or type(exc).__name__)
         if record is not None:
             killed = isinstance(exc, KeyboardInterrupt)
             record.finish("KILLED" if killed else "FAILED", error=str(exc))
@@ -177,7 +184,16 @@ def run_job(
     finally:
         ray_handle.shutdown()
         mark("ray_stopped")
-    result = _finish(job, trained, record, held, mark)
+    assert status is not None
+    try:
+        result = _finish(job, trained, record, held, mark)
+    except ModelNotRegistered:  # trained and FINISHED; only the registration is missing
+        status.finish("finished")
+        raise
+    except BaseException as exc:
+        status.finish("failed", error=str(exc) or type(exc).__name__)
+        raise
+    status.finish("finished")
     result.wall_time_s, result.timings = time.time() - start, timings
     return result
 

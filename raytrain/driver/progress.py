@@ -54,6 +54,18 @@ def start_sink() -> Any:
     ).remote()
 
 
+class SinkNotice:
+    """A one-line notice sent to the sink as an event of its own, ``{key: text}``: what the
+    failure policy, in Ray Train's controller, tells the driver (why the workers restart).
+    Picklable: it travels with the policy to the controller."""
+
+    def __init__(self, sink: Any, key: str):
+        self.sink, self.key = sink, key
+
+    def __call__(self, text: str) -> None:
+        self.sink.put.remote({self.key: text})
+
+
 def stop_sink(sink: Any) -> None:
     """End the sink's actor once its events are drained: its handle also sits in the
     trainer's worker config, so it would otherwise outlive the run."""
@@ -188,6 +200,8 @@ class ProgressLine:
         return " | ".join(parts)
 
     def __call__(self, event: dict[str, Any]) -> None:
+        if "step" not in event:  # a notice (a failure), not a report
+            return
         line = self.format(event)
         now = time.monotonic()
         if self.tty:

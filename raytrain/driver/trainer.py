@@ -21,6 +21,7 @@ from the driver (``abort``). How: ``raytrain._compat.ray_train``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from raytrain._compat.ray_train import ControllerTrainer, OnWorkerGroupStart, RunAborted
@@ -34,11 +35,13 @@ STOCK_ENV = "RAYTRAIN_STOCK_TRAINER"
 
 
 def build_trainer(
-    *, embedded_env: dict[str, str] | None, max_preemptions: int, **trainer_kwargs: Any
-) -> ControllerTrainer:
-    """The run's trainer (``trainer_kwargs``: ``TorchTrainer``'s own arguments)."""
+    *, embedded_env: dict[str, str] | None, max_preemptions: int,
+    notify: Callable[[str], None] | None = None, **trainer_kwargs: Any,
+) -> ControllerTrainer:  # fmt: skip
+    """The run's trainer (``trainer_kwargs``: ``TorchTrainer``'s own arguments); ``notify``
+    is told each worker-group failure (``FailurePolicy``)."""
     return ControllerTrainer(
-        policy=FailurePolicy(max_preemptions),
+        policy=FailurePolicy(max_preemptions, notify),
         trimmed=embedded_env is not None and not os.getenv(STOCK_ENV),
         embedded_env=embedded_env,
         group_callbacks=[OnWorkerGroupStart(install_sigterm_notice)],

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from raytrain import storage
-from raytrain.checkpoints.layout import SCORE_KEY
+from raytrain.checkpoints.layout import FAILURE_KEY, SCORE_KEY
 from raytrain.contract import CachedSet, WorkerConfig
 from raytrain.driver.lease import Lease
 from raytrain.driver.ray_runtime import RayHandle
@@ -75,6 +75,7 @@ def make_trainer(
     from ray.train.v2.api.config import ScalingConfig
 
     from raytrain.data.sources import dataset_config
+    from raytrain.driver.progress import SinkNotice
     from raytrain.driver.trainer import build_trainer
     from raytrain.worker.loop import train_loop
 
@@ -82,6 +83,7 @@ def make_trainer(
     return build_trainer(
         embedded_env=ray_handle.embedded_env,
         max_preemptions=job.failure.max_preemptions,
+        notify=SinkNotice(sink, FAILURE_KEY),
         train_loop_per_worker=train_loop,
         train_loop_config=work.as_train_loop_config(),
         torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu is True else "gloo"),

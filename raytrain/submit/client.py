@@ -26,12 +26,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
 from raytrain._compat.ray_core import NOISY_LOGGERS
+from raytrain.checkpoints.layout import run_dir
 from raytrain.provenance import GIT_COMMIT_ENV, git_commit
 from raytrain.redaction import is_secret_env, is_secret_name, masked_fields, redact
+from raytrain.run_status import RunStatus, read_status
 from raytrain.submit.connection import (
     TOKEN_ENV,
     JobsError,
@@ -41,6 +43,9 @@ from raytrain.submit.connection import (
     resolve_address,
 )
 from raytrain.submit.uploads import upload_excludes
+
+if TYPE_CHECKING:
+    from raytrain.spec import JobSpec
 
 # Where a job server is found when no address is given: Ray's own variables for its CLI.
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -120,6 +125,28 @@ class JobHandle:
     def logs(self) -> str:
         """The job's driver output so far."""
         return self._call("logs", self.server.client.get_job_logs)
+
+    def progress(self) -> RunStatus | None:
+        """The run's live status record (``raytrain.run_status``), read from its storage as
+        the job's driver writes it: how far along, its ETA, its last checkpoint, its
+        restarts; its ``age()`` says how old, which keeps growing once a driver died. None
+        until the driver wrote one. A job whose run folder cannot be read from here (a
+        relative ``checkpoint.storage``, a sweep, a spec not read at submit) is a
+        ``JobsError`` saying so."""
+        from raytrain.spec import StorageSpec
+
+        meta = self.info().metadata or {}
+        where = meta.get(RUN_DIR_META)
+        if not where:
+            raise JobsError(
+                f"job {self.job_id}: its status record cannot be read from here: its "
+                "checkpoint.storage is not an object store or an absolute path (a sweep's "
+                "trials each keep their own), so the run folder is on the cluster"
+            )
+        options = (
+            StorageSpec.model_validate_json(meta[STORAGE_META]) if STORAGE_META in meta else None
+        )
+        return read_status(where, options)
 
     def follow(self) -> Iterator[str]:
         """The driver's output as it comes, until the job ends."""
@@ -303,9 +330,26 @@ def submit(
         metadata={
             "raytrain_job": job.name if job else spec_path,
             **({"raytrain_sweep": "true"} if sweep else {}),
+            **(_status_metadata(job) if job is not None and not sweep else {}),
         },
     )
     return JobHandle(submitted, server)
+
+
+# The job's metadata keys that say where its run's status record is, and how to open it.
+RUN_DIR_META = "raytrain_run_dir"
+STORAGE_META = "raytrain_storage"
+
+
+def _status_metadata(job: JobSpec) -> dict[str, str]:
+    """Where the job's run folder is, when this machine names the same place the job's
+    driver will (an object store, or an absolute path); a relative ``checkpoint.storage``
+    is under the job's working dir on the cluster. The spec's ``storage`` section holds no
+    credential (they come from each provider's own chain), so it may travel."""
+    location = job.checkpoint.storage
+    if not (storage.is_uri(location) or os.path.isabs(location)):
+        return {}
+    return {RUN_DIR_META: run_dir(job), STORAGE_META: job.storage.model_dump_json()}
 
 
 def attach(

@@ -28,7 +28,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
-from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
+from raytrain.checkpoints.layout import CHECKPOINT_KEY, CKPT_FILE, META_FILE
 from raytrain.worker.loader_position import keeps_position
 from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
@@ -118,7 +118,7 @@ class CheckpointCallback(pl.Callback):
         import ray.train
 
         metrics = self.reporter.collect(trainer, kind)
-        self.reporter.publish(metrics)
+        self.reporter.publish({**metrics, CHECKPOINT_KEY: True})
         began = time.perf_counter()
         ckpt = self._save(trainer, metrics)
         # async: uploaded in the background, training goes on while Ray copies the folder

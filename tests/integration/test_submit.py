@@ -4,8 +4,10 @@ node. Each job records its run in MLflow, found by the Ray job id it ran as."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -132,7 +134,56 @@ def test_a_submitted_sweep_runs_as_one_job_and_its_status_shows_the_trials(
     (parent,) = [r for r in runs if r.data.tags.get("raytrain.sweep.role") == "parent"]
     assert parent.info.status == "FINISHED"
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert sorted(r.data.tags["raytrain.trial"] for r in children) == trials
+    assert sorted(r.data.tags["raytrain.trial"] for r in children) == sorted(trials)
+
+
+def test_raytrain_status_shows_a_job_training_and_its_last_state_once_its_driver_died(
+    head: RayHead, digits_dir: Path, tmp_path: Path
+) -> None:
+    """The run's status record, read from this process and from `raytrain status JOB_ID`
+    in another while the job trains: its step and ETA; then the job's driver SIGKILLed:
+    the job FAILED, the record's last state, no newer than the kill, with its age."""
+    wd = job_dir(tmp_path, digits_dir, name="watched", trainer={"max_epochs": 200},
+                 checkpoint={"every_n_epochs": 1})  # fmt: skip
+    env = client_env(head)
+    proc = raytrain_cli(env, "submit", "spec.yaml", "--address", head.dashboard_url, cwd=wd)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    handle = raytrain.attach(job_id, address=head.dashboard_url, token=head.token)
+    deadline = time.monotonic() + 300
+    # polling the record as a user would: the condition is a file's content
+    while (status := handle.progress()) is None or status.eta_s is None or not status.val_metrics:
+        assert handle.status() in ("PENDING", "RUNNING"), handle.logs()
+        assert time.monotonic() < deadline, handle.logs()
+        time.sleep(0.5)
+    assert status.state in ("training", "checkpointing") and status.world_size == 2
+    assert status.total_steps and 0 < status.step < status.total_steps
+    assert status.max_epochs == 200 and "val_acc" in status.val_metrics
+
+    shown = raytrain_cli(env, "status", job_id, "--address", head.dashboard_url)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "RUNNING"  # the job's state, its message, then the run's record
+    heads = ("  watched: training (record ", "  watched: checkpointing (record ")
+    assert any(line.startswith(heads) for line in lines), lines
+    assert any(line.startswith("    progress: step ") and f"/{status.total_steps} (" in line
+               for line in lines), lines  # fmt: skip
+    assert any("samples/s, ETA " in line for line in lines), lines
+    by_spec = raytrain_cli(env, "status", "spec.yaml", "--json", cwd=wd)  # the same record
+    assert by_spec.returncode == 0 and json.loads(by_spec.stdout)["name"] == "watched"
+
+    driver = head.request(f"/api/jobs/{job_id}")["driver_info"]["pid"]
+    assert status.driver.endswith(f":{driver}")  # the record names the job's driver
+    killed_at = time.time()
+    os.kill(int(driver), signal.SIGKILL)
+    assert handle.wait(timeout_s=120) == "FAILED"
+    last = handle.progress()
+    assert last is not None and last.state in ("training", "checkpointing")
+    assert status.step <= last.step and last.updated_at <= killed_at  # nothing written since
+    after = raytrain_cli(env, "status", job_id, "--address", head.dashboard_url)
+    lines = after.stdout.splitlines()
+    assert lines[0] == "FAILED" and f"  watched: {last.state} (record " in after.stdout
+    assert any(line.startswith(f"    progress: step {last.step}/") for line in lines), lines
 
 
 def test_ray_job_submit_trains_through_the_entrypoint_and_the_python_api_stops_it(

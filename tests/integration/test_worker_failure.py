@@ -15,6 +15,7 @@ import pytest
 
 import raytrain
 from raytrain.checkpoints.layout import META_FILE
+from raytrain.run_status import read_status
 from tests.conftest import digits_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -77,6 +78,16 @@ def test_a_preempted_and_a_killed_worker_end_as_an_uninterrupted_run_does(
     assert [(e["event"], e["step"]) for e in events if e["event"] != "start"] == [
         ("first_step", 1), ("kill", NOTICE_AT), ("first_step", noticed + 1),
         ("kill", KILL_AT), ("first_step", 6 * STEPS_PER_EPOCH + 1)]  # fmt: skip
+
+    # The run's status record: finished, its last checkpoint, each restart and why
+    status = read_status(result.run_dir)
+    assert status is not None and status.state == "finished" and status.step == last
+    assert status.last_checkpoint is not None and status.last_checkpoint.step == last
+    assert status.mlflow_run_id == result.mlflow_run_id and status.world_size == 2
+    preempted, killed = status.restarts
+    assert preempted.step == noticed and preempted.reason.startswith("PreemptedError")
+    # the killed rank fails Ray Train's health check; its peer loses gloo's connection
+    assert killed.step == 6 * STEPS_PER_EPOCH and "WorkerHealthCheckFailedError" in killed.reason
 
     client = MlflowClient(result.tracking_uri)
     run = client.get_run(result.mlflow_run_id)

@@ -176,6 +176,13 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     (snap / "checkpoint_manager_snapshot.json").write_text('{"checkpoint_results": [')
     argvs["snapshot_truncated"] = ["run", job, f"checkpoint.storage={work / 'snapshot_truncated'}"]
 
+    # raytrain status of a run with no status record, or one it cannot read
+    argvs["status_spec_no_record"] = ["status", job]
+    argvs["status_name_no_record"] = ["status", "digits-test", "--storage", str(work / "none")]
+    (work / "status_bad" / "digits-test").mkdir(parents=True)
+    (work / "status_bad" / "digits-test" / "raytrain-status.json").write_text('{"name": 1}')
+    argvs["status_bad_record"] = ["status", "digits-test", "--storage", str(work / "status_bad")]
+
     # raytrain report of runs in a store that does not exist: not created by reading it
     argvs["report_default_store"] = ["report", "0123456789abcdef", "--out", str(work / "r.png")]
     argvs["report_missing_sqlite"] = [
@@ -229,6 +236,9 @@ EXPECTED: dict[str, str] = {
     "state_not_utf8": "raytrain-run.json: the run's state file cannot be read",
     "state_deep": "raytrain-run.json: the run's state file cannot be read",
     "snapshot_truncated": "checkpoint_manager_snapshot.json",
+    "status_spec_no_record": "raytrain-status.json: no status record",
+    "status_name_no_record": "none/digits-test/raytrain-status.json: no status record",
+    "status_bad_record": "raytrain-status.json: the run's status record cannot be read",
     "report_missing_sqlite": "nowhere.db",
     "export_not_a_checkpoint": "notes.txt",
     "export_no_state_dict": "ckpt_no_state_dict",

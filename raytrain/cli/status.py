@@ -1,0 +1,75 @@
+"""``raytrain status``: a run's live status record (``raytrain.run_status``), found by a
+submitted job's id, by its spec, or by its name and storage.
+
+    raytrain status JOB_ID [--address URL]     the job's state, then its run's record
+    raytrain status SPEC [a.b=value ...]       the run that spec names
+    raytrain status NAME --storage URI         the run NAME under that checkpoint.storage
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from raytrain import storage
+from raytrain.errors import EXIT_OK, RaytrainError, RunStateError
+from raytrain.run_status import RunStatus, describe, read_status, status_path
+
+if TYPE_CHECKING:
+    from raytrain.submit.client import JobHandle
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def names_a_run(args: argparse.Namespace) -> bool:
+    """Whether ``raytrain status``'s target is a run (a spec, or a name with ``--storage``)
+    rather than a submitted job's id."""
+    target = args.target
+    return args.storage is not None or target.endswith(SPEC_SUFFIXES) or Path(target).is_file()
+
+
+def run_status_command(args: argparse.Namespace) -> int:
+    """Print the record of the run the arguments name; a run without one is exit 2."""
+    if args.storage is not None:
+        where = storage.join(storage.resolve(args.storage), args.target)
+        status = read_status(where)
+    else:
+        from raytrain.checkpoints.layout import run_dir
+        from raytrain.spec import load_spec
+
+        job = load_spec(args.target, args.overrides)
+        where = run_dir(job)
+        status = read_status(where, job.storage)
+    if status is None:
+        raise RunStateError(
+            f"{status_path(where)}: no status record: the run has not started there (or ran "
+            "before raytrain kept one)"
+        )
+    show(status, args.json)
+    return EXIT_OK
+
+
+def show(status: RunStatus, as_json: bool, indent: str = "") -> None:
+    """The record on stdout: as ``describe`` words it, or as its JSON."""
+    if as_json:
+        print(status.to_json())
+        return
+    for line in describe(status):
+        print(indent + line)
+
+
+def show_job_run(handle: JobHandle) -> None:
+    """After a job's state: its run's record, or why there is none to show."""
+    try:
+        status = handle.progress()
+    except RaytrainError as exc:
+        print(f"  run: {exc.problems[0]}")
+        return
+    except Exception as exc:  # the store cannot be reached from here
+        print(f"  run: the status record cannot be read ({storage.describe(exc)})")
+        return
+    if status is None:
+        print("  run: no status record yet (the driver is starting)")
+        return
+    show(status, False, indent="  ")

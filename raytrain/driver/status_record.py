@@ -1,0 +1,227 @@
+"""The driver's writer of the run's live status record (``raytrain.run_status``).
+
+``StatusRecord`` is a handler of the run's events (beside MLflow and the progress line):
+each report moves the record on (step, epoch, throughput, ETA, the last validation, the
+world size), a report that opens a new worker group is a restart (with the reason the
+failure policy sent ahead of it), and a checkpoint's report puts the run in
+``checkpointing`` until Ray's snapshot shows it committed. The record is written at most
+every ``WRITE_EVERY_S`` on reports, at once on a change of state, and at least every
+``run_status.HEARTBEAT_S`` by a heartbeat thread, so that its age tells a reader whether the
+driver lives. A write that fails (the store is down) is said once on stderr and never stops
+training: the record is a view, the checkpoints are the truth.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from raytrain import run_status, storage
+from raytrain.checkpoints.layout import (
+    CHECKPOINT_KEY,
+    FAILURE_KEY,
+    STOPPED_KEY,
+    epochs_done,
+    latest_committed,
+    run_dir,
+)
+from raytrain.run_status import CheckpointMark, Restart, RunStatus, State
+from raytrain.spec import JobSpec
+
+WRITE_EVERY_S = 2.0
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+class StatusRecord:
+    """The run's status record, kept from its events (see the module docstring).
+
+    ``clock`` and ``write`` are parameters so that a unit test can drive it event by event
+    without a store; ``committed`` reads the run's latest committed checkpoint (step,
+    epoch) or None."""
+
+    def __init__(
+        self,
+        job: JobSpec,
+        *,
+        attempt: int = 1,
+        clock: Callable[[], float] = time.time,
+        write: Callable[[str], None] | None = None,
+        committed: Callable[[], tuple[int, int] | None] | None = None,
+        mlflow_run: Callable[[], str | None] = lambda: None,
+    ):
+        self.job = job
+        self.path = run_status.status_path(run_dir(job))
+        self._clock = clock
+        self._write = write or (lambda text: storage.write_text(self.path, text, job.storage))
+        self._committed = committed or self._read_committed
+        self._mlflow_run = mlflow_run  # known once the run's records are open
+        now = clock()
+        max_steps = job.trainer.max_steps
+        self.status = RunStatus(
+            name=job.name, state="starting", started_at=now, updated_at=now,
+            driver=f"{socket.gethostname()}:{os.getpid()}", attempt=attempt,
+            max_epochs=job.trainer.max_epochs,
+            total_steps=max_steps if max_steps and max_steps > 0 else None,
+        )  # fmt: skip
+        self._lock = threading.Lock()
+        self._written_at: float | None = None
+        self._first: tuple[float, int] | None = None  # (time, step) of this attempt's first
+        self._pending: tuple[int, int] | None = None  # a checkpoint reported, not committed
+        self._groups = 0  # worker groups that reported
+        self._failure: str | None = None  # the last failure the policy saw
+        self._resume: tuple[int, int] | None = None  # what was committed at that failure
+        self._warned = False
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    # -- the record's life -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Write the first record and start the heartbeat."""
+        self._save(force=True)
+        self._beat = threading.Thread(target=self._heartbeat, name="raytrain-status", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(min(run_status.HEARTBEAT_S, 10.0)):
+            with self._lock:
+                self._check_committed()
+                due = self._clock() - (self._written_at or 0.0) >= run_status.HEARTBEAT_S
+            if due:
+                self._save(force=True)
+
+    def finish(self, state: State, *, error: str | None = None) -> None:
+        """The last record: ``finished`` or ``failed`` (with the error); the heartbeat ends."""
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        with self._lock:
+            self.status.state = state
+            self.status.error = error
+            if state == "finished":
+                self.status.eta_s = None
+            self._check_committed()
+        self._save(force=True)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        """A report from rank 0 (or the failure policy's notice of a failure)."""
+        with self._lock:
+            changed = self._apply(event)
+        self._save(force=changed)
+
+    def _apply(self, event: dict[str, Any]) -> bool:
+        """Move the record on by ``event``; whether its state changed."""
+        status, before = self.status, self.status.state
+        if FAILURE_KEY in event:
+            # Ray Train restores the new workers from the checkpoint committed now: the
+            # failed group reports nothing more, the new one has not started
+            self._failure, self._resume = str(event[FAILURE_KEY]), self._read_safely()
+            status.state = "restarting"
+            return status.state != before
+        if "step" not in event:
+            return False
+        now, step = self._clock(), int(event["step"])
+        if "_worker_started_at" in event:  # rank 0's startup times: a new worker group
+            self._groups += 1
+            if self._groups > 1:
+                resumed = self._resume if self._failure else self._read_safely()
+                reason = self._failure or "the workers were restarted"
+                status.restarts.append(Restart(
+                    at=now, step=resumed[0] if resumed else 0, reason=reason,
+                    world_size=event.get("world_size")))  # fmt: skip
+            self._failure, self._first = None, None
+        if self._first is None:
+            self._first = (now, step)
+        status.step, status.epoch = step, int(event.get("epoch", status.epoch))
+        if isinstance(event.get("world_size"), int):
+            status.world_size = event["world_size"]
+        if (rate := _number(event.get("samples_per_s"))) is not None:
+            status.samples_per_s = rate
+        vals = {k: v for k, v in event.items() if k.startswith("val") and _number(v) is not None}
+        if vals:
+            status.val_metrics = {k: float(v) for k, v in vals.items()}
+        if STOPPED_KEY in event:
+            status.stopped = str(event[STOPPED_KEY])
+        if event.get("kind") in ("epoch", "end") and not status.total_steps and step:
+            epochs = max(epochs_done(event), 1)
+            if status.max_epochs and status.max_epochs > 0:
+                status.total_steps = round(step / epochs * status.max_epochs)
+        status.eta_s = self._eta(now, step)
+        if event.get(CHECKPOINT_KEY):
+            self._pending = (step, status.epoch)
+            status.state = "checkpointing"
+        elif status.state in ("starting", "restarting"):
+            status.state = "training"
+        self._check_committed()
+        return status.state != before
+
+    def _eta(self, now: float, step: int) -> float | None:
+        total = self.status.total_steps
+        if self._first is None or not total:
+            return None
+        t0, s0 = self._first
+        if step <= s0 or now <= t0:
+            return self.status.eta_s
+        return max(0.0, (total - step) * (now - t0) / (step - s0))
+
+    def _check_committed(self) -> None:
+        """Once a reported checkpoint shows in Ray's snapshot: the last checkpoint, and the
+        run back to ``training``. Reads the snapshot only while one is pending."""
+        if self._pending is None:
+            return
+        committed = self._read_safely()
+        if committed is None or committed[0] < self._pending[0]:
+            return
+        step, epoch = committed
+        self.status.last_checkpoint = CheckpointMark(step=step, epoch=epoch, at=self._clock())
+        self._pending = None
+        if self.status.state == "checkpointing":
+            self.status.state = "training"
+
+    def _read_safely(self) -> tuple[int, int] | None:
+        """The latest committed checkpoint's (step, epoch); None also when the store cannot
+        be read now (asked again at the next event or heartbeat)."""
+        try:
+            return self._committed()
+        except Exception:
+            return None
+
+    def _read_committed(self) -> tuple[int, int] | None:
+        latest = latest_committed(run_dir(self.job), self.job.storage)
+        if latest is None:
+            return None
+        metrics = latest[1]
+        return int(metrics.get("step", 0)), int(metrics.get("epoch", 0))
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _save(self, *, force: bool) -> None:
+        with self._lock:
+            now = self._clock()
+            recent = self._written_at is not None and now - self._written_at < WRITE_EVERY_S
+            if recent and not force:
+                return
+            self.status.updated_at = now
+            self.status.mlflow_run_id = self._mlflow_run() or self.status.mlflow_run_id
+            self._written_at = now
+            text = self.status.to_json()
+            try:
+                self._write(text)  # under the lock: an older record never lands last
+            except Exception as exc:  # the record is a view: training goes on without it
+                if not self._warned:
+                    self._warned = True
+                    print(f"raytrain: warning: the status record {self.path} could not be "
+                          f"written ({storage.describe(exc)}); training goes on",
+                          file=sys.stderr)  # fmt: skip

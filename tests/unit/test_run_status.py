@@ -1,0 +1,171 @@
+"""The live status record: ``driver.status_record.StatusRecord`` driven event by event with
+its own clock, ``run_status``'s reading and wording, and the failure policy's notice of why
+workers restart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raytrain.checkpoints.layout import CHECKPOINT_KEY, FAILURE_KEY
+from raytrain.driver.failure_policy import Decision, FailurePolicy, describe_failure
+from raytrain.driver.status_record import WRITE_EVERY_S, StatusRecord
+from raytrain.errors import NonFiniteLossError, RunStateError
+from raytrain.run_status import (
+    HEARTBEAT_S,
+    STATUS_FILE,
+    RunStatus,
+    describe,
+    read_status,
+)
+from raytrain.spec import load_spec
+from tests.conftest import digits_spec
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _record(tmp_path: Path, **trainer: Any) -> tuple[StatusRecord, Clock, list[RunStatus], list]:
+    spec = digits_spec(tmp_path, tmp_path, trainer={"max_epochs": 4, **trainer})
+    clock, written, committed = Clock(), [], [None]
+    record = StatusRecord(
+        load_spec(spec), attempt=2, clock=clock,
+        write=lambda text: written.append(RunStatus.model_validate_json(text)),
+        committed=lambda: committed[0], mlflow_run=lambda: "run-1",
+    )  # fmt: skip
+    return record, clock, written, committed
+
+
+def _report(step: int, epoch: int = 0, **extra: Any) -> dict[str, Any]:
+    return {"step": step, "epoch": epoch, "kind": "step", "world_size": 2, **extra}
+
+
+def test_reports_move_the_record_on_with_an_eta_and_writes_are_spaced(tmp_path: Path) -> None:
+    record, clock, written, _ = _record(tmp_path, max_steps=100)
+    record._save(force=True)
+    assert written[-1].state == "starting" and written[-1].total_steps == 100
+
+    record(_report(10, _worker_started_at=1.0, samples_per_s=320.0))  # a state change: written
+    assert (written[-1].state, written[-1].step, written[-1].world_size) == ("training", 10, 2)
+    assert written[-1].mlflow_run_id == "run-1" and written[-1].attempt == 2
+
+    clock.now += 1.0
+    record(_report(15))  # within WRITE_EVERY_S of the last write: kept, not written
+    assert written[-1].step == 10
+    clock.now += WRITE_EVERY_S
+    record(_report(20, val_loss=0.5, val_acc=0.9))
+    last = written[-1]
+    assert last.step == 20 and last.val_metrics == {"val_loss": 0.5, "val_acc": 0.9}
+    # 10 steps in 3 s since this attempt's first report: 80 left take 24 s
+    assert last.eta_s == pytest.approx(24.0) and last.percent == 20.0
+    assert last.updated_at == clock.now
+
+
+def test_the_total_is_learnt_from_the_first_epoch_when_only_epochs_are_set(
+    tmp_path: Path,
+) -> None:
+    record, clock, written, _ = _record(tmp_path)
+    record(_report(0, _worker_started_at=1.0))
+    clock.now += 5
+    record({**_report(45, epoch=0), "kind": "epoch"})  # 45 steps an epoch, 4 epochs
+    assert written[-1].total_steps == 180 and written[-1].epoch == 0
+
+
+def test_a_checkpoint_is_the_last_one_only_once_ray_committed_it(tmp_path: Path) -> None:
+    record, clock, written, committed = _record(tmp_path)
+    record(_report(10, _worker_started_at=1.0))
+    clock.now += 1
+    record(_report(20, **{CHECKPOINT_KEY: True}))
+    assert written[-1].state == "checkpointing" and written[-1].last_checkpoint is None
+    clock.now += 1
+    committed[0] = (10, 0)  # an older one: still pending
+    record(_report(21))
+    assert record.status.last_checkpoint is None
+    committed[0] = (20, 0)
+    clock.now += WRITE_EVERY_S
+    record(_report(25))
+    mark = written[-1].last_checkpoint
+    assert written[-1].state == "training" and mark is not None and mark.step == 20
+
+
+def test_a_restart_carries_the_failure_policys_reason(tmp_path: Path) -> None:
+    record, clock, written, committed = _record(tmp_path)
+    record(_report(10, _worker_started_at=1.0))
+    clock.now += 1
+    committed[0] = (5, 0)  # what Ray Train restores the new group from
+    record({FAILURE_KEY: "RuntimeError: rank 1 lost"})  # the policy's notice: no step
+    assert written[-1].state == "restarting" and written[-1].step == 10
+    clock.now += 10
+    committed[0] = (9, 0)  # the new group trained on and committed before its report came
+    record(_report(12, _worker_started_at=2.0, world_size=1))  # the new group's first report
+    restart = written[-1].restarts[0]
+    assert (restart.step, restart.world_size, restart.reason) == (5, 1, "RuntimeError: rank 1 lost")
+    assert written[-1].state == "training" and written[-1].world_size == 1
+
+
+def test_the_last_record_says_how_it_ended_and_a_failing_store_never_stops_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record, clock, written, _ = _record(tmp_path)
+    record(_report(10, _worker_started_at=1.0))
+    record.finish("failed", error="TrainingFailed: rank 0: boom")
+    assert written[-1].state == "failed" and written[-1].error == "TrainingFailed: rank 0: boom"
+
+    def refuse(text: str) -> None:
+        raise OSError("connection refused")
+
+    record._write = refuse
+    for step in (11, 12):
+        clock.now += WRITE_EVERY_S
+        record(_report(step))
+    assert capsys.readouterr().err.count("could not be written") == 1
+
+
+def test_read_status_round_trips_and_names_a_record_it_cannot_read(tmp_path: Path) -> None:
+    assert read_status(str(tmp_path)) is None
+    status = RunStatus(name="r", state="training", started_at=1.0, updated_at=2.0, driver="h:1")
+    (tmp_path / STATUS_FILE).write_text(status.to_json())
+    assert read_status(str(tmp_path)) == status
+    for bad in ("{", json.dumps({**status.model_dump(), "state": "dancing"}),
+                json.dumps({**status.model_dump(), "extra": 1})):  # fmt: skip
+        (tmp_path / STATUS_FILE).write_text(bad)
+        with pytest.raises(RunStateError, match=f"{STATUS_FILE}: the run's status record"):
+            read_status(str(tmp_path))
+
+
+def test_describe_shows_progress_eta_and_a_driver_that_stopped_writing() -> None:
+    status = RunStatus(
+        name="r", state="training", started_at=0.0, updated_at=100.0, driver="h:1",
+        step=20, total_steps=100, epoch=1, max_epochs=4, samples_per_s=300.0, eta_s=80.0,
+        val_metrics={"val_acc": 0.91},
+    )  # fmt: skip
+    lines = describe(status, now=110.0)
+    assert lines[0] == "r: training (record 0:10 old)"
+    assert "  progress: step 20/100 (20.0%), epoch 2/4" in lines
+    assert "  speed: 300 samples/s, ETA 1:10" in lines  # the ETA counts down with the age
+    assert "  last validation: val_acc 0.91" in lines
+    stale = describe(status, now=100.0 + 3 * HEARTBEAT_S + 1)
+    assert stale[0].endswith("old; the driver may have died)")
+
+
+def test_the_failure_policy_tells_why_and_a_notice_that_fails_changes_nothing() -> None:
+    told: list[str] = []
+    policy = FailurePolicy(max_preemptions=0, notify=told.append)
+    assert policy.decide([RuntimeError("boom\nmore"), RuntimeError("boom")]) == Decision.DEFER
+    assert policy.decide([]) == Decision.DEFER
+    assert told == ["RuntimeError: boom", describe_failure([])]
+    assert "killed" in told[1]
+
+    def broken(text: str) -> None:
+        raise ConnectionError("sink gone")
+
+    nan = FailurePolicy(max_preemptions=0, notify=broken)
+    assert nan.decide([NonFiniteLossError("loss is nan")]) == Decision.RAISE
