@@ -38,19 +38,23 @@ FIGURES = ("step_s", "startup_s", "epoch_overhead_s", "exit_s")
 LABELS = {"step_s": "step (ms)", "startup_s": "startup to 1st step (s)",
           "epoch_overhead_s": "per-epoch overhead (s)", "exit_s": "end to end (s)"}  # fmt: skip
 # raytrain runs beside the default one: (label, logical CPUs given to Ray, train files,
-# trainer options). Metrics are reported every 10 steps by default; every step measures
-# what reporting costs. "DataModule" feeds the same rows from a LightningDataModule
-# (TensorDatasets, the default collate) instead of the cached Parquet: its step time is
-# compared with the default run's.
+# spec sections merged into the run's). Metrics are reported every 10 steps by default;
+# every step measures what reporting costs. "DataModule" feeds the same rows from a
+# LightningDataModule (TensorDatasets, the default collate) instead of the cached Parquet:
+# its step time is compared with the default run's.
 VARIANTS = {
     "digits": [
         ("Ray 6 CPUs", 6, 1, {}),
         ("Ray 16 CPUs", 16, 1, {}),
         ("Ray 16 CPUs, 32 files", 16, 32, {}),
-        ("metrics every step", None, 1, {"log_every_n_steps": 1}),
+        ("metrics every step", None, 1, {"trainer": {"log_every_n_steps": 1}}),
         ("DataModule", None, 1, {}),
     ],
-    "compute": [("Ray 16 CPUs", 16, 1, {})],
+    "compute": [
+        ("Ray 16 CPUs", 16, 1, {}),
+        # the per-rank step timeline off: what measuring it costs a compute-bound step
+        ("no timeline", None, 1, {"tracking": {"timeline": False}}),
+    ],
 }
 # FitResult.timings, in the order they happen: (key, what ends there)
 PHASES = [
@@ -112,7 +116,7 @@ def run_raytrain(
     data: Path,
     work: Path,
     cpus: int | None = None,
-    trainer: dict | None = None,
+    sections: dict | None = None,
     datamodule: bool = False,
 ) -> dict[str, float]:
     import yaml
@@ -134,10 +138,12 @@ def run_raytrain(
         },
         "scaling": {"num_workers": 2},
         "trainer": {"max_epochs": EPOCHS[model], "gradient_clip_val": 1.0,
-                    "log_every_n_steps": 10, "seed": 42, **(trainer or {})},
+                    "log_every_n_steps": 10, "seed": 42},
         "checkpoint": {"storage": str(work / "runs"), "every_n_epochs": 1, "keep": 1},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
     }  # fmt: skip
+    for section, values in (sections or {}).items():
+        spec[section] = {**spec[section], **values}
     if datamodule:
         spec["model"]["class_path"] = "bench.timed:TimedDigitsTupleCNN"
         spec["data"] = {"class_path": "bench.timed.DigitsParquetModule",
@@ -192,8 +198,8 @@ def _bench_model(
             if side == "baseline":
                 runs[side].append(run_baseline(model, data[1], work))
             else:
-                _, cpus, files, trainer = next(v for v in variants if v[0] == side)
-                runs[side].append(run_raytrain(model, data[files], work, cpus, trainer,
+                _, cpus, files, sections = next(v for v in variants if v[0] == side)
+                runs[side].append(run_raytrain(model, data[files], work, cpus, sections,
                                                datamodule=side == "DataModule"))  # fmt: skip
             shown = {k: round(v, 3) for k, v in runs[side][-1].items() if not k.startswith("at_")}
             print(f"  {model} {side} rep {rep + 1}: {shown}", file=sys.stderr, flush=True)
@@ -226,6 +232,9 @@ def _print_tables(results: dict[str, dict], reps: int) -> None:
             key, scale, against = (("step_s", 1000, res["raytrain"]) if label == "DataModule"
                                    else (key, scale, base))  # fmt: skip
             name = f"{LABELS[key].split(' (')[0]}, {label}"
+            if label == "no timeline":  # raytrain's step (timeline on) over this one's
+                figures, against, key, scale = res["raytrain"], figures, "step_s", 1000
+                name = "time per step, timeline on / off"
             print(f"{model:<9} {name:<44} {figures[key] * scale:>10.2f} "
                   f"{against[key] * scale:>10.2f} {figures[key] / against[key]:>7.2f}")  # fmt: skip
     for model, res in results.items():

@@ -55,6 +55,11 @@ class Restart(_Record):
     at: float = Field(description="when the new workers first reported (Unix time)")
     step: int = Field(description="the step they resumed from: the latest committed checkpoint's")
     world_size: int | None = Field(default=None, description="how many workers came back")
+    lost_steps: int = Field(
+        default=0,
+        description="steps trained again: the last reported step before the "
+        "failure less the step resumed from (at least; reports come every few steps)",
+    )
     reason: str = Field(description="why, as far as the driver knows")
 
 
@@ -70,6 +75,9 @@ class RunStatus(_Record):
     epoch: int = Field(default=0, description="the current epoch (0-based)")
     max_epochs: int | None = Field(default=None, description="trainer.max_epochs")
     step: int = Field(default=0, description="optimizer steps done")
+    first_report_at: float | None = Field(
+        default=None, description="when this attempt's workers first reported (Unix time)"
+    )
     total_steps: int | None = Field(
         default=None,
         description="steps the run will take, once known (max_steps, or epochs times the "
@@ -85,6 +93,9 @@ class RunStatus(_Record):
     world_size: int | None = Field(default=None, description="workers training now")
     restarts: list[Restart] = Field(default_factory=list, description="in this attempt")
     mlflow_run_id: str | None = Field(default=None, description="the run's MLflow run")
+    straggler: str | None = Field(
+        default=None, description="the rank holding the others up now, and by how much"
+    )
     stopped: str | None = Field(default=None, description="why training stopped early")
     error: str | None = Field(default=None, description="why the run failed")
 
@@ -176,6 +187,8 @@ def describe(status: RunStatus, now: float | None = None) -> list[str]:
                  f"restarts: {len(status.restarts)}")  # fmt: skip
     for restart in status.restarts:
         lines.append(f"    at step {restart.step}: {restart.reason}")
+    if status.straggler:
+        lines.append(f"  straggler: {status.straggler}")
     if status.stopped:
         lines.append(f"  stopped early: {status.stopped}")
     if status.error:

@@ -8,8 +8,9 @@ else does raytrain touch it. ``tests/unit/test_compat.py`` pins what each entry 
 
 - ``ControllerTrainer``: ``TorchTrainer`` overriding ``_create_default_callbacks`` (adds
   worker-group callbacks; drops ``WorkingDirectorySetupCallback``, so that the workers
-  stay in the directory Ray started them in, and ``PlacementGroupCleanerCallback`` and,
-  without Ray Datasets, ``DatasetsCallback`` when trimmed) and ``_initialize_and_run_controller``
+  stay in the directory Ray started them in, and when trimmed, without Ray Datasets,
+  ``DatasetsCallback``, and ``PlacementGroupCleanerCallback`` where the cluster ends with
+  the run) and ``_initialize_and_run_controller``
   (starts ``TrainController`` itself: on the driver's node, with 0 CPUs, with the policy
   given, with a runtime env only when the cluster's processes lack the controller's
   variables; ends it, and puts the caller's SIGINT handler back, when the run is over).
@@ -127,7 +128,11 @@ class LocalScalingPolicy(FixedScalingPolicy):
 class ControllerTrainer(TorchTrainer):
     """``TorchTrainer`` that starts its controller itself (see the module docstring).
 
-    ``trimmed``: skip what only a shared or autoscaling cluster needs; ``embedded_env``:
+    ``trimmed``: skip what only a shared or autoscaling cluster needs; ``ends_with_run``:
+    the cluster ends with this run, so a placement group its controller leaves behind (a
+    controller killed with its caller: a sweep's stopped trial) needs no cleaner, since
+    Ray removes a placement group only once both its creator and its job are gone;
+    ``embedded_env``:
     the environment the cluster's processes were started with (None: unknown, give the
     controller its runtime env); ``policy``: raytrain's failure decisions;
     ``group_callbacks``: worker-group callbacks added to Ray Train's own.
@@ -138,6 +143,7 @@ class ControllerTrainer(TorchTrainer):
         *args: Any,
         policy: Policy,
         trimmed: bool = False,
+        ends_with_run: bool = False,
         embedded_env: dict[str, str] | None = None,
         group_callbacks: Sequence[Any] = (),
         **kwargs: Any,
@@ -145,6 +151,7 @@ class ControllerTrainer(TorchTrainer):
         super().__init__(*args, **kwargs)
         self._policy = policy
         self._trimmed = trimmed
+        self._ends_with_run = ends_with_run
         self._embedded_env = embedded_env
         self._group_callbacks = list(group_callbacks)
         self._controller: Any = None
@@ -163,10 +170,10 @@ class ControllerTrainer(TorchTrainer):
         # working dir on a cluster), so a relative path in the user's code (a DataModule's
         # data_dir) means what it means to `python train.py`.
         drop: tuple[type, ...] = (WorkingDirectorySetupCallback,)
-        if self._trimmed:
+        if self._trimmed and self._ends_with_run:
             drop += (PlacementGroupCleanerCallback,)
-            if not self.datasets:
-                drop += (DatasetsCallback,)
+        if self._trimmed and not self.datasets:
+            drop += (DatasetsCallback,)
         return [cb for cb in callbacks if not isinstance(cb, drop)]
 
     def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Any:

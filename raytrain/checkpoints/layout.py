@@ -47,6 +47,9 @@ PRECISION_KEY = "_precision"
 CHECKPOINT_KEY = "_checkpoint"
 # The key of the failure policy's notice of a worker-group failure; its value says why.
 FAILURE_KEY = "_failure"
+# The key of a rank's step-timeline summary (every rank sends one per report window): its
+# value maps each part of a step to [p50, p90] seconds.
+TIMELINE_KEY = "_timeline"
 
 
 # The file a sharded (torch distributed) checkpoint's folder is recognised by.

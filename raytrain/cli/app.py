@@ -7,6 +7,7 @@
     raytrain report RUN_ID... [--tracking-uri URI] [--out report.png] [--html report.html]
     raytrain submit SPEC [a.b=value ...] --address URL [--follow] [--working-dir DIR] ...
     raytrain status JOB_ID|SPEC|NAME --storage URI [--json]   (a run's live progress)
+    raytrain doctor SPEC|NAME --storage URI [--tracking-uri URI]   (where its time went)
     raytrain logs|stop JOB_ID [--address URL]      raytrain list [--address URL]
     (a job command sends the cluster's token over plain http only to this machine, or with
     --insecure)
@@ -128,6 +129,11 @@ def _add_job_commands(sub: Any) -> None:
     status.add_argument("--storage", help="the checkpoint.storage a run NAME is under")
     status.add_argument("--json", action="store_true", help="print the status record as JSON")
     _add_address(status)
+    doctor = sub.add_parser("doctor", help="where a run's time went, and what to do about it")
+    doctor.add_argument("target", help="a job spec (YAML), or a run's name with --storage")
+    doctor.add_argument("overrides", nargs="*", help="dotted overrides of the spec")
+    doctor.add_argument("--storage", help="the checkpoint.storage a run NAME is under")
+    doctor.add_argument("--tracking-uri", help="the MLflow store (default: the spec's)")
     for name, text in (
         ("logs", "a job's driver output"),
         ("stop", "stop a job"),
@@ -225,6 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
+        if args.command == "doctor":
+            from raytrain.cli.status import doctor_command
+
+            return doctor_command(args)
         if args.command == "status":
             from raytrain.cli.status import names_a_run, run_status_command
 

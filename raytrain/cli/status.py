@@ -4,19 +4,21 @@ submitted job's id, by its spec, or by its name and storage.
     raytrain status JOB_ID [--address URL]     the job's state, then its run's record
     raytrain status SPEC [a.b=value ...]       the run that spec names
     raytrain status NAME --storage URI         the run NAME under that checkpoint.storage
+    raytrain doctor SPEC | NAME --storage URI  where the run's time went, what to do
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
 from raytrain.errors import EXIT_OK, RaytrainError, RunStateError
 from raytrain.run_status import RunStatus, describe, read_status, status_path
 
 if TYPE_CHECKING:
+    from raytrain.spec import JobSpec
     from raytrain.submit.client import JobHandle
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
@@ -29,8 +31,10 @@ def names_a_run(args: argparse.Namespace) -> bool:
     return args.storage is not None or target.endswith(SPEC_SUFFIXES) or Path(target).is_file()
 
 
-def run_status_command(args: argparse.Namespace) -> int:
-    """Print the record of the run the arguments name; a run without one is exit 2."""
+def located(args: argparse.Namespace) -> tuple[RunStatus, JobSpec | None]:
+    """The record of the run ``args`` name (a spec, or ``target`` under ``--storage``), and
+    the spec when one was given; a run without a record is a ``RunStateError`` (exit 2)."""
+    job = None
     if args.storage is not None:
         where = storage.join(storage.resolve(args.storage), args.target)
         status = read_status(where)
@@ -46,7 +50,30 @@ def run_status_command(args: argparse.Namespace) -> int:
             f"{status_path(where)}: no status record: the run has not started there (or ran "
             "before raytrain kept one)"
         )
+    return status, job
+
+
+def run_status_command(args: argparse.Namespace) -> int:
+    """Print the record of the run the arguments name."""
+    status, _ = located(args)
     show(status, args.json)
+    return EXIT_OK
+
+
+def doctor_command(args: argparse.Namespace) -> int:
+    """Print where the run's time went (``tracking.doctor``), from its status record and
+    its MLflow run (``--tracking-uri``, else the spec's, else MLflow's default)."""
+    from raytrain.tracking.doctor import describe, diagnose, run_facts
+    from raytrain.tracking.mlflow_tracker import default_tracking_uri
+
+    status, job = located(args)
+    uri = args.tracking_uri or (job.tracking.mlflow.tracking_uri if job else None)
+    parts: dict[str, float] = {}
+    tags: dict[str, Any] = {}
+    if status.mlflow_run_id is not None:
+        parts, tags = run_facts(uri or default_tracking_uri(), status.mlflow_run_id)
+    for line in describe(diagnose(parts, status, tags), status.name):
+        print(line)
     return EXIT_OK
 
 

@@ -167,8 +167,8 @@ def run_job(
         status = StatusRecord(job, attempt=record.state.attempts + 1,
                               mlflow_run=lambda: record.state.mlflow_run_id)  # fmt: skip
         status.start()
-        trained = training.train(job, ray_handle, record, held, progress, mark,
-                                 [*listeners, status])  # fmt: skip
+        trained = training.train(job, ray_handle, record, held, progress, mark, listeners,
+                                 status)  # fmt: skip
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
         timings.update(worker_timings(trained.latest, start))

@@ -11,12 +11,15 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
+
+from raytrain.checkpoints.layout import TIMELINE_KEY
 
 
 class MetricsSink:
-    """A Ray actor (0 CPUs) holding rank 0's metric events until the driver drains them.
+    """A Ray actor (0 CPUs) holding the run's events until the driver drains them: rank 0's
+    metric reports, every rank's step timelines, the failure policy's notices.
 
     Metrics travel outside ``ray.train.report``: a report waits for the train controller's
     next poll (every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``), so reporting every few steps
@@ -84,9 +87,10 @@ class StopRun(Exception):
 
 
 class ReportPump:
-    """A driver thread that drains the sink into handlers until stopped. A handler's error
-    is kept (``errors``) and training goes on, unless it is a ``StopRun``: then ``on_stop``
-    is called once (it aborts the trainer) and ``stopped`` holds it."""
+    """A driver thread that drains the sink into handlers until stopped: rank 0's reports
+    (and notices) to ``handlers``, every rank's step timelines to ``timeline_handlers``. A
+    handler's error is kept (``errors``) and training goes on, unless it is a ``StopRun``:
+    then ``on_stop`` is called once (it aborts the trainer) and ``stopped`` holds it."""
 
     def __init__(
         self,
@@ -94,9 +98,11 @@ class ReportPump:
         handlers: list[Callable[[dict[str, Any]], None]],
         interval_s: float = 1.0,
         on_stop: Callable[[], None] | None = None,
+        timeline_handlers: Sequence[Callable[[dict[str, Any]], None]] = (),
     ):
         self.sink = sink
         self.handlers = handlers
+        self.timeline_handlers = list(timeline_handlers)  # every rank's step timelines
         self.interval_s = interval_s
         self.on_stop = on_stop
         self.stopped: StopRun | None = None
@@ -127,8 +133,10 @@ class ReportPump:
             self.errors.append(exc)
             return
         for event in events:
-            self.latest.update(event)
-            for handler in self.handlers:
+            timeline = TIMELINE_KEY in event  # a rank's timeline, not one of rank 0's reports
+            if not timeline:
+                self.latest.update(event)
+            for handler in self.timeline_handlers if timeline else self.handlers:
                 try:
                     handler(event)
                 except StopRun as stop:

@@ -80,6 +80,7 @@ class StatusRecord:
         self._groups = 0  # worker groups that reported
         self._failure: str | None = None  # the last failure the policy saw
         self._resume: tuple[int, int] | None = None  # what was committed at that failure
+        self._failed_at = 0  # the last step reported before that failure
         self._warned = False
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -113,6 +114,13 @@ class StatusRecord:
             self._check_committed()
         self._save(force=True)
 
+    def set_straggler(self, text: str | None) -> None:
+        """The rank holding the others up (``driver.timeline``), or None once it caught up."""
+        with self._lock:
+            changed = self.status.straggler != text
+            self.status.straggler = text
+        self._save(force=changed)
+
     # -- events ----------------------------------------------------------------------------
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -128,6 +136,7 @@ class StatusRecord:
             # Ray Train restores the new workers from the checkpoint committed now: the
             # failed group reports nothing more, the new one has not started
             self._failure, self._resume = str(event[FAILURE_KEY]), self._read_safely()
+            self._failed_at = status.step
             status.state = "restarting"
             return status.state != before
         if "step" not in event:
@@ -138,12 +147,15 @@ class StatusRecord:
             if self._groups > 1:
                 resumed = self._resume if self._failure else self._read_safely()
                 reason = self._failure or "the workers were restarted"
+                start = resumed[0] if resumed else 0
                 status.restarts.append(Restart(
-                    at=now, step=resumed[0] if resumed else 0, reason=reason,
-                    world_size=event.get("world_size")))  # fmt: skip
+                    at=now, step=start, reason=reason, world_size=event.get("world_size"),
+                    lost_steps=max(0, self._failed_at - start)))  # fmt: skip
             self._failure, self._first = None, None
         if self._first is None:
             self._first = (now, step)
+            if status.first_report_at is None:
+                status.first_report_at = now
         status.step, status.epoch = step, int(event.get("epoch", status.epoch))
         if isinstance(event.get("world_size"), int):
             status.world_size = event["world_size"]

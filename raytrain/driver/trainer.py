@@ -13,9 +13,14 @@ Train and Ray Data: on a 2-core machine, about 1.5-3 CPU-seconds each, spent whi
 training workers import torch and Lightning.
 
 ``build_trainer`` trims for an embedded cluster (``embedded_env`` given) and not for a
-cluster joined through ``RAY_ADDRESS``. Either way the controller gets raytrain's
-``FailurePolicy`` and every worker the SIGTERM notice handler, and the run can be aborted
-from the driver (``abort``). How: ``raytrain._compat.ray_train``.
+cluster joined through ``RAY_ADDRESS``. The placement-group cleaner stays unless the run
+started the cluster itself: on an embedded cluster that outlives the run (a pipeline's
+``start_local``, a sweep's) a controller killed with its caller (a sweep's trial that ASHA
+stopped) leaves its placement group behind, since Ray removes one only once both its
+creator and its job are gone, and the next runs wait for CPUs that never free. Either way
+the controller gets raytrain's ``FailurePolicy`` and every worker the SIGTERM notice
+handler, and the run can be aborted from the driver (``abort``). How:
+``raytrain._compat.ray_train``.
 """
 
 from __future__ import annotations
@@ -35,14 +40,16 @@ STOCK_ENV = "RAYTRAIN_STOCK_TRAINER"
 
 
 def build_trainer(
-    *, embedded_env: dict[str, str] | None, max_preemptions: int,
+    *, embedded_env: dict[str, str] | None, ends_with_run: bool, max_preemptions: int,
     notify: Callable[[str], None] | None = None, **trainer_kwargs: Any,
 ) -> ControllerTrainer:  # fmt: skip
     """The run's trainer (``trainer_kwargs``: ``TorchTrainer``'s own arguments); ``notify``
-    is told each worker-group failure (``FailurePolicy``)."""
+    is told each worker-group failure (``FailurePolicy``). ``ends_with_run``: this run
+    started the cluster, which ends with it."""
     return ControllerTrainer(
         policy=FailurePolicy(max_preemptions, notify),
         trimmed=embedded_env is not None and not os.getenv(STOCK_ENV),
+        ends_with_run=ends_with_run,
         embedded_env=embedded_env,
         group_callbacks=[OnWorkerGroupStart(install_sigterm_notice)],
         **trainer_kwargs,

@@ -8,6 +8,7 @@ failures into raytrain's errors.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,8 @@ from raytrain.driver.lease import Lease
 from raytrain.driver.ray_runtime import RayHandle
 from raytrain.driver.results import Trained, worker_errors
 from raytrain.driver.run_record import RunRecord
+from raytrain.driver.status_record import StatusRecord
+from raytrain.driver.timeline import Straggler, Timelines
 from raytrain.errors import RunStateError, TrainingFailed
 from raytrain.spec import JobSpec
 
@@ -82,6 +85,7 @@ def make_trainer(
     work = WorkerConfig(spec=for_workers(job), sink=sink, cached=cached)
     return build_trainer(
         embedded_env=ray_handle.embedded_env,
+        ends_with_run=ray_handle.started_here,
         max_preemptions=job.failure.max_preemptions,
         notify=SinkNotice(sink, FAILURE_KEY),
         train_loop_per_worker=train_loop,
@@ -107,33 +111,65 @@ def train(
     progress: bool | TextIO,
     mark: Mark,
     listeners: Sequence[Handler] = (),
+    status: StatusRecord | None = None,
 ) -> Trained:
     """Build the datasets and the trainer, open the run's records while the workers start,
     and train (see the module docstring). ``listeners`` get every event of rank 0 beside
     MLflow and the progress line (a sweep's trial reports to Ray Tune from them); one may
-    raise ``progress.StopRun`` to end the run."""
+    raise ``progress.StopRun`` to end the run. The ranks' step timelines go to MLflow,
+    their straggler to ``status`` too, and all of them to ``timeline.json`` at the end."""
     from raytrain.data.sources import build_datasets
     from raytrain.driver.progress import start_sink, stop_sink
 
     datasets, cached = build_datasets(job, ray_handle.object_store_bytes())
     mark("datasets_ready")
     sink = start_sink()
+    timelines = _timelines(record, status)
     try:
         trainer = make_trainer(job, ray_handle, sink, datasets, cached)
         # A run that cannot be recorded does not train: opening the records aborts it; so
         # does another run taking the lease over.
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
-        result, latest = _fit(job, trainer, sink, record, held, progress, mark, listeners)
+        handlers: list[Handler] = [*listeners, *([status] if status else [])]
+        result, latest = _fit(job, trainer, sink, record, held, progress, mark, handlers,
+                              timelines)  # fmt: skip
     finally:
         stop_sink(sink)
+        _log_timelines(record, timelines)
     data_paths = {**{k: "streamed" for k in datasets}, **{k: "cached" for k in cached}}
     return Trained(result=result, latest=latest, data_paths=data_paths)
 
 
+def _timelines(record: RunRecord, status: StatusRecord | None) -> Timelines:
+    """The handler of the ranks' timelines: per rank into MLflow, the straggler also into
+    the status record."""
+
+    def named(found: Straggler | None) -> None:
+        if status is not None:
+            status.set_straggler(found.describe() if found else None)
+
+    return Timelines(
+        lambda metrics, step: record.tracker().log_metrics(metrics, step=step),
+        lambda tags: record.tracker().set_tags(tags),
+        on_straggler=named,
+    )
+
+
+def _log_timelines(record: RunRecord, timelines: Timelines) -> None:
+    """Every rank's timeline windows as the run's ``timeline.json`` artifact, whatever the
+    run's end (nothing if the records never opened)."""
+    if not timelines.windows:
+        return
+    try:
+        record.tracker().log_text(json.dumps(timelines.summary(), indent=1), "timeline.json")
+    except Exception:  # the run's records failed: that error is the run's, raised elsewhere
+        return
+
+
 def _fit(
     job: JobSpec, trainer: Any, sink: Any, record: RunRecord, held: Lease,
-    progress: bool | TextIO, mark: Mark, listeners: Sequence[Handler],
+    progress: bool | TextIO, mark: Mark, listeners: Sequence[Handler], timelines: Timelines,
 ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     """``trainer.fit()`` with rank 0's events pumped to MLflow and the progress line;
     returns Ray's result and the newest value of every metric."""
@@ -149,7 +185,7 @@ def _fit(
         line = ProgressLine(job.trainer.max_epochs, job.trainer.max_steps, stream=stream)
         handlers.append(line)
     try:
-        pump = ReportPump(sink, handlers, on_stop=trainer.abort)
+        pump = ReportPump(sink, handlers, on_stop=trainer.abort, timeline_handlers=[timelines])
         with pump:
             result = trainer.fit()
             mark("trained")

@@ -218,6 +218,12 @@ class MlflowSpec(_Section):
 
 class TrackingSpec(_Section):
     mlflow: MlflowSpec = Field(default_factory=MlflowSpec, description="MLflow tracking.")
+    timeline: bool = Field(
+        default=True,
+        description="Time every rank's steps by part (data wait, forward, backward, waiting "
+        "for the gradients' all-reduce, optimizer, hooks), p50/p90 per report window into "
+        "MLflow, and name a straggler rank (bench/overhead.py measures its cost).",
+    )
 
 
 class JobSpec(_Section):

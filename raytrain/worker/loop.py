@@ -93,6 +93,7 @@ def train_loop(config: dict[str, Any]) -> None:
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
     from raytrain.worker.precision import decide
     from raytrain.worker.reporting import ReportLogger
+    from raytrain.worker.step_timeline import StepTimeline
     from raytrain.worker.user_code import (
         build_profiler,
         configure_optimizers,
@@ -126,7 +127,13 @@ def train_loop(config: dict[str, Any]) -> None:
         PRECISION_KEY: "{} ({})".format(*decide(spec.trainer.precision, on_gpu)),
     }
     publish = (lambda event: sink.put.remote(event)) if sink is not None else None
-    callbacks = build_callbacks(spec, data, publish, startup)
+    everyone = work.sink if spec.tracking.timeline else None  # every rank's step timeline
+    timeline = None if everyone is None else StepTimeline(
+        every_n_steps=spec.trainer.log_every_n_steps,
+        publish=lambda event: everyone.put.remote(event),
+        rank=rank, node=ray.util.get_node_ip_address(),
+    )  # fmt: skip
+    callbacks = build_callbacks(spec, data, publish, startup, timeline)
     configure_optimizers(spec, model)
     loggers = [ReportLogger(callbacks.reporter), *user_loggers(spec)]
     profiler, profiles = build_profiler(spec, rank)

@@ -62,6 +62,15 @@ def images_to_pixels(batch: dict) -> dict:
     return batch
 
 
+def slow_images_to_pixels(batch: dict) -> dict:
+    """``images_to_pixels`` at 2 ms a row: a preprocess slow enough that the workers wait
+    for their batches (a run data-bound on purpose)."""
+    import time
+
+    time.sleep(0.002 * len(batch["image"]))
+    return images_to_pixels(batch)
+
+
 class KillAtStepsCNN(DigitsCNN):
     """SIGKILLs (or sends ``signal_name`` to) its own worker process (rank ``rank``) when
     ``global_step`` reaches each of ``at_steps``, once each: workers lost mid-epoch.
@@ -410,3 +419,34 @@ class StartsCNN(DigitsCNN):
             line = json.dumps({"lr": self.hparams["lr"], "step": self.global_step})
             with open(f"{self.out_dir}/starts.jsonl", "a") as handle:
                 handle.write(line + "\n")
+
+
+class SlowRankCNN(DigitsCNN):
+    """``DigitsCNN`` whose rank ``slow_rank`` sleeps ``times`` its own median step time in
+    every training step once its first ``calibrate`` steps measured it: a straggler, its
+    busy time ``times + 1`` times the others'."""
+
+    def __init__(self, slow_rank: int = 1, times: float = 3.0, calibrate: int = 10, **kwargs):
+        super().__init__(**kwargs)
+        self.slow_rank, self.times, self.calibrate = slow_rank, times, calibrate
+        self._walls: list[float] = []
+        self._began = 0.0
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        import time
+
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        import time
+
+        if len(self._walls) < self.calibrate:
+            self._walls.append(time.perf_counter() - self._began)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import statistics
+        import time
+
+        if self.global_rank == self.slow_rank and len(self._walls) >= self.calibrate:
+            time.sleep(self.times * statistics.median(self._walls))
+        return super().training_step(batch, batch_idx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import torch
 
 import raytrain
 from raytrain.checkpoints.layout import CKPT_FILE
+from raytrain.cli.app import main
+from raytrain.run_status import read_status
 from tests.conftest import digits_spec, write_spec
 
 pytestmark = pytest.mark.integration
@@ -37,6 +40,11 @@ def first_run(ray_cluster: None, digits_dir: Path, work: Path) -> tuple[dict[str
     spec = digits_spec(
         digits_dir,
         work,
+        # rank 1 a straggler: it sleeps 3x its step time in each step after its first 10
+        model={
+            "class_path": "tests.integration.models:SlowRankCNN",
+            "init_args": {"lr": 0.003, "slow_rank": 1, "times": 3.0},
+        },
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5, "seed": 7},
         checkpoint={"storage": str(work / "runs"), "keep": 2, "monitor": "val_acc", "mode": "max"},
     )
@@ -86,6 +94,42 @@ def test_a_finished_run_leaves_no_actor_and_the_callers_sigint_handler(first_run
     assert not left
 
 
+def test_the_ranks_timelines_name_the_slow_rank_in_status_and_mlflow(
+    first_run, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 sleeps 3x its step time in each step: both ranks' steps take as long (DDP),
+    but rank 0 spends the difference waiting in the gradients' all-reduce, so rank 1's own
+    busy time is about 4x rank 0's: it is named in the status record and in MLflow, and
+    every rank's timeline windows are in MLflow."""
+    spec, result = first_run
+    status = read_status(result.run_dir)
+    assert status is not None and status.state == "finished"
+    assert status.straggler is not None and status.straggler.startswith("rank 1 on ")
+    client = _client(spec)
+    run = client.get_run(result.mlflow_run_id)
+    named = re.match(r"rank 1 on \S+: ([\d.]+)x the other ranks' median busy time",
+                     run.data.tags["raytrain.straggler"])  # fmt: skip
+    assert named is not None and 2.0 <= float(named.group(1)) <= 10.0, run.data.tags
+    for rank in (0, 1):
+        busy = client.get_metric_history(run.info.run_id, f"timeline/rank{rank}/busy_p50_s")
+        assert len(busy) >= 10  # a window every 5 steps
+    local = client.download_artifacts(run.info.run_id, "timeline.json")
+    windows = json.loads(Path(local).read_text())["windows"]
+    late = [w["ranks"] for w in windows[-5:]]
+    assert all(set(ranks) == {"0", "1"} for ranks in late)
+    for ranks in late:  # the one who waits is rank 0, for rank 1's extra forward time
+        fast, slow = ranks["0"]["parts"], ranks["1"]["parts"]
+        assert fast["comm_wait"][0] > slow["comm_wait"][0]
+        assert slow["forward"][0] > 2 * fast["forward"][0]
+
+    # `raytrain doctor`: the straggler, not the network, explains rank 0's wait
+    spec_path = write_spec(work / "doctor.yaml", spec)
+    assert main(["doctor", str(spec_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "digits-test:" and lines[1].startswith("  compute-bound: forward "), lines
+    assert any(line.startswith("  straggler: rank 1 on ") for line in lines), lines
+
+
 def test_checkpoint_holds_full_lightning_state(first_run) -> None:
     _, result = first_run
     assert result.best_checkpoint_uri is not None
@@ -105,7 +149,7 @@ def test_mlflow_run_has_params_tags_spec_and_metric_history(first_run) -> None:
     run = client.get_run(result.mlflow_run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["trainer.max_epochs"] == str(EPOCHS)
-    assert run.data.params["model.class_path"] == "raytrain.models.digits:DigitsCNN"
+    assert run.data.params["model.class_path"] == "tests.integration.models:SlowRankCNN"
     assert run.data.tags["raytrain.world_size"] == "2"
     assert run.data.tags["raytrain.strategy"] == "ddp"
     assert run.data.tags["raytrain.version.ray"].startswith("2.")

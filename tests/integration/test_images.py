@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import raytrain
+from raytrain.cli.app import main
 from tests.conftest import digits_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -37,7 +38,11 @@ def write_digit_images(root: Path) -> dict[str, int]:
 
 
 def test_image_folders_train_through_preprocess(
-    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
+    ray_cluster: None,
+    digits_dir: Path,
+    tmp_path: Path,
+    clean_env: None,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     counts = write_digit_images(tmp_path / "images")
     image = {"format": "images", "image_size": [8, 8], "image_mode": "L"}
@@ -51,7 +56,8 @@ def test_image_folders_train_through_preprocess(
         "train": {"uri": str(tmp_path / "images" / "train"), **image},
         "val": {"uri": str(tmp_path / "images" / "val"), **image},
         "columns": None,
-        "preprocess": "tests.integration.models:images_to_pixels",
+        # 2 ms a row: the workers wait for their batches, and `raytrain doctor` says so
+        "preprocess": "tests.integration.models:slow_images_to_pixels",
     }
     result = raytrain.fit(spec, progress=False)
     assert result.data_paths == {"train": "streamed", "val": "streamed"}
@@ -60,3 +66,20 @@ def test_image_folders_train_through_preprocess(
     assert result.metrics["step"] == EPOCHS * steps
     # Labels come from the class folders: a model that learns them beats chance (0.1) well.
     assert result.metrics["val_acc"] >= 0.8
+
+    # `raytrain doctor` of the run: data-bound, the wait's share with its numbers
+    assert (
+        main(
+            [
+                "doctor",
+                "images",
+                "--storage",
+                spec["checkpoint"]["storage"],
+                "--tracking-uri",
+                spec["tracking"]["mlflow"]["tracking_uri"],
+            ]
+        )
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "images:" and lines[1].startswith("  data-bound: each step waited "), lines

@@ -182,6 +182,7 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     (work / "status_bad" / "digits-test").mkdir(parents=True)
     (work / "status_bad" / "digits-test" / "raytrain-status.json").write_text('{"name": 1}')
     argvs["status_bad_record"] = ["status", "digits-test", "--storage", str(work / "status_bad")]
+    argvs["doctor_no_record"] = ["doctor", job]
 
     # raytrain report of runs in a store that does not exist: not created by reading it
     argvs["report_default_store"] = ["report", "0123456789abcdef", "--out", str(work / "r.png")]
@@ -239,6 +240,7 @@ EXPECTED: dict[str, str] = {
     "status_spec_no_record": "raytrain-status.json: no status record",
     "status_name_no_record": "none/digits-test/raytrain-status.json: no status record",
     "status_bad_record": "raytrain-status.json: the run's status record cannot be read",
+    "doctor_no_record": "raytrain-status.json: no status record",
     "report_missing_sqlite": "nowhere.db",
     "export_not_a_checkpoint": "notes.txt",
     "export_no_state_dict": "ckpt_no_state_dict",

@@ -215,15 +215,19 @@ def test_a_trimmed_trainer_drops_only_the_helpers_a_local_run_never_uses() -> No
     def loop() -> None:
         return None
 
-    def trainer(trimmed: bool) -> Any:
+    def trainer(trimmed: bool, ends_with_run: bool = True) -> Any:
         return ray_train.ControllerTrainer(
             train_loop_per_worker=loop, scaling_config=ScalingConfig(num_workers=1),
-            policy=FailurePolicy(0), trimmed=trimmed,
+            policy=FailurePolicy(0), trimmed=trimmed, ends_with_run=ends_with_run,
             group_callbacks=[ray_train.OnWorkerGroupStart(loop)],
         )  # fmt: skip
 
     stock = [type(c) for c in trainer(False)._create_default_callbacks()]
     trimmed = [type(c) for c in trainer(True)._create_default_callbacks()]
+    # on an embedded cluster that outlives the run (a sweep's, a pipeline's), a controller
+    # killed with its caller would leave its placement group holding the CPUs: cleaned
+    shared = [type(c) for c in trainer(True, ends_with_run=False)._create_default_callbacks()]
+    assert set(shared) == set(stock) - {ray_train.DatasetsCallback}
     helpers = {ray_train.PlacementGroupCleanerCallback, ray_train.DatasetsCallback}
     chdir = ray_train.WorkingDirectorySetupCallback
     # Ray Train still adds them by default; raytrain drops the chdir either way

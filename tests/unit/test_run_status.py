@@ -108,6 +108,8 @@ def test_a_restart_carries_the_failure_policys_reason(tmp_path: Path) -> None:
     record(_report(12, _worker_started_at=2.0, world_size=1))  # the new group's first report
     restart = written[-1].restarts[0]
     assert (restart.step, restart.world_size, restart.reason) == (5, 1, "RuntimeError: rank 1 lost")
+    assert restart.lost_steps == 5  # reported step 10 before the failure, resumed at 5
+    assert written[-1].first_report_at == 1000.0  # the first attempt's first report
     assert written[-1].state == "training" and written[-1].world_size == 1
 
 

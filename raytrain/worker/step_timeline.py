@@ -1,0 +1,198 @@
+"""Each rank's step split into its parts, summarised per report window: where time goes.
+
+``StepTimeline`` (a Lightning callback on every rank) times each training batch's parts
+from Lightning's own hooks, in the order Lightning calls them:
+
+- ``data_wait``: from the previous batch's end to this one's start (Lightning fetching it);
+- ``forward``: from the batch's start to ``on_before_backward`` (the training step);
+- ``backward``: the backward pass, less ``comm_wait``;
+- ``comm_wait``: under DDP, how long the backward pass waited for the gradients'
+  all-reduce after its last gradient bucket was ready (a DDP communication hook marks each
+  bucket; the hook then runs torch's own all-reduce). A rank waiting here waits for a
+  slower one. Not measured under FSDP, whose communication is inside forward and backward;
+- ``optimizer``: from ``on_before_optimizer_step`` to the batch's end hooks;
+- ``hooks``: the batch's end hooks: reports, checkpoint saves (a checkpoint's stall), the
+  preemption check;
+- ``busy``: the rank's own work, data wait + forward + backward + optimizer: what it would
+  take if no other rank held it up. A straggler is a rank whose busy time stands out.
+
+Every ``log_every_n_steps`` optimizer steps each rank sends one fixed-size summary, the
+p50, p90 and mean of every part over the window, with its rank and node (``publish``). The
+driver (``driver.timeline``) compares the ranks. The clock is a parameter, so a unit test
+drives the windows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+
+from raytrain.checkpoints.layout import TIMELINE_KEY
+
+PARTS = ("data_wait", "forward", "backward", "comm_wait", "optimizer", "hooks", "busy", "step")
+
+
+def summarize(samples: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each part's [p50, p90, mean] over a window's batches (nearest-rank p90). The mean
+    keeps what the quantiles hide: a wait that comes once a window (a streamed block's
+    arrival) is where a window's time went, though most batches did not wait."""
+    out: dict[str, list[float]] = {}
+    for part, values in samples.items():
+        if values:
+            ranked = sorted(values)
+            p90 = ranked[min(len(ranked) - 1, max(0, round(0.9 * len(ranked)) - 1))]
+            out[part] = [statistics.median(ranked), p90, statistics.fmean(ranked)]
+    return out
+
+
+def _timed_allreduce(timeline, bucket):
+    """A DDP communication hook: marks that a gradient bucket is ready, then all-reduces it
+    as DDP does without a hook (torch's ``allreduce_hook``: the mean over ranks). Not
+    annotated: DDP refuses a hook whose annotations are not its own classes, and under
+    ``from __future__ import annotations`` every annotation is a string."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    timeline.grads_ready()
+    return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group
+
+
+class StepTimeline(pl.Callback):
+    """Times each batch's parts (see the module docstring). Put it first among the
+    callbacks and its ``end_marker()`` last."""
+
+    def __init__(
+        self,
+        *,
+        every_n_steps: int,
+        publish: Callable[[dict[str, Any]], None] | None,
+        rank: int,
+        node: str,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.every_n_steps = max(1, every_n_steps)
+        self.publish = publish
+        self.rank, self.node = rank, node
+        self._clock = clock
+        self._samples: dict[str, list[float]] = {part: [] for part in PARTS}
+        self._now: dict[str, float] = {}  # this batch's part so far
+        self._marks: dict[str, float] = {}
+        self._last_end: float | None = None  # the previous batch's end (None: paused)
+        self._sent_step = -1
+        self._ready_at: float | None = None  # the last gradient bucket's readiness
+        self.comm_measured = False
+
+    # -- the clock's marks, in Lightning's order -------------------------------------------
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = getattr(trainer.strategy, "model", None)
+        if isinstance(model, DistributedDataParallel):
+            try:
+                model.register_comm_hook(self, _timed_allreduce)
+                self.comm_measured = True
+            except RuntimeError:  # a hook of the user's strategy is there already
+                self.comm_measured = False
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
+    ) -> None:
+        now = self._clock()
+        self._now = {"data_wait": now - self._last_end if self._last_end is not None else 0.0}
+        self._marks = {"start": now}
+        self._ready_at = None
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
+    ) -> None:
+        now = self._clock()
+        self._now["forward"] = now - self._marks.get("start", now)
+        self._marks["backward"] = now
+
+    def grads_ready(self) -> None:
+        """A gradient bucket is ready (the communication hook's mark)."""
+        self._ready_at = self._clock()
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        now = self._clock()
+        total = now - self._marks.get("backward", now)
+        waited = now - self._ready_at if self._ready_at is not None else 0.0
+        waited = min(max(waited, 0.0), total)
+        self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
+        self._now["backward"] = self._now.get("backward", 0.0) + total - waited
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        self._marks["optimizer"] = self._clock()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        now = self._clock()
+        began = self._marks.get("optimizer")
+        self._now["optimizer"] = now - began if began is not None else 0.0
+        self._marks["hooks"] = now
+
+    def batch_done(self, trainer: pl.Trainer) -> None:
+        """Every hook of the batch has run: the batch's parts join the window, which is
+        sent every ``every_n_steps`` optimizer steps."""
+        now = self._clock()
+        parts = self._now
+        parts["hooks"] = now - self._marks.get("hooks", now)
+        parts["busy"] = sum(parts.get(p, 0.0) for p in ("data_wait", "forward", "backward",
+                                                          "optimizer"))  # fmt: skip
+        parts["step"] = now - self._marks.get("start", now) + parts.get("data_wait", 0.0)
+        for part in PARTS:
+            self._samples[part].append(parts.get(part, 0.0))
+        self._last_end = now
+        step = trainer.global_step
+        if step and step % self.every_n_steps == 0 and step != self._sent_step:
+            self._sent_step = step  # (accumulated batches share their optimizer step)
+            self.send(step, trainer.world_size)
+
+    def end_marker(self) -> pl.Callback:
+        """The callback to put last: it ends each batch after every other hook."""
+        return _BatchDone(self)
+
+    # Validation and an epoch's end are not waits for data; from an epoch's start (its
+    # loader's new iterator) or a validation's end, the wait for the next batch is.
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_end = None
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_end = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_end = self._clock()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._last_end = self._clock()
+
+    # -- the window's summary --------------------------------------------------------------
+
+    def send(self, step: int, world_size: int) -> None:
+        """The window's summary to the driver; the next window starts."""
+        summary = summarize(self._samples)
+        self._samples = {part: [] for part in PARTS}
+        if self.publish is None or not summary:
+            return
+        if not self.comm_measured:
+            summary.pop("comm_wait", None)
+        self.publish({TIMELINE_KEY: summary, "rank": self.rank, "node": self.node,
+                      "step": step, "world_size": world_size})  # fmt: skip
+
+
+class _BatchDone(pl.Callback):
+    def __init__(self, timeline: StepTimeline):
+        self.timeline = timeline
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        self.timeline.batch_done(trainer)
