@@ -21,17 +21,30 @@ else does raytrain touch it. ``tests/unit/test_compat.py`` pins what each entry 
 - ``LocalScalingPolicy``: ``FixedScalingPolicy`` without autoscaler requests.
 - ``OnWorkerGroupStart``: a ``WorkerGroupCallback`` (``after_worker_group_start``).
 - ``worker_preemption_info``: ``get_train_context().preemption_context.preemption_info``.
+- ``GcsPlacementGroupCleanerCallback``: ``PlacementGroupCleanerCallback`` starting a
+  ``PlacementGroupCleaner`` that asks the GCS (``ray._private.state.actors``), not the
+  dashboard, whether the controller lives. Relies on the cleaner's ``_pg_queue``,
+  ``_stop_event``, ``_check_interval_s``, ``_controller_actor_id``,
+  ``_cleanup_placement_group``, ``_exit`` and ``_monitor_thread``, and on the callback's
+  ``_check_interval_s``, ``_get_actor_timeout_s``, ``_stop_timeout``, ``_cleaner`` and
+  ``_controller_actor_id``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import ray
-from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
+from ray._common.constants import (
+    HEAD_NODE_RESOURCE_NAME,
+    RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR,
+)
+from ray._private.state import actors as gcs_actors
 from ray._raylet import RAY_NODE_ID_KEY  # type: ignore[attr-defined]  # Cython: no stub
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import (
@@ -45,6 +58,9 @@ from ray.train.v2._internal.constants import (
 from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 from ray.train.v2._internal.execution.context import get_train_context
 from ray.train.v2._internal.execution.controller import TrainController
+from ray.train.v2._internal.execution.controller.placement_group_cleaner import (
+    PlacementGroupCleaner,
+)
 from ray.train.v2._internal.execution.failure_handling import (
     DefaultFailurePolicy,
     FailureDecision,
@@ -93,6 +109,50 @@ class OnWorkerGroupStart(WorkerGroupCallback):
         worker_group.execute(self.fn)
 
 
+class GcsPlacementGroupCleaner(PlacementGroupCleaner):
+    """Ray Train's placement-group cleaner, told of the controller's death by the GCS.
+
+    Ray's asks the dashboard's state API, and on a cluster without a dashboard (raytrain's
+    embedded one) each ask fails and it keeps waiting: a controller killed with its caller
+    (a sweep's trial that ASHA stopped) then left its placement group holding the CPUs
+    until the job ended, and the next trial waited for them without end. The GCS is what
+    the state API reads from, and every cluster has one."""
+
+    def _monitor_loop(self) -> None:
+        group = None
+        while not self._stop_event.is_set():
+            with contextlib.suppress(queue.Empty):
+                group = self._pg_queue.get(timeout=self._check_interval_s)
+            if gcs_actors(self._controller_actor_id).get("State", "DEAD") != "DEAD":
+                continue
+            while not self._pg_queue.empty():  # a group registered as the controller died
+                group = self._pg_queue.get_nowait()
+            self._cleanup_placement_group(group)
+            break
+        self._exit()
+        self._monitor_thread = None
+
+
+class GcsPlacementGroupCleanerCallback(PlacementGroupCleanerCallback):
+    """Ray's callback, starting ``GcsPlacementGroupCleaner`` (detached: it outlives the
+    controller it watches) in place of Ray's cleaner."""
+
+    def after_controller_start(self, train_run_context: Any) -> None:
+        self._controller_actor_id = ray.get_runtime_context().get_actor_id()
+        cleaner: Any = ray.remote(num_cpus=0)(GcsPlacementGroupCleaner)  # untyped in Ray
+        self._cleaner = cleaner.options(
+            lifetime="detached",
+            resources={HEAD_NODE_RESOURCE_NAME: 0.001},
+            scheduling_strategy="DEFAULT",  # outside a placement group its caller runs in
+        ).remote(
+            controller_actor_id=self._controller_actor_id,
+            check_interval_s=self._check_interval_s,
+            get_actor_timeout_s=self._get_actor_timeout_s,
+            stop_timeout=self._stop_timeout,
+        )
+        self._cleaner.start_monitoring.remote()  # type: ignore[union-attr]
+
+
 class PolicyAdapter(DefaultFailurePolicy):
     """Ray Train's default policy, with raytrain's ``FailurePolicy`` deciding first; what
     it defers is Ray's (counted against ``max_failures``)."""
@@ -123,6 +183,13 @@ class LocalScalingPolicy(FixedScalingPolicy):
 
     async def before_controller_shutdown(self) -> None:
         return None
+
+
+def _gcs_cleaner(callback: Any) -> Any:
+    """Ray's placement-group cleaner callback (made with its defaults) as
+    ``GcsPlacementGroupCleanerCallback``; any other callback as it is."""
+    is_rays = type(callback) is PlacementGroupCleanerCallback
+    return GcsPlacementGroupCleanerCallback() if is_rays else callback
 
 
 class ControllerTrainer(TorchTrainer):
@@ -174,7 +241,7 @@ class ControllerTrainer(TorchTrainer):
             drop += (PlacementGroupCleanerCallback,)
         if self._trimmed and not self.datasets:
             drop += (DatasetsCallback,)
-        return [cb for cb in callbacks if not isinstance(cb, drop)]
+        return [_gcs_cleaner(cb) for cb in callbacks if not isinstance(cb, drop)]
 
     def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Any:
         env = controller_env()

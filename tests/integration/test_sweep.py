@@ -45,11 +45,6 @@ def _sweep_spec(digits_dir: Path, work: Path, name: str, **tune: Any) -> dict[st
                        tune=section)  # fmt: skip
 
 
-@pytest.mark.skip(
-    reason="hangs intermittently: after ASHA stops trials, a later trial's "
-    "controller can wait for its placement group without end on the shared "
-    "session cluster (seen twice, once after the cleaner fix); open bug"
-)
 def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
     ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:

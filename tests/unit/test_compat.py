@@ -228,11 +228,15 @@ def test_a_trimmed_trainer_drops_only_the_helpers_a_local_run_never_uses() -> No
     # killed with its caller would leave its placement group holding the CPUs: cleaned
     shared = [type(c) for c in trainer(True, ends_with_run=False)._create_default_callbacks()]
     assert set(shared) == set(stock) - {ray_train.DatasetsCallback}
-    helpers = {ray_train.PlacementGroupCleanerCallback, ray_train.DatasetsCallback}
+    # ...by a cleaner that asks the GCS, not the dashboard an embedded cluster lacks
+    assert ray_train.GcsPlacementGroupCleanerCallback in shared
+    assert ray_train.PlacementGroupCleanerCallback not in shared
+    helpers = {ray_train.GcsPlacementGroupCleanerCallback, ray_train.DatasetsCallback}
     chdir = ray_train.WorkingDirectorySetupCallback
     # Ray Train still adds them by default; raytrain drops the chdir either way
     plain = ray_train.TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=1))
-    assert helpers | {chdir} <= {type(c) for c in plain._create_default_callbacks()}
+    rays = {ray_train.PlacementGroupCleanerCallback, ray_train.DatasetsCallback, chdir}
+    assert rays <= {type(c) for c in plain._create_default_callbacks()}
     assert helpers <= set(stock) and chdir not in stock
     assert ray_train.OnWorkerGroupStart in stock and ray_train.OnWorkerGroupStart in trimmed
     assert set(trimmed) == set(stock) - helpers
