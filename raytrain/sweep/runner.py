@@ -274,7 +274,7 @@ def _tuner(
             # random search bounds it in its generator; Tune bounds a Searcher's (Optuna's)
             max_concurrent_trials=concurrency if sweep.search_alg != "random" else None,
             scheduler=_scheduler(job, sweep),
-            search_alg=_search_alg(sweep, concurrency),
+            search_alg=search_alg(sweep, concurrency),
         ),
         run_config=run_config,
     )
@@ -293,7 +293,9 @@ def _scheduler(job: JobSpec, sweep: TuneSpec) -> Any:
                          reduction_factor=chosen.reduction_factor)  # fmt: skip
 
 
-def _search_alg(sweep: TuneSpec, concurrency: int) -> Any:
+def search_alg(sweep: TuneSpec, concurrency: int) -> Any:
+    """Tune's searcher for ``tune.search_alg``: Optuna's TPE, or random (grid for `grid`
+    fields) from a generator seeded with ``tune.seed``."""
     if sweep.search_alg == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 

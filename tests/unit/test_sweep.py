@@ -150,3 +150,36 @@ def test_the_best_trial_is_by_metric_and_mode_and_trials_without_it_rank_last() 
     assert [r.name for r in sorted(rows, key=lambda r: rank_key(r, "val_loss", "min"))] == [
         "c", "a", "d", "b"]  # fmt: skip
     assert best_of([_row("x", None)], "val_loss", "min") is None
+
+
+def test_optunas_tpe_draws_every_trial_inside_the_space_and_repeats_with_its_seed(
+    digits_dir: Path, tmp_path: Path
+) -> None:
+    from raytrain.sweep.runner import search_alg
+    from raytrain.sweep.space import param_space
+
+    space = {
+        "model.init_args.lr": {"loguniform": [1e-4, 1e-1]},
+        "trainer.gradient_clip_val": {"uniform": [0.5, 2.0]},
+        "trainer.accumulate_grad_batches": {"randint": [1, 4]},
+        "data.batch_size": {"choice": [16, 32]},
+    }
+    sweep = load_spec(_sweep(digits_dir, tmp_path, search_alg="optuna", search_space=space,
+                             seed=7)).tune  # fmt: skip
+    assert sweep is not None
+
+    def draws() -> list[dict[str, Any]]:
+        searcher = search_alg(sweep, concurrency=2)
+        assert type(searcher).__name__ == "OptunaSearch"
+        assert searcher.set_search_properties("val_acc", "max", param_space(sweep))
+        return [searcher.suggest(f"trial_{n}") for n in range(6)]
+
+    first = draws()
+    for config in first:
+        assert set(config) == set(space)
+        assert 1e-4 <= config["model.init_args.lr"] <= 1e-1
+        assert 0.5 <= config["trainer.gradient_clip_val"] <= 2.0
+        assert config["trainer.accumulate_grad_batches"] in (1, 2, 3)
+        assert config["data.batch_size"] in (16, 32)
+    assert len({c["model.init_args.lr"] for c in first}) == len(first)  # drawn, not fixed
+    assert draws() == first  # tune.seed makes a sweep's draws repeat
