@@ -96,6 +96,9 @@ class RunStatus(_Record):
     straggler: str | None = Field(
         default=None, description="the rank holding the others up now, and by how much"
     )
+    hang: str | None = Field(
+        default=None, description="the last hang found: where each rank was, its step"
+    )
     stopped: str | None = Field(default=None, description="why training stopped early")
     error: str | None = Field(default=None, description="why the run failed")
 
@@ -189,6 +192,8 @@ def describe(status: RunStatus, now: float | None = None) -> list[str]:
         lines.append(f"    at step {restart.step}: {restart.reason}")
     if status.straggler:
         lines.append(f"  straggler: {status.straggler}")
+    if status.hang:
+        lines.append(f"  last hang: {status.hang}")
     if status.stopped:
         lines.append(f"  stopped early: {status.stopped}")
     if status.error:

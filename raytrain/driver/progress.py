@@ -11,10 +11,11 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from raytrain.checkpoints.layout import TIMELINE_KEY
+from raytrain.hang_report import HANG_KEY
 
 
 class MetricsSink:
@@ -86,9 +87,15 @@ class StopRun(Exception):
         self.error = error
 
 
+# The keys of events that every rank sends (not rank 0's reports): a step timeline's
+# summary, a hang report.
+RANK_KEYS = (TIMELINE_KEY, HANG_KEY)
+
+
 class ReportPump:
     """A driver thread that drains the sink into handlers until stopped: rank 0's reports
-    (and notices) to ``handlers``, every rank's step timelines to ``timeline_handlers``. A
+    (and notices) to ``handlers``; an event of every rank (a step timeline, a hang report)
+    to the ``rank_handlers`` of the key it carries. A
     handler's error is kept (``errors``) and training goes on, unless it is a ``StopRun``:
     then ``on_stop`` is called once (it aborts the trainer) and ``stopped`` holds it."""
 
@@ -98,11 +105,11 @@ class ReportPump:
         handlers: list[Callable[[dict[str, Any]], None]],
         interval_s: float = 1.0,
         on_stop: Callable[[], None] | None = None,
-        timeline_handlers: Sequence[Callable[[dict[str, Any]], None]] = (),
+        rank_handlers: Mapping[str, Sequence[Callable[[dict[str, Any]], None]]] | None = None,
     ):
         self.sink = sink
         self.handlers = handlers
-        self.timeline_handlers = list(timeline_handlers)  # every rank's step timelines
+        self.rank_handlers = dict(rank_handlers or {})  # every rank's events, by their key
         self.interval_s = interval_s
         self.on_stop = on_stop
         self.stopped: StopRun | None = None
@@ -133,10 +140,10 @@ class ReportPump:
             self.errors.append(exc)
             return
         for event in events:
-            timeline = TIMELINE_KEY in event  # a rank's timeline, not one of rank 0's reports
-            if not timeline:
+            key = next((k for k in RANK_KEYS if k in event), None)
+            if key is None:  # one of rank 0's reports
                 self.latest.update(event)
-            for handler in self.timeline_handlers if timeline else self.handlers:
+            for handler in self.handlers if key is None else self.rank_handlers.get(key, ()):
                 try:
                     handler(event)
                 except StopRun as stop:
@@ -155,7 +162,8 @@ def _fmt_duration(seconds: float) -> str:
 
 
 class ProgressLine:
-    """Formats reports as one line: epoch, step, loss, val metrics, samples/s, ETA.
+    """Formats reports as one line: epoch, step, loss, val metrics, samples/s, ETA, and the
+    straggler the ranks' timelines name (``straggler``, set by the driver).
 
     On a terminal the line is redrawn in place; elsewhere (CI logs, files) a line is printed
     at each epoch end and at most every ``interval_s`` seconds between.
@@ -178,6 +186,7 @@ class ProgressLine:
         self._steps_per_epoch: float | None = None
         self._printed_at = 0.0
         self._width = 0
+        self.straggler: str | None = None  # the rank the timelines name (driver.timeline)
 
     def total_steps(self) -> float | None:
         if self.max_steps and self.max_steps > 0:
@@ -205,6 +214,8 @@ class ProgressLine:
             rate = (step - s0) / (now - t0)
             parts.append(f"ETA {_fmt_duration((total - step) / rate)}")
         parts.append(f"elapsed {_fmt_duration(now - self._start)}")
+        if self.straggler:
+            parts.append(f"straggler {self.straggler}")
         return " | ".join(parts)
 
     def __call__(self, event: dict[str, Any]) -> None:

@@ -79,6 +79,7 @@ class StatusRecord:
         self._pending: tuple[int, int] | None = None  # a checkpoint reported, not committed
         self._groups = 0  # worker groups that reported
         self._failure: str | None = None  # the last failure the policy saw
+        self._hang: str | None = None  # a hang reported since the workers last started
         self._resume: tuple[int, int] | None = None  # what was committed at that failure
         self._failed_at = 0  # the last step reported before that failure
         self._warned = False
@@ -114,6 +115,12 @@ class StatusRecord:
             self._check_committed()
         self._save(force=True)
 
+    def note_hang(self, summary: str) -> None:
+        """A hang the ranks reported (``driver.hangs``): the reason of the restart after it."""
+        with self._lock:
+            self.status.hang = self._hang = summary
+        self._save(force=True)
+
     def set_straggler(self, text: str | None) -> None:
         """The rank holding the others up (``driver.timeline``), or None once it caught up."""
         with self._lock:
@@ -135,7 +142,9 @@ class StatusRecord:
         if FAILURE_KEY in event:
             # Ray Train restores the new workers from the checkpoint committed now: the
             # failed group reports nothing more, the new one has not started
-            self._failure, self._resume = str(event[FAILURE_KEY]), self._read_safely()
+            failure = str(event[FAILURE_KEY])
+            self._failure = f"{self._hang} ({failure})" if self._hang else failure
+            self._resume = self._read_safely()
             self._failed_at = status.step
             status.state = "restarting"
             return status.state != before
@@ -151,7 +160,7 @@ class StatusRecord:
                 status.restarts.append(Restart(
                     at=now, step=start, reason=reason, world_size=event.get("world_size"),
                     lost_steps=max(0, self._failed_at - start)))  # fmt: skip
-            self._failure, self._first = None, None
+            self._failure, self._first, self._hang = None, None, None
         if self._first is None:
             self._first = (now, step)
             if status.first_report_at is None:

@@ -15,15 +15,18 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from raytrain import storage
-from raytrain.checkpoints.layout import FAILURE_KEY, SCORE_KEY
+from raytrain.checkpoints.layout import FAILURE_KEY, SCORE_KEY, TIMELINE_KEY
 from raytrain.contract import CachedSet, WorkerConfig
+from raytrain.driver.hangs import Hangs
 from raytrain.driver.lease import Lease
+from raytrain.driver.progress import ProgressLine
 from raytrain.driver.ray_runtime import RayHandle
 from raytrain.driver.results import Trained, worker_errors
 from raytrain.driver.run_record import RunRecord
 from raytrain.driver.status_record import StatusRecord
 from raytrain.driver.timeline import Straggler, Timelines
 from raytrain.errors import RunStateError, TrainingFailed
+from raytrain.hang_report import HANG_KEY
 from raytrain.spec import JobSpec
 
 Mark = Callable[[str], None]
@@ -124,7 +127,12 @@ def train(
     datasets, cached = build_datasets(job, ray_handle.object_store_bytes())
     mark("datasets_ready")
     sink = start_sink()
-    timelines = _timelines(record, status)
+    line = None
+    if progress:
+        stream = progress if not isinstance(progress, bool) else sys.stderr
+        line = ProgressLine(job.trainer.max_epochs, job.trainer.max_steps, stream=stream)
+    timelines = _timelines(record, status, line)
+    hangs = _hangs(job, record, status)
     try:
         trainer = make_trainer(job, ray_handle, sink, datasets, cached)
         # A run that cannot be recorded does not train: opening the records aborts it; so
@@ -132,8 +140,8 @@ def train(
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
         handlers: list[Handler] = [*listeners, *([status] if status else [])]
-        result, latest = _fit(job, trainer, sink, record, held, progress, mark, handlers,
-                              timelines)  # fmt: skip
+        result, latest = _fit(job, trainer, sink, record, held, line, mark, handlers,
+                              {TIMELINE_KEY: [timelines], HANG_KEY: [hangs]})  # fmt: skip
     finally:
         stop_sink(sink)
         _log_timelines(record, timelines)
@@ -141,18 +149,32 @@ def train(
     return Trained(result=result, latest=latest, data_paths=data_paths)
 
 
-def _timelines(record: RunRecord, status: StatusRecord | None) -> Timelines:
+def _timelines(
+    record: RunRecord, status: StatusRecord | None, line: ProgressLine | None
+) -> Timelines:
     """The handler of the ranks' timelines: per rank into MLflow, the straggler also into
-    the status record."""
+    the status record and onto the progress line."""
 
     def named(found: Straggler | None) -> None:
         if status is not None:
             status.set_straggler(found.describe() if found else None)
+        if line is not None:
+            line.straggler = f"rank {found.rank} {found.factor:.1f}x" if found else None
 
     return Timelines(
         lambda metrics, step: record.tracker().log_metrics(metrics, step=step),
         lambda tags: record.tracker().set_tags(tags),
         on_straggler=named,
+    )
+
+
+def _hangs(job: JobSpec, record: RunRecord, status: StatusRecord | None) -> Hangs:
+    """The handler of the ranks' hang reports: stderr, MLflow, the status record."""
+    return Hangs(
+        lambda location: storage.read_text(location, job.storage),
+        lambda text, name: record.tracker().log_text(text, name),
+        lambda tags: record.tracker().set_tags(tags),
+        on_hang=status.note_hang if status is not None else lambda summary: None,
     )
 
 
@@ -169,23 +191,21 @@ def _log_timelines(record: RunRecord, timelines: Timelines) -> None:
 
 def _fit(
     job: JobSpec, trainer: Any, sink: Any, record: RunRecord, held: Lease,
-    progress: bool | TextIO, mark: Mark, listeners: Sequence[Handler], timelines: Timelines,
+    line: ProgressLine | None, mark: Mark, listeners: Sequence[Handler],
+    rank_handlers: dict[str, list[Handler]],
 ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     """``trainer.fit()`` with rank 0's events pumped to MLflow and the progress line;
     returns Ray's result and the newest value of every metric."""
     from ray.train import TrainingFailedError
 
     from raytrain._compat.ray_train import RunAborted
-    from raytrain.driver.progress import ProgressLine, ReportPump
+    from raytrain.driver.progress import ReportPump
 
     handlers: list[Handler] = [record.log_metrics, *listeners]
-    line = None
-    if progress:
-        stream = progress if not isinstance(progress, bool) else sys.stderr
-        line = ProgressLine(job.trainer.max_epochs, job.trainer.max_steps, stream=stream)
+    if line is not None:
         handlers.append(line)
     try:
-        pump = ReportPump(sink, handlers, on_stop=trainer.abort, timeline_handlers=[timelines])
+        pump = ReportPump(sink, handlers, on_stop=trainer.abort, rank_handlers=rank_handlers)
         with pump:
             result = trainer.fit()
             mark("trained")

@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from raytrain.hang_report import HangLimits
 from raytrain.spec.classes import ClassSpec, OptimizerSpec, SchedulerSpec
 from raytrain.spec.data import Data, DataSpec
 from raytrain.spec.fields import (
@@ -182,6 +183,30 @@ class FailureSpec(_Section):
         description="How often, in seconds of training, the workers agree on whether a "
         "preemption notice came (one small all-reduce); 0: every step.",
     )
+    hang_timeout_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds a rank may go without finishing a batch before it counts as "
+        "hung: every rank's stacks go to the run's `hangs/` folder and MLflow, and the "
+        "attempt fails (restarted under max_failures). Default: max(60, 20x the median "
+        "step time); 0: off.",
+    )
+    hang_first_step_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="The allowance of a first batch: of training, of an epoch, of a "
+        "validation (compiling, loaders starting).",
+    )
+    hang_checkpoint_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="The allowance of a batch's, validation's or epoch's end hooks, where "
+        "checkpoints are saved.",
+    )
+
+    def hang_limits(self) -> HangLimits:
+        """The hang settings, for ``worker.hang_watchdog``."""
+        return HangLimits(self.hang_timeout_s, self.hang_first_step_s, self.hang_checkpoint_s)
 
 
 class MlflowSpec(_Section):

@@ -2,9 +2,9 @@
 
 Lightning calls each hook on the callbacks in list order, and the order matters:
 
-1. ``SystemMetrics`` (rank 0) and ``StepTimeline`` (every rank) first, to start timing a
-   batch before anything else runs (and, for the timeline, to end its optimizer step before
-   any batch-end hook),
+1. ``SystemMetrics`` (rank 0), ``StepTimeline`` and ``HangWatchdog`` (every rank) first,
+   to start timing a batch before anything else runs (and, for the timeline and the
+   watchdog, to end its optimizer step before any batch-end hook),
 2. ``FiniteGuard``, before any callback acts on a step whose gradients are not finite,
 3. ``MetricsReporter``, which counts the batch's samples before a report of this step,
 4. the user's ``trainer.callbacks``, in their order, before the checkpoint: a checkpoint
@@ -13,8 +13,8 @@ Lightning calls each hook on the callbacks in list order, and the order matters:
 5. ``CheckpointCallback``, whose report of a step includes them,
 6. ``PreemptionGuard``, which may checkpoint through 5 and then stop the run,
 7. ``LoaderPosition``, the loader's data position,
-8. ``StepTimeline``'s and ``SystemMetrics``' end markers last, to stop timing after every
-   other hook.
+8. the end markers of ``HangWatchdog``, ``StepTimeline`` and ``SystemMetrics`` last, to
+   stop timing after every other hook.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from raytrain.imports import import_object
 from raytrain.spec import JobSpec
 from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
+from raytrain.worker.hang_watchdog import HangWatchdog
 from raytrain.worker.loader_position import LoaderPosition
 from raytrain.worker.reporting import MetricsReporter, Publish
 from raytrain.worker.schedule import CheckpointSchedule
@@ -52,11 +53,13 @@ def build_callbacks(
     publish: Publish | None,
     startup: dict[str, Any],
     timeline: StepTimeline | None,
+    watchdog: HangWatchdog | None = None,
 ) -> WorkerCallbacks:
     """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
     events to the driver), which also times its loop; ``timeline`` times every rank's
-    steps (None: ``tracking.timeline`` is off). ``train_loader`` returns the train
-    loader, once there is one."""
+    steps (None: ``tracking.timeline`` is off); ``watchdog`` finds the rank hung (None:
+    ``failure.hang_timeout_s`` is 0). ``train_loader`` returns the train loader, once
+    there is one."""
     ckpt = spec.checkpoint
     schedule = CheckpointSchedule(ckpt.every_n_steps, ckpt.every_n_epochs)
     system = SystemMetrics() if publish is not None else None
@@ -80,12 +83,14 @@ def build_callbacks(
     ordered: list[pl.Callback] = [
         *([system] if system else []),
         *([timeline] if timeline else []),
+        *([watchdog] if watchdog else []),
         FiniteGuard(),
         reporter,
         *(import_object(c.class_path)(**c.init_args) for c in spec.trainer.callbacks),
         checkpoints,
         preemption,
         LoaderPosition(train_loader),
+        *([watchdog.end_marker()] if watchdog else []),
         *([timeline.end_marker()] if timeline else []),
         *([system.end_marker()] if system else []),
     ]

@@ -15,10 +15,24 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from raytrain.contract import WorkerConfig
 from raytrain.spec import JobSpec
+
+
+def _publisher(sink: Any, wait: bool = False) -> Callable[[dict[str, Any]], None] | None:
+    """What sends an event to the driver's sink (None: no sink), without waiting, or
+    (``wait``) until the sink has it: a rank about to end its process would lose a send
+    still under way."""
+    import ray
+
+    if sink is None:
+        return None
+    if wait:
+        return lambda event: ray.get(sink.put.remote(event), timeout=30)
+    return lambda event: sink.put.remote(event)
 
 
 def _quiet_lightning() -> None:
@@ -88,9 +102,10 @@ def train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import torch
 
-    from raytrain.checkpoints.layout import PRECISION_KEY, restore_path
+    from raytrain.checkpoints.layout import PRECISION_KEY, restore_path, run_dir
     from raytrain.imports import import_object
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
+    from raytrain.worker.hang_watchdog import HangWatchdog
     from raytrain.worker.precision import decide
     from raytrain.worker.reporting import ReportLogger
     from raytrain.worker.step_timeline import StepTimeline
@@ -118,7 +133,6 @@ def train_loop(config: dict[str, Any]) -> None:
     model = import_object(spec.model.class_path)(**spec.model.init_args)
     rank, world_size = context.get_world_rank(), context.get_world_size()
     data, loaders = worker_data(spec, work, model, rank, world_size)
-    sink = work.sink if rank == 0 else None
     on_gpu = spec.scaling.use_gpu is True
     startup: dict[str, Any] = {
         "_worker_started_at": _process_started_at(entered),
@@ -126,14 +140,18 @@ def train_loop(config: dict[str, Any]) -> None:
         "_lightning_imported_at": imported,
         PRECISION_KEY: "{} ({})".format(*decide(spec.trainer.precision, on_gpu)),
     }
-    publish = (lambda event: sink.put.remote(event)) if sink is not None else None
-    everyone = work.sink if spec.tracking.timeline else None  # every rank's step timeline
-    timeline = None if everyone is None else StepTimeline(
-        every_n_steps=spec.trainer.log_every_n_steps,
-        publish=lambda event: everyone.put.remote(event),
-        rank=rank, node=ray.util.get_node_ip_address(),
+    to_driver = _publisher(work.sink)  # every rank's timeline and hang report
+    publish = to_driver if rank == 0 else None  # rank 0's reports
+    node = ray.util.get_node_ip_address()
+    timeline = None if to_driver is None or not spec.tracking.timeline else StepTimeline(
+        every_n_steps=spec.trainer.log_every_n_steps, publish=to_driver, rank=rank, node=node,
     )  # fmt: skip
-    callbacks = build_callbacks(spec, data, publish, startup, timeline)
+    limits = spec.failure.hang_limits()
+    watchdog = None if not limits.enabled else HangWatchdog(
+        limits=limits, run_dir=run_dir(spec), options=spec.storage, rank=rank, node=node,
+        publish=_publisher(work.sink, wait=True),
+    )  # fmt: skip
+    callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog)
     configure_optimizers(spec, model)
     loggers = [ReportLogger(callbacks.reporter), *user_loggers(spec)]
     profiler, profiles = build_profiler(spec, rank)
@@ -155,8 +173,8 @@ def train_loop(config: dict[str, Any]) -> None:
             verify_checkpoint(path)
             trainer.fit(model, **loaders, ckpt_path=path, weights_only=True)
     upload_profiles(spec, profiles)
-    if sink is not None:
-        ray.get(sink.ping.remote())  # the driver has every event before the run ends
+    if rank == 0 and work.sink is not None:
+        ray.get(work.sink.ping.remote())  # the driver has every event before the run ends
 
 
 def _process_started_at(default: float) -> float:

@@ -32,6 +32,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from raytrain.checkpoints.layout import TIMELINE_KEY
+from raytrain.worker.batch_end import BatchEnd
 
 PARTS = ("data_wait", "forward", "backward", "comm_wait", "optimizer", "hooks", "busy", "step")
 
@@ -157,7 +158,7 @@ class StepTimeline(pl.Callback):
 
     def end_marker(self) -> pl.Callback:
         """The callback to put last: it ends each batch after every other hook."""
-        return _BatchDone(self)
+        return BatchEnd(self.batch_done)
 
     # Validation and an epoch's end are not waits for data; from an epoch's start (its
     # loader's new iterator) or a validation's end, the wait for the next batch is.
@@ -186,13 +187,3 @@ class StepTimeline(pl.Callback):
             summary.pop("comm_wait", None)
         self.publish({TIMELINE_KEY: summary, "rank": self.rank, "node": self.node,
                       "step": step, "world_size": world_size})  # fmt: skip
-
-
-class _BatchDone(pl.Callback):
-    def __init__(self, timeline: StepTimeline):
-        self.timeline = timeline
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
-        self.timeline.batch_done(trainer)

@@ -18,6 +18,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from raytrain.worker.batch_end import BatchEnd
+
 PREFIX = "system/"
 
 
@@ -105,7 +107,7 @@ class SystemMetrics(pl.Callback):
     def end_marker(self) -> pl.Callback:
         """A callback to put last in the list: it marks the end of each batch's hooks
         (checkpoints and reports included), which are not waits for data."""
-        return _BatchDone(self)
+        return BatchEnd(lambda trainer: self.batch_done())
 
     def _pause(self, *args: Any) -> None:
         # validation and epoch ends are not waits for data
@@ -135,13 +137,3 @@ class SystemMetrics(pl.Callback):
         values.update(_gpu(self._device))
         self._reset(now, step)
         return values
-
-
-class _BatchDone(pl.Callback):
-    def __init__(self, metrics: SystemMetrics):
-        self.metrics = metrics
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
-        self.metrics.batch_done()

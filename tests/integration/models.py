@@ -74,7 +74,8 @@ def slow_images_to_pixels(batch: dict) -> dict:
 class KillAtStepsCNN(DigitsCNN):
     """SIGKILLs (or sends ``signal_name`` to) its own worker process (rank ``rank``) when
     ``global_step`` reaches each of ``at_steps``, once each: workers lost mid-epoch.
-    ``signals``, when given, names the signal for each of ``at_steps`` instead. Appends
+    ``signals``, when given, names the signal for each of ``at_steps`` instead (``HANG``:
+    sleep without end, as a rank stuck outside any collective would). Appends
     what happens to ``out_dir/events.jsonl`` with wall-clock times: each kill, and (rank 0)
     each start of training and the first step it finishes (after a restore: the
     checkpoint's step + 1).
@@ -138,6 +139,11 @@ class KillAtStepsCNN(DigitsCNN):
             self._wait_for_commit()
             open(marker, "w").close()
             self._record("kill", step=step, signal=self.signal_at[step])
+            if self.signal_at[step] == "HANG":  # sleeps without end: a hung rank
+                import time
+
+                while True:
+                    time.sleep(3600)
             os.kill(os.getpid(), getattr(signal, self.signal_at[step]))
         return super().training_step(batch, batch_idx)
 

@@ -1,8 +1,11 @@
-"""Workers lost mid-run, in one run: a preemption notice (SIGTERM) to a worker, then a worker
-SIGKILLed. The notice makes the workers checkpoint at the next agreed step and restart from
-it, uncharged and without training a step again; the kill restarts them from the latest
+"""Workers lost mid-run, in one run: a preemption notice (SIGTERM) to a worker, then a rank
+that hangs (sleeps without end, outside any collective), then a worker SIGKILLed. The
+notice makes the workers checkpoint at the next agreed step and restart from it, uncharged
+and without training a step again; the hang is found within ``hang_timeout_s``, every
+rank's stacks are saved, and, like the kill, it restarts the workers from the latest
 committed checkpoint. The run finishes in the same MLflow run, no metric step is logged
-twice or goes back, and it ends as the same run without either does."""
+twice or goes back, and it ends as the same run without any of them does (with the same
+hang timeout: no hang found where there is none)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS_PER_EPOCH = 23  # 1,438 rows, 2 workers, 32 a batch
 EPOCHS = 8
-NOTICE_AT, KILL_AT = 30, 150  # in epochs 2 and 7
+NOTICE_AT, HANG_AT, KILL_AT = 30, 100, 150  # in epochs 2, 5 and 7
+HANG_TIMEOUT = 10.0
 
 
 def read_events(out_dir: Path) -> list[dict]:
@@ -40,13 +44,15 @@ def _run(digits_dir: Path, out: Path, name: str, **kills: Any) -> Any:
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5},
         # a monitored key the model never logs: checkpoints are ranked by recency
         checkpoint={"every_n_epochs": 1, "keep": 20, "monitor": "val_accuracy", "mode": "max"},
-        # one failure allowed: the kill; a preemption charged to it would fail the run
-        failure={"max_failures": 1, "preemption_check_s": 0},  # agree every step
+        # two failures allowed: the hang and the kill; a preemption charged to them would
+        # fail the run
+        failure={"max_failures": 2, "preemption_check_s": 0,  # agree every step
+                 "hang_timeout_s": HANG_TIMEOUT},
     )  # fmt: skip
     return raytrain.fit(spec, progress=False)
 
 
-def test_a_preempted_and_a_killed_worker_end_as_an_uninterrupted_run_does(
+def test_a_preempted_a_hung_and_a_killed_worker_end_as_an_uninterrupted_run_does(
     ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:
     from mlflow.tracking import MlflowClient
@@ -54,8 +60,8 @@ def test_a_preempted_and_a_killed_worker_end_as_an_uninterrupted_run_does(
     plain = _run(digits_dir, tmp_path / "plain", "uninterrupted")
     assert not [e for e in read_events(tmp_path / "plain") if e["event"] == "kill"]
     out = tmp_path / "interrupted"
-    result = _run(digits_dir, out, "interrupted", at_steps=[NOTICE_AT, KILL_AT],
-                  signals=["SIGTERM", "SIGKILL"])  # fmt: skip
+    result = _run(digits_dir, out, "interrupted", at_steps=[NOTICE_AT, HANG_AT, KILL_AT],
+                  signals=["SIGTERM", "HANG", "SIGKILL"])  # fmt: skip
     last = EPOCHS * STEPS_PER_EPOCH
     assert result.metrics["step"] == plain.metrics["step"] == last
     gap = result.metrics["val_acc"] - plain.metrics["val_acc"]
@@ -72,27 +78,53 @@ def test_a_preempted_and_a_killed_worker_end_as_an_uninterrupted_run_does(
     assert sorted(m["step"] for m in metas) == sorted([*epoch_ends, noticed])
     assert json.loads((Path(result.best_checkpoint_uri) / META_FILE).read_text())["step"] == last
 
-    # The notice's restart began at its checkpoint (no step trained twice); the kill's, at
-    # the last epoch end before it (step 138): the first step finished then was step 139.
+    # The notice's restart began at its checkpoint (no step trained twice); the hang's and
+    # the kill's, at the last epoch end before them (steps 92 and 138).
     events = read_events(out)
     assert [(e["event"], e["step"]) for e in events if e["event"] != "start"] == [
         ("first_step", 1), ("kill", NOTICE_AT), ("first_step", noticed + 1),
+        ("kill", HANG_AT), ("first_step", 4 * STEPS_PER_EPOCH + 1),
         ("kill", KILL_AT), ("first_step", 6 * STEPS_PER_EPOCH + 1)]  # fmt: skip
+
+    # The hang: found within its timeout (the watchdog looks once a second), every rank's
+    # stacks saved, rank 1 named as the one not in a collective, in its sleep
+    (attempt,) = (out / "runs" / "interrupted" / "hangs").iterdir()
+    stacks = {p.name: p.read_text() for p in attempt.iterdir()}
+    assert set(stacks) == {"rank0.txt", "rank1.txt"}, stacks.keys()
+    hung = stacks["rank1.txt"]
+    assert "collective: not in a collective" in hung and "in forward" in hung, hung[:400]
+    training = hung.split("\nThread ")[1]  # the first thread shown: the one that trains
+    assert "(training), most recent call last" in training, hung
+    assert re.search(r"models\.py\", line \d+, in training_step\n\s+time\.sleep\(3600\)",
+                     training), hung  # fmt: skip
+    assert "collective: in " in stacks["rank0.txt"], stacks["rank0.txt"][:400]
+    (hang_event,) = [e for e in events if e["event"] == "kill" and e["step"] == HANG_AT]
+    found_at = float(re.search(r"\(unix ([\d.]+)\)", hung).group(1))  # type: ignore[union-attr]
+    assert hang_event["at"] < found_at <= hang_event["at"] + HANG_TIMEOUT + 5
 
     # The run's status record: finished, its last checkpoint, each restart and why
     status = read_status(result.run_dir)
     assert status is not None and status.state == "finished" and status.step == last
     assert status.last_checkpoint is not None and status.last_checkpoint.step == last
     assert status.mlflow_run_id == result.mlflow_run_id and status.world_size == 2
-    preempted, killed = status.restarts
+    preempted, hung_restart, killed = status.restarts
     assert preempted.step == noticed and preempted.reason.startswith("PreemptedError")
+    assert hung_restart.step == 4 * STEPS_PER_EPOCH
+    assert hung_restart.reason.startswith(f"hang at step {HANG_AT}: no batch finished for")
+    assert "not in a collective: rank 1 in forward" in hung_restart.reason
+    assert "waiting in a collective: rank 0" in hung_restart.reason
+    assert status.hang is not None and status.hang in hung_restart.reason
     # the killed rank fails Ray Train's health check; its peer loses gloo's connection
     assert killed.step == 6 * STEPS_PER_EPOCH and "WorkerHealthCheckFailedError" in killed.reason
 
     client = MlflowClient(result.tracking_uri)
     run = client.get_run(result.mlflow_run_id)
     assert run.info.status == "FINISHED"
-    assert run.data.tags["raytrain.restarts"] == "2"
+    assert run.data.tags["raytrain.restarts"] == "3"
+    assert run.data.tags["raytrain.hang"] == status.hang
+    logged = {a.path for a in client.list_artifacts(result.mlflow_run_id, f"hangs/{attempt.name}")}
+    assert logged == {f"hangs/{attempt.name}/rank{r}.txt" for r in (0, 1)}
+    assert not (tmp_path / "plain" / "runs" / "uninterrupted" / "hangs").exists()
     assert "attempt 1: workers restarted" in run.data.tags["raytrain.restart.1"]
     ranking = run.data.tags["raytrain.checkpoint_ranking"]
     assert "'val_accuracy' was not reported" in ranking

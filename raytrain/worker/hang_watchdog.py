@@ -1,0 +1,288 @@
+"""A rank that stops finishing batches: its stacks written, the driver told, its attempt
+failed, long before gloo's or NCCL's 30-minute collective timeout would.
+
+``HangWatchdog`` (a Lightning callback on every rank) keeps where the rank is
+(``hang_report.PHASES``) and when it last moved on: a batch's end, a validation batch's,
+the start of an epoch or validation. A daemon thread looks every ``POLL_S``. Once the rank
+has gone longer than its phase's ``hang_report.allowance`` without moving on, the thread:
+
+1. writes the stacks of every thread of this process (Python's frames, as faulthandler
+   prints them, with their source lines) to ``{run}/hangs/{token}/rank{r}.txt``, headed by
+   where the rank was and the collective it waits in, if any (``collective_of``);
+2. sends its ``HangReport`` to the driver (the progress output, MLflow, the status record);
+3. waits, at most ``GRACE_S``, until every rank's stacks are there, so that no rank's
+   exit gets the others killed before they wrote theirs; and
+4. ends its process (``os._exit``). Ray Train sees the worker die, and the failure policy
+   restarts the attempt from its last committed checkpoint (counted in ``max_failures``).
+
+A hang stops every rank: the others wait for the hung one in their next collective, so
+each rank's thread finds it for itself. A rank whose phase allows longer (one waiting in a
+checkpoint's barrier) looks every ``PEEK_S``, once it has gone a step's timeout, for a
+peer's stacks in the attempt's folder, and writes its own as soon as one is there.
+``token``, rank 0's start time broadcast to every rank when training starts, names one
+folder per attempt.
+
+The thread needs the GIL to write. A rank hung in C code that holds it writes nothing; the
+others still find the hang, and the driver's summary says how many ranks sent no stacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import lightning.pytorch as pl
+
+from raytrain import storage
+from raytrain.hang_report import (
+    HANGS,
+    HangLimits,
+    HangReport,
+    allowance,
+    collective_of,
+    step_timeout,
+)
+from raytrain.spec import StorageSpec
+from raytrain.worker.batch_end import BatchEnd
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 1.0
+PEEK_S = 5.0
+GRACE_S = 30.0
+HANG_EXIT = 70  # the exit status of a rank ended for a hang
+_STACKS = re.compile(r"rank\d+\.txt$")
+
+
+def stacks_text(
+    report: HangReport, frames: dict[int, FrameType], training: int | None, skip: int | None
+) -> str:
+    """The stacks file: the report's lines, then every thread's stack (most recent call
+    last; the thread that trains first: Ray Train runs the train function in a thread of
+    its own), without the thread ``skip`` (the watchdog's own)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    where = f"in {report.collective}" if report.collective else "not in a collective"
+    lines = [
+        f"raytrain hang report: rank {report.rank} of {report.world_size}, node "
+        f"{report.node}, pid {report.pid}",
+        f"step {report.step}, in {report.phase}: no batch finished for "
+        f"{report.idle_s:.1f} s (allowed {report.allowed_s:.1f} s)",
+        f"collective: {where}",
+        f"found at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(report.at))} "
+        f"(unix {report.at:.1f}); attempt {report.attempt}",
+        "",
+    ]
+    for ident in sorted(frames, key=lambda i: i != training):
+        if ident == skip:
+            continue
+        label = " (training)" if ident == training else ""
+        lines.append(f"Thread {names.get(ident, '?')} ({ident}){label}, most recent call last:")
+        lines.append("".join(traceback.format_stack(frames[ident])).rstrip())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def frame_files(frame: FrameType | None) -> list[str]:
+    """The file of each frame of a stack, outermost first."""
+    return [f.f_code.co_filename for f, _ in traceback.walk_stack(frame)][::-1] if frame else []
+
+
+class HangWatchdog(pl.Callback):
+    """Finds this rank hung (see the module docstring). Put it first among the callbacks
+    and its ``end_marker()`` last. ``clock``, ``wall``, ``exit``, ``thread`` and
+    ``grace_s`` are parameters so that a unit test drives ``check`` without a thread, a
+    wait for the other ranks or a process to end."""
+
+    def __init__(
+        self,
+        *,
+        limits: HangLimits,
+        run_dir: str,
+        options: StorageSpec | None,
+        rank: int,
+        node: str,
+        publish: Callable[[dict[str, Any]], None] | None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        exit: Callable[[int], Any] = os._exit,
+        thread: bool = True,
+        grace_s: float = GRACE_S,
+    ):
+        self.limits, self.run_dir, self.options = limits, run_dir, options
+        self.rank, self.node, self.publish = rank, node, publish
+        self._clock, self._wall, self._exit = clock, wall, exit
+        self._watches = thread  # False: ``check`` is called by the caller alone
+        self.grace_s = grace_s
+        self.phase = "starting"
+        self.step = 0
+        self.world_size = 1
+        self.token = "0"
+        self._last = clock()  # when the rank last moved on
+        self._step_times: deque[float] = deque(maxlen=100)
+        self._timed = False  # whether the batch under way is timed (not a first batch)
+        self._peeked_at = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._training: int | None = None  # the thread Lightning's hooks run in
+
+    @property
+    def folder(self) -> str:
+        """This attempt's folder of stacks files."""
+        return storage.join(self.run_dir, HANGS, self.token)
+
+    # -- where the rank is -----------------------------------------------------------------
+
+    def _moved(self, phase: str) -> None:
+        self.phase, self._last = phase, self._clock()
+        if phase == "starting":
+            self._timed = False
+
+    def _enter(self, phase: str) -> None:
+        if self.phase != "starting":  # a first batch keeps its allowance to its end
+            self.phase = phase
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.world_size = trainer.world_size
+        self._training = threading.get_ident()
+        started = time.strftime("%Y%m%d-%H%M%S", time.gmtime(self._wall()))
+        self.token = str(trainer.strategy.broadcast(f"{started}-{os.getpid()}", src=0))
+        self._moved("starting")
+        if self.limits.enabled and self._watches and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._watch, name="raytrain-hang-watchdog",
+                                            daemon=True)  # fmt: skip
+            self._thread.start()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._moved("starting")
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
+    ) -> None:
+        self.step = trainer.global_step
+        self._enter("forward")
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
+    ) -> None:
+        self._enter("backward")
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        self._enter("optimizer")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        self.phase = "saving"  # the batch's end hooks: reports, checkpoint saves
+
+    def batch_done(self, trainer: pl.Trainer) -> None:
+        """Every hook of the batch has run (the end marker): the rank moved on."""
+        now = self._clock()
+        if self._timed:
+            self._step_times.append(now - self._last)
+        self.phase, self._last, self._timed = "data", now, True
+
+    def end_marker(self) -> pl.Callback:
+        """The callback to put last: it ends each batch after every other hook."""
+        return BatchEnd(self.batch_done)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._moved("starting")
+
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        idx: int, dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        self._moved("validation")
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._moved("saving")  # a checkpoint at the validation's end
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._moved("saving")
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.stop()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop watching (training ended or failed)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+
+    # -- finding the hang ------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_S):
+            if self.check():
+                return
+
+    def check(self) -> bool:
+        """Whether the rank is hung now (see the module docstring); a hung rank is
+        reported, and its process ended."""
+        phase, idle = self.phase, self._clock() - self._last
+        allowed = allowance(phase, self.limits, self._step_times)
+        # a rank allowed longer (saving) is hung too once a peer wrote its stacks
+        timed_out = idle > step_timeout(self.limits, self._step_times)
+        if idle <= allowed and not (timed_out and self._peer_hung()):
+            return False
+        self._report(phase, idle, allowed)
+        return True
+
+    def _stacks_written(self) -> int:
+        try:
+            found = storage.list_dir(self.folder, self.options)
+        except Exception:  # the store is down: no peer's stacks seen
+            return 0
+        return sum(1 for info in found if _STACKS.search(info.base_name))
+
+    def _peer_hung(self) -> bool:
+        now = self._clock()
+        if now - self._peeked_at < PEEK_S:
+            return False
+        self._peeked_at = now
+        return self._stacks_written() > 0
+
+    def _report(self, phase: str, idle: float, allowed: float) -> None:
+        frames = sys._current_frames()
+        report = HangReport(
+            rank=self.rank, world_size=self.world_size, node=self.node, pid=os.getpid(),
+            step=self.step, phase=phase, idle_s=round(idle, 1), allowed_s=round(allowed, 1),
+            collective=collective_of(phase, frame_files(frames.get(self._training or -1)),
+                                     self.world_size),
+            attempt=self.token, stacks=storage.join(self.folder, f"rank{self.rank}.txt"),
+            at=self._wall(),
+        )  # fmt: skip
+        logger.error("raytrain: %s", report.describe())
+        try:
+            watcher = self._thread.ident if self._thread is not None else None
+            text = stacks_text(report, frames, self._training, skip=watcher)
+            storage.write_text(report.stacks, text, self.options)
+        except Exception:
+            logger.exception("raytrain: the stacks could not be written to %s", report.stacks)
+        if self.publish is not None:
+            try:
+                self.publish(report.to_event())
+            except Exception:
+                logger.exception("raytrain: the hang could not be told to the driver")
+        deadline = time.monotonic() + self.grace_s
+        while self._stacks_written() < self.world_size and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self._exit(HANG_EXIT)
