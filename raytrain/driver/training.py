@@ -28,6 +28,7 @@ from raytrain.driver.timeline import Straggler, Timelines
 from raytrain.errors import RunStateError, TrainingFailed
 from raytrain.hang_report import HANG_KEY
 from raytrain.spec import JobSpec
+from raytrain.tracking.prometheus import RayMetrics
 
 Mark = Callable[[str], None]
 Handler = Callable[[dict[str, Any]], None]
@@ -120,7 +121,9 @@ def train(
     and train (see the module docstring). ``listeners`` get every event of rank 0 beside
     MLflow and the progress line (a sweep's trial reports to Ray Tune from them); one may
     raise ``progress.StopRun`` to end the run. The ranks' step timelines go to MLflow,
-    their straggler to ``status`` too, and all of them to ``timeline.json`` at the end."""
+    their straggler to ``status`` too, and all of them to ``timeline.json`` at the end;
+    the ranks' hang reports to stderr, MLflow and ``status``; the reports, timelines and
+    hangs also to Ray's metrics (``tracking.prometheus``)."""
     from raytrain.data.sources import build_datasets
     from raytrain.driver.progress import start_sink, stop_sink
 
@@ -140,8 +143,13 @@ def train(
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
         handlers: list[Handler] = [*listeners, *([status] if status else [])]
-        result, latest = _fit(job, trainer, sink, record, held, line, mark, handlers,
-                              {TIMELINE_KEY: [timelines], HANG_KEY: [hangs]})  # fmt: skip
+        by_rank: dict[str, list[Handler]] = {TIMELINE_KEY: [timelines], HANG_KEY: [hangs]}
+        if job.tracking.prometheus:
+            gauges = RayMetrics(job.name)
+            handlers.append(gauges.report)
+            by_rank[TIMELINE_KEY].append(gauges.timeline)
+            by_rank[HANG_KEY].append(gauges.hang)
+        result, latest = _fit(job, trainer, sink, record, held, line, mark, handlers, by_rank)
     finally:
         stop_sink(sink)
         _log_timelines(record, timelines)

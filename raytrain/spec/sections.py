@@ -249,6 +249,12 @@ class TrackingSpec(_Section):
         "for the gradients' all-reduce, optimizer, hooks), p50/p90 per report window into "
         "MLflow, and name a straggler rank (bench/overhead.py measures its cost).",
     )
+    prometheus: bool = Field(
+        default=True,
+        description="Set the run's step, throughput, loss, metrics, step-time parts, "
+        "checkpoint stall, restarts and hangs as Ray metrics (ray.util.metrics), which a "
+        "cluster's nodes serve to Prometheus (cluster/grafana/raytrain.json charts them).",
+    )
 
 
 class JobSpec(_Section):

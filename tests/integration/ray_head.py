@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,6 +35,7 @@ class RayHead:
     token: str
     temp_dir: Path
     env: dict[str, str]
+    metrics_port: int  # the head node's Prometheus endpoint: http://127.0.0.1:{port}/metrics
     nodes: list[subprocess.Popen] = field(default_factory=list)
 
     def request(self, path: str, *, token: str | None = None) -> dict:
@@ -45,16 +47,31 @@ class RayHead:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
 
+    def scrape(self, **match: str) -> dict[str, list[dict[str, str]]]:
+        """The head node's metrics endpoint as Prometheus reads it: each series' name with
+        the labels of its samples, of those whose labels include ``match``."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read().decode()
+        out: dict[str, list[dict[str, str]]] = {}
+        for line in text.splitlines():
+            found = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} ", line)
+            if found:
+                labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', found.group(2)))
+                if all(labels.get(k) == v for k, v in match.items()):
+                    out.setdefault(found.group(1), []).append(labels)
+        return out
+
     def alive_nodes(self) -> int:
         summary = self.request("/nodes?view=summary")["data"]["summary"]
         return sum(1 for node in summary if node["raylet"]["state"] == "ALIVE")
 
 
-def _node_ports() -> list[str]:
+def _node_ports(metrics_port: int | None = None) -> list[str]:
     """Ports a node on this machine must not share with another node here."""
     return [
         "--dashboard-agent-listen-port", str(free_port()),
-        "--metrics-export-port", str(free_port()),
+        "--metrics-export-port", str(metrics_port or free_port()),
         "--runtime-env-agent-port", str(free_port()),
     ]  # fmt: skip
 
@@ -193,7 +210,8 @@ def ray_head(
 ) -> Iterator[RayHead]:
     """Start ``ray start --head`` (plus ``args``) with token authentication on, the GCS on
     ``gcs_port`` (default: a free one), the dashboard and its job server on a free loopback
-    port, and its state under a short temp dir of its own."""
+    port, its metrics endpoint on a free port, and its state under a short temp dir of its
+    own."""
     token = secrets.token_hex(16)
     token_file = work / "auth_token"
     token_file.write_text(token)
@@ -208,12 +226,13 @@ def ray_head(
     }
     head_env.pop("RAY_ADDRESS", None)
     head_env.pop("RAY_AUTH_TOKEN", None)
-    gcs_port, dash_port = gcs_port or free_port(), free_port()
+    gcs_port, dash_port, metrics_port = gcs_port or free_port(), free_port(), free_port()
     cmd = [RAY_CLI, "start", "--head", "--block", "--port", str(gcs_port),
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
            "--include-dashboard", "true", "--num-cpus", str(num_cpus),
            "--temp-dir", str(temp_dir), "--disable-usage-stats",
-           "--ray-client-server-port", str(free_port()), *_node_ports(), *args]  # fmt: skip
+           "--ray-client-server-port", str(free_port()), *_node_ports(metrics_port),
+           *args]  # fmt: skip
     log = work / "ray-head.log"
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env=head_env, start_new_session=True,
@@ -224,6 +243,7 @@ def ray_head(
         token=token,
         temp_dir=temp_dir,
         env=head_env,
+        metrics_port=metrics_port,
     )
     try:
         version_url = head.dashboard_url + "/api/version"

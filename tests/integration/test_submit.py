@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -141,7 +142,8 @@ def test_raytrain_status_shows_a_job_training_and_its_last_state_once_its_driver
     head: RayHead, digits_dir: Path, tmp_path: Path
 ) -> None:
     """The run's status record, read from this process and from `raytrain status JOB_ID`
-    in another while the job trains: its step and ETA; then the job's driver SIGKILLed:
+    in another while the job trains: its step and ETA; the run's series on the node's
+    Prometheus endpoint; then the job's driver SIGKILLed:
     the job FAILED, the record's last state, no newer than the kill, with its age."""
     wd = job_dir(tmp_path, digits_dir, name="watched", trainer={"max_epochs": 200},
                  checkpoint={"every_n_epochs": 1})  # fmt: skip
@@ -171,6 +173,23 @@ def test_raytrain_status_shows_a_job_training_and_its_last_state_once_its_driver
     assert any("samples/s, ETA " in line for line in lines), lines
     by_spec = raytrain_cli(env, "status", "spec.yaml", "--json", cwd=wd)  # the same record
     assert by_spec.returncode == 0 and json.loads(by_spec.stdout)["name"] == "watched"
+
+    # Prometheus's view: the node's metrics endpoint serves the run's series beside Ray's
+    # own (Ray exports every few seconds: polled as a Prometheus would scrape)
+    names = ("step", "samples_per_second", "train_loss", "step_part_seconds", "restarts",
+             "metric", "checkpoint_stall_seconds")  # fmt: skip
+    wanted = {f"ray_raytrain_{name}" for name in names}
+    while not wanted <= set(series := head.scrape(run="watched")):
+        assert time.monotonic() < deadline, (sorted(series), handle.logs())
+        time.sleep(1)
+    assert {labels["rank"] for labels in series["ray_raytrain_step_part_seconds"]} == {"0", "1"}
+    parts = {(s["part"], s["stat"]) for s in series["ray_raytrain_step_part_seconds"]}
+    assert {("busy", "p50"), ("comm_wait", "p90"), ("data_wait", "mean")} <= parts
+    assert {s["name"] for s in series["ray_raytrain_metric"]} >= {"val_acc", "val_loss"}
+    # every series the Grafana dashboard charts is served (a hang's once there is one)
+    dashboard = (ROOT / "cluster" / "grafana" / "raytrain.json").read_text()
+    charted = set(re.findall(r"\bray_[a-z_]+\b", dashboard)) - {"ray_raytrain_hangs"}
+    assert charted - set(series) - set(head.scrape()) == set()  # Ray's own node CPU too
 
     driver = head.request(f"/api/jobs/{job_id}")["driver_info"]["pid"]
     assert status.driver.endswith(f":{driver}")  # the record names the job's driver
