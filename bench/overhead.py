@@ -191,6 +191,7 @@ def _bench_model(
     chosen = [v for v in VARIANTS.get(model, []) if only is None or v[0] in only]
     variants = [("default", None, 1, {}), *chosen]
     runs: dict[str, list] = {"baseline": [], **{v[0]: [] for v in variants}}
+    doctor = ""
     for rep in range(reps):
         # alternate the order so neither side always runs on a warmer machine
         sides = ["baseline", *(v[0] for v in variants)]
@@ -201,6 +202,8 @@ def _bench_model(
                 _, cpus, files, sections = next(v for v in variants if v[0] == side)
                 runs[side].append(run_raytrain(model, data[files], work, cpus, sections,
                                                datamodule=side == "DataModule"))  # fmt: skip
+                if side == "default":  # what raytrain doctor makes of the run
+                    doctor = _doctor(work / f"{model}.yaml")
             shown = {k: round(v, 3) for k, v in runs[side][-1].items() if not k.startswith("at_")}
             print(f"  {model} {side} rep {rep + 1}: {shown}", file=sys.stderr, flush=True)
     med = {side: _median(r) for side, r in runs.items()}
@@ -213,7 +216,15 @@ def _bench_model(
         "epochs": EPOCHS[model],
         "batch_size": MODELS[model]["batch_size"],
         "runs": runs,
+        "doctor": doctor,
     }
+
+
+def _doctor(spec: Path) -> str:
+    """``raytrain doctor``'s output for the run ``spec`` names (its last run)."""
+    cmd = [sys.executable, "-m", "raytrain", "doctor", str(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120)
+    return proc.stdout if proc.returncode == 0 else f"doctor failed: {proc.stderr[-500:]}"
 
 
 def _print_tables(results: dict[str, dict], reps: int) -> None:
@@ -235,8 +246,17 @@ def _print_tables(results: dict[str, dict], reps: int) -> None:
             if label == "no timeline":  # raytrain's step (timeline on) over this one's
                 figures, against, key, scale = res["raytrain"], figures, "step_s", 1000
                 name = "time per step, timeline on / off"
+                # each repetition's on and off runs ran back to back: the median of their
+                # ratios leaves out the machine's drift between repetitions
+                pairs = zip(res["runs"]["default"], res["runs"][label], strict=True)
+                paired = statistics.median(on["step_s"] / off["step_s"] for on, off in pairs)
+                print(f"{model:<9} {'  (median of the repetitions ratios)':<44} {'':>10} "
+                      f"{'':>10} {paired:>7.3f}")  # fmt: skip
             print(f"{model:<9} {name:<44} {figures[key] * scale:>10.2f} "
                   f"{against[key] * scale:>10.2f} {figures[key] / against[key]:>7.2f}")  # fmt: skip
+    for model, res in results.items():
+        print(f"\nraytrain doctor, {model} (the last repetition's raytrain run)")
+        print(res["doctor"].rstrip())
     for model, res in results.items():
         figures = res["raytrain"]
         print(f"\nstartup breakdown, {model} (s from the command's launch, median of {reps})")

@@ -5,6 +5,8 @@
 - ``set_epoch_length``: ``fit_loop._combined_loader.limits``, ``fit_loop.max_batches``,
   ``fit_loop._data_fetcher.length`` and ``trainer.val_check_batch``: an epoch's length
   after the loader was restored.
+- ``is_last_batch``: ``fit_loop.epoch_loop.batch_progress.is_last_batch``: the batch just
+  run ends its epoch (validation and the epoch's end follow).
 - ``fsdp_strategy_class``: Ray's ``RayFSDPStrategy`` with ``_setup_model`` overridden
   (CPU sharding, clipping by the root module), using
   ``lightning.pytorch.strategies.fsdp._move_torchmetrics_to_device`` and
@@ -32,6 +34,12 @@ def skip_sigterm_broadcast(trainer: Any) -> None:
     if not hasattr(loop, "_broadcast_sigterm_tensor"):
         raise AttributeError("Lightning's training epoch loop has no _broadcast_sigterm_tensor")
     loop._broadcast_sigterm_tensor = lambda: None
+
+
+def is_last_batch(trainer: Any) -> bool:
+    """Whether the training batch just run is its epoch's last (Lightning builds the
+    validation's loader and fetches its first batch before ``on_validation_start``)."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
 def set_epoch_length(trainer: Any, length: int) -> None:

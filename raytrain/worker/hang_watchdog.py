@@ -3,8 +3,10 @@ failed, long before gloo's or NCCL's 30-minute collective timeout would.
 
 ``HangWatchdog`` (a Lightning callback on every rank) keeps where the rank is
 (``hang_report.PHASES``) and when it last moved on: a batch's end, a validation batch's,
-the start of an epoch or validation. A daemon thread looks every ``POLL_S``. Once the rank
-has gone longer than its phase's ``hang_report.allowance`` without moving on, the thread:
+the start of an epoch or validation. After an epoch's last batch it is ``starting``:
+Lightning builds the validation's loader and fetches its first batch before any hook. A
+daemon thread looks every ``POLL_S``. Once the rank has gone longer than its phase's
+``hang_report.allowance`` without moving on, the thread:
 
 1. writes the stacks of every thread of this process (Python's frames, as faulthandler
    prints them, with their source lines) to ``{run}/hangs/{token}/rank{r}.txt``, headed by
@@ -43,6 +45,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from raytrain import storage
+from raytrain._compat.lightning import is_last_batch
 from raytrain.hang_report import (
     HANGS,
     HangLimits,
@@ -192,6 +195,8 @@ class HangWatchdog(pl.Callback):
         if self._timed:
             self._step_times.append(now - self._last)
         self.phase, self._last, self._timed = "data", now, True
+        if is_last_batch(trainer):  # the validation's loader starts before its hooks
+            self._moved("starting")
 
     def end_marker(self) -> pl.Callback:
         """The callback to put last: it ends each batch after every other hook."""

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS_PER_EPOCH = 23  # 1,438 rows, 2 workers, 32 a batch
 EPOCHS = 8
 NOTICE_AT, HANG_AT, KILL_AT = 30, 100, 150  # in epochs 2, 5 and 7
-HANG_TIMEOUT = 10.0
+HANG_TIMEOUT = 6.0
 
 
 def read_events(out_dir: Path) -> list[dict]:

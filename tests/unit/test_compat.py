@@ -106,6 +106,22 @@ def test_the_sigterm_broadcast_is_skipped_on_a_real_trainer() -> None:
     assert loop._broadcast_sigterm_tensor() is None
 
 
+def test_the_last_batch_of_an_epoch_is_known_at_its_end() -> None:
+    import lightning.pytorch as pl
+
+    from raytrain._compat.lightning import is_last_batch
+
+    class Record(pl.Callback):
+        seen: list[bool] = []
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            self.seen.append(is_last_batch(trainer))
+
+    record = Record()
+    _fit_with(record, batches=4)
+    assert record.seen == [False, False, False, True]
+
+
 def test_an_epoch_length_set_at_epoch_start_is_the_one_lightning_runs() -> None:
     import lightning.pytorch as pl
 

@@ -73,7 +73,10 @@ def _watchdog(tmp_path: Path, clock: Clock, sent: list[dict[str, Any]], exits: l
 
 def _trainer(world_size: int = 1) -> Any:
     strategy = SimpleNamespace(broadcast=lambda value, src: value)
-    return SimpleNamespace(world_size=world_size, global_step=0, strategy=strategy)
+    progress = SimpleNamespace(is_last_batch=False)
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
+    return SimpleNamespace(world_size=world_size, global_step=0, strategy=strategy,
+                           fit_loop=loop)  # fmt: skip
 
 
 def _batch(dog: HangWatchdog, trainer: Any, clock: Clock, seconds: float) -> None:
@@ -126,8 +129,12 @@ def test_saving_and_validation_are_judged_by_their_own_allowances(tmp_path: Path
     clock.now += 100
     assert dog.phase == "saving" and not dog.check()
     dog.end_marker().on_train_batch_end(trainer, None, None, None, 0)
+    trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True  # the epoch's last
+    _batch(dog, trainer, clock, 1.0)
+    clock.now += 200  # the validation's loader starting, before its hooks
+    assert dog.phase == "starting" and not dog.check()
     dog.on_validation_start(trainer, None)
-    clock.now += 200  # the validation loader starting
+    clock.now += 200
     assert not dog.check()
     dog.on_validation_batch_end(trainer, None, None, None, 0)
     clock.now += 10.5
