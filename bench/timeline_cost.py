@@ -93,31 +93,38 @@ def _worker(rank: int, blocks: int, steps: int, port: int, out: str) -> None:
         Path(out).write_text(json.dumps(times))
 
 
-def main() -> None:
+def measure(blocks: int = 8, steps: int = 20) -> dict[str, Any]:
+    """Step times of ``blocks`` adjacent off/on pairs in two gloo processes, and the
+    median of their on/off ratios (``ratio``)."""
     import json
     import socket
     import tempfile
 
     import torch.multiprocessing as mp
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=20)
-    args = parser.parse_args()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "times.json")
-        mp.spawn(_worker, args=(args.blocks, args.steps, port, out), nprocs=2)
+        mp.spawn(_worker, args=(blocks, steps, port, out), nprocs=2)
         times = json.loads(Path(out).read_text())
     ratios = [on / off for on, off in zip(times["on"], times["off"], strict=True)]
-    print(f"step, timeline off (ms): {[round(t * 1000, 1) for t in times['off']]}")
-    print(f"step, timeline on  (ms): {[round(t * 1000, 1) for t in times['on']]}")
-    print(f"on / off, adjacent blocks: {[round(r, 3) for r in ratios]}")
-    print(f"median: {statistics.median(ratios):.3f} "
-          f"(off {statistics.median(times['off']) * 1000:.1f} ms, "
-          f"on {statistics.median(times['on']) * 1000:.1f} ms a step)")  # fmt: skip
+    off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    return {**times, "ratios": ratios, "ratio": statistics.median(ratios), "off_s": off, "on_s": on}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    found = measure(args.blocks, args.steps)
+    print(f"step, timeline off (ms): {[round(t * 1000, 1) for t in found['off']]}")
+    print(f"step, timeline on  (ms): {[round(t * 1000, 1) for t in found['on']]}")
+    print(f"on / off, adjacent blocks: {[round(r, 3) for r in found['ratios']]}")
+    print(f"median: {found['ratio']:.3f} (off {found['off_s'] * 1000:.1f} ms, "
+          f"on {found['on_s'] * 1000:.1f} ms a step)")  # fmt: skip
 
 
 if __name__ == "__main__":
