@@ -5,8 +5,9 @@
 - ``set_epoch_length``: ``fit_loop._combined_loader.limits``, ``fit_loop.max_batches``,
   ``fit_loop._data_fetcher.length`` and ``trainer.val_check_batch``: an epoch's length
   after the loader was restored.
-- ``is_last_batch``: ``fit_loop.epoch_loop.batch_progress.is_last_batch``: the batch just
-  run ends its epoch (validation and the epoch's end follow).
+- ``validation_may_follow``: ``fit_loop.epoch_loop.batch_progress`` (``is_last_batch``,
+  ``current.ready``) and ``trainer.val_check_batch``: a validation may run after the batch
+  just run (at the epoch's end, or every ``val_check_interval`` batches).
 - ``fsdp_strategy_class``: Ray's ``RayFSDPStrategy`` with ``_setup_model`` overridden
   (CPU sharding, clipping by the root module), using
   ``lightning.pytorch.strategies.fsdp._move_torchmetrics_to_device`` and
@@ -36,10 +37,16 @@ def skip_sigterm_broadcast(trainer: Any) -> None:
     loop._broadcast_sigterm_tensor = lambda: None
 
 
-def is_last_batch(trainer: Any) -> bool:
-    """Whether the training batch just run is its epoch's last (Lightning builds the
-    validation's loader and fetches its first batch before ``on_validation_start``)."""
-    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+def validation_may_follow(trainer: Any) -> bool:
+    """Whether a validation may run after the training batch just run: its epoch's last, or
+    one ``val_check_interval`` falls on. Lightning builds the validation's loader and
+    fetches its first batch before ``on_validation_start``. Errs towards yes (it does not
+    ask ``check_val_every_n_epoch``)."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    if progress.is_last_batch:
+        return True
+    every = trainer.val_check_batch
+    return isinstance(every, int) and every > 0 and progress.current.ready % every == 0
 
 
 def set_epoch_length(trainer: Any, length: int) -> None:

@@ -33,6 +33,7 @@ else does raytrain touch it. ``tests/unit/test_compat.py`` pins what each entry 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import signal
 import threading
@@ -67,6 +68,8 @@ from ray.train.v2._internal.execution.failure_handling import (
 )
 from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
 from ray.train.v2.torch.torch_trainer import TorchTrainer
+
+logger = logging.getLogger(__name__)
 
 
 class Policy(Protocol):
@@ -123,7 +126,12 @@ class GcsPlacementGroupCleaner(PlacementGroupCleaner):
         while not self._stop_event.is_set():
             with contextlib.suppress(queue.Empty):
                 group = self._pg_queue.get(timeout=self._check_interval_s)
-            if gcs_actors(self._controller_actor_id).get("State", "DEAD") != "DEAD":
+            try:
+                alive = gcs_actors(self._controller_actor_id).get("State", "DEAD") != "DEAD"
+            except Exception:  # the GCS restarting: ask again, as Ray's cleaner does
+                logger.warning("the GCS did not answer about the controller", exc_info=True)
+                continue
+            if alive:
                 continue
             while not self._pg_queue.empty():  # a group registered as the controller died
                 group = self._pg_queue.get_nowait()
@@ -140,16 +148,21 @@ class GcsPlacementGroupCleanerCallback(PlacementGroupCleanerCallback):
     def after_controller_start(self, train_run_context: Any) -> None:
         self._controller_actor_id = ray.get_runtime_context().get_actor_id()
         cleaner: Any = ray.remote(num_cpus=0)(GcsPlacementGroupCleaner)  # untyped in Ray
-        self._cleaner = cleaner.options(
-            lifetime="detached",
-            resources={HEAD_NODE_RESOURCE_NAME: 0.001},
-            scheduling_strategy="DEFAULT",  # outside a placement group its caller runs in
-        ).remote(
-            controller_actor_id=self._controller_actor_id,
-            check_interval_s=self._check_interval_s,
-            get_actor_timeout_s=self._get_actor_timeout_s,
-            stop_timeout=self._stop_timeout,
-        )
+        try:
+            self._cleaner = cleaner.options(
+                lifetime="detached",
+                resources={HEAD_NODE_RESOURCE_NAME: 0.001},
+                scheduling_strategy="DEFAULT",  # outside a placement group its caller runs in
+            ).remote(
+                controller_actor_id=self._controller_actor_id,
+                check_interval_s=self._check_interval_s,
+                get_actor_timeout_s=self._get_actor_timeout_s,
+                stop_timeout=self._stop_timeout,
+            )
+        except Exception:  # as Ray's callback: the run goes on without a cleaner
+            logger.warning("the placement-group cleaner could not start", exc_info=True)
+            self._cleaner = None
+            return
         self._cleaner.start_monitoring.remote()  # type: ignore[union-attr]
 
 

@@ -144,6 +144,7 @@ class StatusRecord:
             # failed group reports nothing more, the new one has not started
             failure = str(event[FAILURE_KEY])
             self._failure = f"{self._hang} ({failure})" if self._hang else failure
+            self._hang = None  # a later failure is its own
             self._resume = self._read_safely()
             self._failed_at = status.step
             status.state = "restarting"

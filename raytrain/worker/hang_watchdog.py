@@ -3,8 +3,9 @@ failed, long before gloo's or NCCL's 30-minute collective timeout would.
 
 ``HangWatchdog`` (a Lightning callback on every rank) keeps where the rank is
 (``hang_report.PHASES``) and when it last moved on: a batch's end, a validation batch's,
-the start of an epoch or validation. After an epoch's last batch it is ``starting``:
-Lightning builds the validation's loader and fetches its first batch before any hook. A
+the start of an epoch or validation. After a batch that a validation may follow it is
+``starting``: Lightning builds the validation's loader and fetches its first batch before
+any hook. A
 daemon thread looks every ``POLL_S``. Once the rank has gone longer than its phase's
 ``hang_report.allowance`` without moving on, the thread:
 
@@ -12,8 +13,9 @@ daemon thread looks every ``POLL_S``. Once the rank has gone longer than its pha
    prints them, with their source lines) to ``{run}/hangs/{token}/rank{r}.txt``, headed by
    where the rank was and the collective it waits in, if any (``collective_of``);
 2. sends its ``HangReport`` to the driver (the progress output, MLflow, the status record);
-3. waits, at most ``GRACE_S``, until every rank's stacks are there, so that no rank's
-   exit gets the others killed before they wrote theirs; and
+3. marks its report sent (``rank{r}.sent``) and waits, at most ``GRACE_S``, until every
+   rank's is, so that no rank's exit gets the others killed before they wrote their
+   stacks and told the driver; and
 4. ends its process (``os._exit``). Ray Train sees the worker die, and the failure policy
    restarts the attempt from its last committed checkpoint (counted in ``max_failures``).
 
@@ -45,7 +47,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from raytrain import storage
-from raytrain._compat.lightning import is_last_batch
+from raytrain._compat.lightning import validation_may_follow
 from raytrain.hang_report import (
     HANGS,
     HangLimits,
@@ -64,6 +66,7 @@ PEEK_S = 5.0
 GRACE_S = 30.0
 HANG_EXIT = 70  # the exit status of a rank ended for a hang
 _STACKS = re.compile(r"rank\d+\.txt$")
+_SENT = re.compile(r"rank\d+\.sent$")  # a rank's report is with the driver
 
 
 def stacks_text(
@@ -100,10 +103,10 @@ def frame_files(frame: FrameType | None) -> list[str]:
 
 
 class HangWatchdog(pl.Callback):
-    """Finds this rank hung (see the module docstring). Put it first among the callbacks
-    and its ``end_marker()`` last. ``clock``, ``wall``, ``exit``, ``thread`` and
-    ``grace_s`` are parameters so that a unit test drives ``check`` without a thread, a
-    wait for the other ranks or a process to end."""
+    """Finds this rank hung (see the module docstring). Put it before the callbacks whose
+    batch-end hooks save checkpoints, and its ``end_marker()`` last. ``clock``, ``wall``,
+    ``exit``, ``thread`` and ``grace_s`` are parameters so that a unit test drives
+    ``check`` without a thread, a wait for the other ranks or a process to end."""
 
     def __init__(
         self,
@@ -195,7 +198,7 @@ class HangWatchdog(pl.Callback):
         if self._timed:
             self._step_times.append(now - self._last)
         self.phase, self._last, self._timed = "data", now, True
-        if is_last_batch(trainer):  # the validation's loader starts before its hooks
+        if validation_may_follow(trainer):  # its loader starts before its hooks
             self._moved("starting")
 
     def end_marker(self) -> pl.Callback:
@@ -210,6 +213,9 @@ class HangWatchdog(pl.Callback):
         idx: int, dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
         self._moved("validation")
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._moved("saving")  # the validation's end hooks: metrics computed, synced
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._moved("saving")  # a checkpoint at the validation's end
@@ -229,7 +235,7 @@ class HangWatchdog(pl.Callback):
         """Stop watching (training ended or failed)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout=POLL_S + 10)  # a look at a stalled store: not waited out
         self._thread = None
 
     # -- finding the hang ------------------------------------------------------------------
@@ -251,19 +257,19 @@ class HangWatchdog(pl.Callback):
         self._report(phase, idle, allowed)
         return True
 
-    def _stacks_written(self) -> int:
+    def _written(self, pattern: re.Pattern[str] = _STACKS) -> int:
         try:
             found = storage.list_dir(self.folder, self.options)
-        except Exception:  # the store is down: no peer's stacks seen
+        except Exception:  # the store is down: no peer's file seen
             return 0
-        return sum(1 for info in found if _STACKS.search(info.base_name))
+        return sum(1 for info in found if pattern.search(info.base_name))
 
     def _peer_hung(self) -> bool:
         now = self._clock()
         if now - self._peeked_at < PEEK_S:
             return False
         self._peeked_at = now
-        return self._stacks_written() > 0
+        return self._written() > 0
 
     def _report(self, phase: str, idle: float, allowed: float) -> None:
         frames = sys._current_frames()
@@ -287,7 +293,11 @@ class HangWatchdog(pl.Callback):
                 self.publish(report.to_event())
             except Exception:
                 logger.exception("raytrain: the hang could not be told to the driver")
+        try:  # the others may end now as far as this rank goes
+            storage.write_text(storage.join(self.folder, f"rank{self.rank}.sent"), "", self.options)
+        except Exception:
+            logger.exception("raytrain: the hang's marker could not be written")
         deadline = time.monotonic() + self.grace_s
-        while self._stacks_written() < self.world_size and time.monotonic() < deadline:
+        while self._written(_SENT) < self.world_size and time.monotonic() < deadline:
             time.sleep(0.5)
         self._exit(HANG_EXIT)

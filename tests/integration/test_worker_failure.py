@@ -89,8 +89,9 @@ def test_a_preempted_a_hung_and_a_killed_worker_end_as_an_uninterrupted_run_does
     # The hang: found within its timeout (the watchdog looks once a second), every rank's
     # stacks saved, rank 1 named as the one not in a collective, in its sleep
     (attempt,) = (out / "runs" / "interrupted" / "hangs").iterdir()
-    stacks = {p.name: p.read_text() for p in attempt.iterdir()}
+    stacks = {p.name: p.read_text() for p in attempt.iterdir() if p.suffix == ".txt"}
     assert set(stacks) == {"rank0.txt", "rank1.txt"}, stacks.keys()
+    assert {p.name for p in attempt.glob("*.sent")} == {"rank0.sent", "rank1.sent"}
     hung = stacks["rank1.txt"]
     assert "collective: not in a collective" in hung and "in forward" in hung, hung[:400]
     training = hung.split("\nThread ")[1]  # the first thread shown: the one that trains

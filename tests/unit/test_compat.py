@@ -68,7 +68,7 @@ def test_raytrain_refuses_to_start_on_another_ray(
 # -- Lightning --------------------------------------------------------------------------------
 
 
-def _fit_with(callback: Any, batches: int = 6) -> Any:
+def _fit_with(callback: Any, batches: int = 6, val_check_interval: int | None = None) -> Any:
     import lightning.pytorch as pl
 
     class Model(pl.LightningModule):
@@ -81,6 +81,9 @@ def _fit_with(callback: Any, batches: int = 6) -> Any:
             self.seen += 1
             return self.layer(batch).sum()
 
+        def validation_step(self, batch: Any, idx: int) -> Any:
+            return self.layer(batch).sum()
+
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -88,9 +91,11 @@ def _fit_with(callback: Any, batches: int = 6) -> Any:
     trainer = pl.Trainer(
         accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+        num_sanity_val_steps=0, val_check_interval=val_check_interval,
     )  # fmt: skip
     loader = torch.utils.data.DataLoader(torch.randn(batches, 2), batch_size=1)
-    trainer.fit(model, loader)
+    val = torch.utils.data.DataLoader(torch.randn(2, 2), batch_size=1)
+    trainer.fit(model, loader, val if val_check_interval else None)
     return model
 
 
@@ -106,20 +111,27 @@ def test_the_sigterm_broadcast_is_skipped_on_a_real_trainer() -> None:
     assert loop._broadcast_sigterm_tensor() is None
 
 
-def test_the_last_batch_of_an_epoch_is_known_at_its_end() -> None:
+def test_a_validation_is_known_to_follow_at_the_batch_before_it() -> None:
     import lightning.pytorch as pl
 
-    from raytrain._compat.lightning import is_last_batch
+    from raytrain._compat.lightning import validation_may_follow
 
     class Record(pl.Callback):
-        seen: list[bool] = []
+        def __init__(self) -> None:
+            self.seen: list[tuple[bool, int]] = []  # (may follow, validations so far)
+            self.validations = 0
 
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-            self.seen.append(is_last_batch(trainer))
+            self.seen.append((validation_may_follow(trainer), self.validations))
+
+        def on_validation_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            self.validations += 1
 
     record = Record()
-    _fit_with(record, batches=4)
-    assert record.seen == [False, False, False, True]
+    _fit_with(record, batches=6, val_check_interval=2)
+    # validations after batches 2, 4 and 6: each announced at the batch before it
+    assert [may for may, _ in record.seen] == [False, True, False, True, False, True]
+    assert [done for _, done in record.seen] == [0, 0, 1, 1, 2, 2]
 
 
 def test_an_epoch_length_set_at_epoch_start_is_the_one_lightning_runs() -> None:

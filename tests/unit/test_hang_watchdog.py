@@ -73,10 +73,10 @@ def _watchdog(tmp_path: Path, clock: Clock, sent: list[dict[str, Any]], exits: l
 
 def _trainer(world_size: int = 1) -> Any:
     strategy = SimpleNamespace(broadcast=lambda value, src: value)
-    progress = SimpleNamespace(is_last_batch=False)
+    progress = SimpleNamespace(is_last_batch=False, current=SimpleNamespace(ready=1))
     loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
     return SimpleNamespace(world_size=world_size, global_step=0, strategy=strategy,
-                           fit_loop=loop)  # fmt: skip
+                           fit_loop=loop, val_check_batch=1000)  # fmt: skip
 
 
 def _batch(dog: HangWatchdog, trainer: Any, clock: Clock, seconds: float) -> None:
@@ -160,7 +160,8 @@ def test_a_rank_allowed_longer_reports_once_a_peer_wrote_its_stacks(tmp_path: Pa
     assert saver.check() and len(sent) == 2 and exits == [HANG_EXIT, HANG_EXIT]
     reports = [HangReport.from_event(e) for e in sent]
     assert {r.attempt for r in reports} == {saver.token}
-    assert sorted(p.name for p in Path(saver.folder).iterdir()) == ["rank0.txt", "rank1.txt"]
+    written = sorted(p.name for p in Path(saver.folder).iterdir())
+    assert written == ["rank0.sent", "rank0.txt", "rank1.sent", "rank1.txt"]
     assert hang_summary(reports) == (
         "hang at step 2: no batch finished for 11 s; not in a collective: rank 0 in saving, "
         "rank 1 in forward"

@@ -113,6 +113,27 @@ def test_a_restart_carries_the_failure_policys_reason(tmp_path: Path) -> None:
     assert written[-1].state == "training" and written[-1].world_size == 1
 
 
+def test_a_hang_is_the_reason_of_the_restart_after_it_and_of_no_later_one(
+    tmp_path: Path,
+) -> None:
+    record, clock, written, _ = _record(tmp_path)
+    record(_report(10, _worker_started_at=1.0))
+    record.note_hang("hang at step 11: not in a collective: rank 1 in forward")
+    assert written[-1].hang == "hang at step 11: not in a collective: rank 1 in forward"
+    record({FAILURE_KEY: "ActorDiedError: the worker died"})
+    record({FAILURE_KEY: "RuntimeError: the retry failed before it reported"})
+    record(_report(12, _worker_started_at=2.0))
+    # the notice of the second failure replaced the first's reason: the hang's is gone
+    (restart,) = written[-1].restarts
+    assert restart.reason == "RuntimeError: the retry failed before it reported"
+    record.note_hang("hang at step 13: ...")
+    record({FAILURE_KEY: "ActorDiedError: the worker died"})
+    record(_report(14, _worker_started_at=3.0))
+    assert written[-1].restarts[-1].reason == (
+        "hang at step 13: ... (ActorDiedError: the worker died)")  # fmt: skip
+    assert "  last hang: hang at step 13: ..." in describe(written[-1], now=clock.now)
+
+
 def test_the_last_record_says_how_it_ended_and_a_failing_store_never_stops_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
