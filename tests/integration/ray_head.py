@@ -47,20 +47,37 @@ class RayHead:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
 
-    def scrape(self, **match: str) -> dict[str, list[dict[str, str]]]:
-        """The head node's metrics endpoint as Prometheus reads it: each series' name with
-        the labels of its samples, of those whose labels include ``match``."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            text = resp.read().decode()
+    def metrics_targets(self) -> list[str]:
+        """Every node's metrics endpoint, from the service discovery file the head keeps
+        for Prometheus (the README's way); the head's own port until the file is there."""
+        found = self.temp_dir / "prom_metrics_service_discovery.json"
+        try:
+            groups = json.loads(found.read_text())
+            targets = [t for group in groups for t in group["targets"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            targets = []
+        return targets or [f"127.0.0.1:{self.metrics_port}"]
+
+    def scrape(self, **match: str) -> tuple[dict[str, list[dict[str, str]]], int]:
+        """The cluster's metrics endpoints as Prometheus reads them: each series' name with
+        the labels of its samples, of those whose labels include ``match``; and how many
+        endpoints answered (one not listening yet is skipped, as Prometheus does)."""
         out: dict[str, list[dict[str, str]]] = {}
-        for line in text.splitlines():
-            found = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} ", line)
-            if found:
-                labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', found.group(2)))
-                if all(labels.get(k) == v for k, v in match.items()):
-                    out.setdefault(found.group(1), []).append(labels)
-        return out
+        answered = 0
+        for target in self.metrics_targets():
+            try:
+                with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                continue
+            answered += 1
+            for line in text.splitlines():
+                found = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} ", line)
+                if found:
+                    labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', found.group(2)))
+                    if all(labels.get(k) == v for k, v in match.items()):
+                        out.setdefault(found.group(1), []).append(labels)
+        return out, answered
 
     def alive_nodes(self) -> int:
         summary = self.request("/nodes?view=summary")["data"]["summary"]
