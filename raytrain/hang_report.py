@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 # The key of a rank's hang report in the run's events: its value is a ``HangReport``'s fields.
 HANG_KEY = "_hang"
@@ -24,7 +24,7 @@ AUTO_STEPS = 20
 # Where a rank is between batch ends. ``starting``: from the start of training, of an
 # epoch or of a validation to its first batch (compiling, a loader's workers starting);
 # ``saving``: a batch's, validation's or epoch's end hooks (reports, checkpoint saves).
-PHASES = ("starting", "data", "forward", "backward", "optimizer", "saving", "validation")
+Phase = Literal["starting", "data", "forward", "backward", "optimizer", "saving", "validation"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def step_timeout(limits: HangLimits, step_times: Sequence[float]) -> float:
     return max(AUTO_FLOOR_S, AUTO_STEPS * statistics.median(step_times))
 
 
-def allowance(phase: str, limits: HangLimits, step_times: Sequence[float]) -> float:
+def allowance(phase: Phase, limits: HangLimits, step_times: Sequence[float]) -> float:
     """How long ``phase`` may go on without a batch finishing. Invariant: never below the
     step timeout; ``starting`` gets at least ``first_step_s``, ``saving`` at least
     ``checkpoint_s``: the first batch and a checkpoint's save are not hangs because they

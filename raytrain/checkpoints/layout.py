@@ -189,6 +189,13 @@ def uncommitted(run_dir: str, options: StorageSpec | None = None) -> Leftovers:
     return Leftovers(partial, kept, why)
 
 
+def number(value: Any) -> float | None:
+    """A reported value as a float when it is a number (a bool is not), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 def epochs_done(metrics: dict[str, Any]) -> int:
     """Epochs completed as of a report: a report at an epoch's end (``kind: epoch``) carries
     that epoch's 0-based number; any other, the number of the epoch it was in."""

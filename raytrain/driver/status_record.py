@@ -28,18 +28,13 @@ from raytrain.checkpoints.layout import (
     STOPPED_KEY,
     epochs_done,
     latest_committed,
+    number,
     run_dir,
 )
 from raytrain.run_status import CheckpointMark, Restart, RunStatus, State
 from raytrain.spec import JobSpec
 
 WRITE_EVERY_S = 2.0
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 class StatusRecord:
@@ -169,9 +164,9 @@ class StatusRecord:
         status.step, status.epoch = step, int(event.get("epoch", status.epoch))
         if isinstance(event.get("world_size"), int):
             status.world_size = event["world_size"]
-        if (rate := _number(event.get("samples_per_s"))) is not None:
+        if (rate := number(event.get("samples_per_s"))) is not None:
             status.samples_per_s = rate
-        vals = {k: v for k, v in event.items() if k.startswith("val") and _number(v) is not None}
+        vals = {k: v for k, v in event.items() if k.startswith("val") and number(v) is not None}
         if vals:
             status.val_metrics = {k: float(v) for k, v in vals.items()}
         if STOPPED_KEY in event:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from raytrain.checkpoints.layout import TIMELINE_KEY
+from raytrain.checkpoints.layout import TIMELINE_KEY, number
 from raytrain.hang_report import HANG_KEY
 
 # name -> (description, tag keys besides run and rank)
@@ -44,12 +44,6 @@ _STATS = ("p50", "p90", "mean")
 _OWN = {"step": "raytrain_step", "epoch": "raytrain_epoch",
         "samples_per_s": "raytrain_samples_per_second", "train_loss": "raytrain_train_loss",
         "checkpoint_blocked_s": "raytrain_checkpoint_stall_seconds"}  # fmt: skip
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def ray_gauge(name: str, description: str, tag_keys: tuple[str, ...]) -> Any:
@@ -82,13 +76,13 @@ class RayMetrics:
             self._groups += 1
             self._set("raytrain_restarts", self._groups - 1)
         for key, value in event.items():
-            number = _number(value)
-            if number is None or key.startswith("_") or key in ("world_size", "kind"):
+            reported = number(value)
+            if reported is None or key.startswith("_") or key in ("world_size", "kind"):
                 continue
             if key in _OWN:
-                self._set(_OWN[key], number)
+                self._set(_OWN[key], reported)
             elif not key.startswith("system/"):
-                self._set("raytrain_metric", number, name=key)
+                self._set("raytrain_metric", reported, name=key)
 
     def timeline(self, event: dict[str, Any]) -> None:
         """A rank's step-timeline window."""

@@ -2,7 +2,7 @@
 failed, long before gloo's or NCCL's 30-minute collective timeout would.
 
 ``HangWatchdog`` (a Lightning callback on every rank) keeps where the rank is
-(``hang_report.PHASES``) and when it last moved on: a batch's end, a validation batch's,
+(``hang_report.Phase``) and when it last moved on: a batch's end, a validation batch's,
 the start of an epoch or validation. After a batch that a validation may follow it is
 ``starting``: Lightning builds the validation's loader and fetches its first batch before
 any hook. A
@@ -52,6 +52,7 @@ from raytrain.hang_report import (
     HANGS,
     HangLimits,
     HangReport,
+    Phase,
     allowance,
     collective_of,
     step_timeout,
@@ -128,7 +129,7 @@ class HangWatchdog(pl.Callback):
         self._clock, self._wall, self._exit = clock, wall, exit
         self._watches = thread  # False: ``check`` is called by the caller alone
         self.grace_s = grace_s
-        self.phase = "starting"
+        self.phase: Phase = "starting"
         self.step = 0
         self.world_size = 1
         self.token = "0"
@@ -147,12 +148,12 @@ class HangWatchdog(pl.Callback):
 
     # -- where the rank is -----------------------------------------------------------------
 
-    def _moved(self, phase: str) -> None:
+    def _moved(self, phase: Phase) -> None:
         self.phase, self._last = phase, self._clock()
         if phase == "starting":
             self._timed = False
 
-    def _enter(self, phase: str) -> None:
+    def _enter(self, phase: Phase) -> None:
         if self.phase != "starting":  # a first batch keeps its allowance to its end
             self.phase = phase
 
@@ -271,7 +272,7 @@ class HangWatchdog(pl.Callback):
         self._peeked_at = now
         return self._written() > 0
 
-    def _report(self, phase: str, idle: float, allowed: float) -> None:
+    def _report(self, phase: Phase, idle: float, allowed: float) -> None:
         frames = sys._current_frames()
         report = HangReport(
             rank=self.rank, world_size=self.world_size, node=self.node, pid=os.getpid(),
