@@ -58,19 +58,16 @@ class RayHead:
             targets = []
         return targets or [f"127.0.0.1:{self.metrics_port}"]
 
-    def scrape(self, **match: str) -> tuple[dict[str, list[dict[str, str]]], int]:
+    def scrape(self, **match: str) -> tuple[dict[str, list[dict[str, str]]], set[str]]:
         """The cluster's metrics endpoints as Prometheus reads them: each series' name with
-        the labels of its samples, of those whose labels include ``match``; and how many
-        endpoints answered (one not listening yet is skipped, as Prometheus does)."""
+        the labels of its samples, of those whose labels include ``match``; and the
+        endpoints that answered (one not listening yet is skipped, as Prometheus does)."""
         out: dict[str, list[dict[str, str]]] = {}
-        answered = 0
-        for target in self.metrics_targets():
-            try:
-                with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as resp:
-                    text = resp.read().decode()
-            except OSError:
+        answered: set[str] = set()
+        for target, text in self._read_targets().items():
+            if isinstance(text, Exception):
                 continue
-            answered += 1
+            answered.add(target)
             for line in text.splitlines():
                 found = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} ", line)
                 if found:
@@ -78,6 +75,42 @@ class RayHead:
                     if all(labels.get(k) == v for k, v in match.items()):
                         out.setdefault(found.group(1), []).append(labels)
         return out, answered
+
+    def head_metrics_target(self, answered: set[str]) -> bool:
+        """Whether the head node's own endpoint (where a job's driver exports) is among
+        ``answered``: the others are the worker nodes', and the autoscaler's and the
+        dashboard's on Ray's fixed ports, which another cluster on this machine may hold."""
+        return any(t.endswith(f":{self.metrics_port}") for t in answered)
+
+    def _read_targets(self) -> dict[str, str | Exception]:
+        texts: dict[str, str | Exception] = {}
+        for target in self.metrics_targets():
+            try:
+                with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as resp:
+                    texts[target] = resp.read().decode()
+            except OSError as e:
+                texts[target] = e
+        return texts
+
+    def metrics_diagnosis(self) -> str:
+        """What a failed metrics check needs to be understood afterwards: each endpoint's
+        answer (how many series, how many of them raytrain's) or its error, and the last
+        lines of the head's logs that mention metrics."""
+        lines = []
+        for target, text in self._read_targets().items():
+            if isinstance(text, Exception):
+                lines.append(f"{target}: {text!r}")
+            else:
+                names = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+                ours = sum("raytrain_" in ln for ln in names)
+                lines.append(f"{target}: {len(names)} samples, {ours} raytrain's")
+        logs = sorted((self.temp_dir / "session_latest" / "logs").glob("*"))
+        for log in logs:
+            with suppress(OSError):
+                said = [ln for ln in log.read_text(errors="replace").splitlines()
+                        if "metric" in ln.lower() or "prometheus" in ln.lower()]  # fmt: skip
+                lines += [f"{log.name}: {ln[:300]}" for ln in said[-5:]]
+        return "\n".join(lines)
 
     def alive_nodes(self) -> int:
         summary = self.request("/nodes?view=summary")["data"]["summary"]
