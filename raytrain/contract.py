@@ -32,6 +32,22 @@ class CachedSet:
 
 
 @dataclass(frozen=True)
+class StreamedSet:
+    """A split each rank streams from its Parquet files itself: where its row groups are.
+
+    The driver reads the files' footers once; the workers plan every epoch from these counts
+    alone (``data.parquet_stream``), so all ranks agree on the order without talking."""
+
+    uri: str  # the split's URI, for messages
+    files: tuple[str, ...]  # paths in the filesystem ``storage.filesystem(uri)`` gives
+    row_groups: tuple[tuple[int, int, int], ...]  # (file index, row group in it, rows)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(rows for _, _, rows in self.row_groups)
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     """Everything a worker needs beyond what Ray Train itself gives it (its rank, its
     streamed shards, the latest checkpoint)."""
@@ -39,6 +55,7 @@ class WorkerConfig:
     spec: JobSpec  # the validated job spec
     sink: ActorHandle | None = None  # the MetricsSink actor rank 0 publishes events to
     cached: Mapping[str, CachedSet] = field(default_factory=dict)  # by split name
+    streamed: Mapping[str, StreamedSet] = field(default_factory=dict)  # by split name
 
     def as_train_loop_config(self) -> dict[str, Any]:
         """The ``train_loop_config`` Ray Train pickles to every worker."""

@@ -14,13 +14,15 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from raytrain.contract import CachedSet
-from raytrain.spec import DataSpec
+from raytrain.contract import CachedSet, StreamedSet
+from raytrain.spec import DataSpec, StorageSpec
 
 logger = logging.getLogger(__name__)
 
 
-def _epoch_seed(seed: int, epoch: int, rank: int = 0) -> int:
+def epoch_seed(seed: int, epoch: int, rank: int = 0) -> int:
+    """A seed for (seed, epoch, rank) that every process computes alike (``hash`` of a str
+    differs between processes)."""
     return zlib.crc32(f"{seed}/{epoch}/{rank}".encode())
 
 
@@ -117,7 +119,7 @@ class EpochSchedule:
         n = self._rows
         if self._seed is None:
             return np.arange(n)
-        return np.random.default_rng(_epoch_seed(self._seed, self.epoch)).permutation(n)
+        return np.random.default_rng(epoch_seed(self._seed, self.epoch)).permutation(n)
 
     def rows_done(self) -> int:
         """How many rows of this epoch's order the first ``position`` steps cover."""
@@ -235,7 +237,7 @@ class ShardBatches:
         if self._seed is not None:
             kwargs = {
                 "local_shuffle_buffer_size": self._buffer,
-                "local_shuffle_seed": _epoch_seed(self._seed, self.epoch, self._rank),
+                "local_shuffle_seed": epoch_seed(self._seed, self.epoch, self._rank),
             }
         # Arrow batches, made tensors here as the cached path does: Ray Data's numpy
         # format turns list columns (a feature vector per row) into object arrays, which
@@ -248,10 +250,15 @@ class ShardBatches:
 
 
 def worker_loaders(
-    data: DataSpec, cached: Mapping[str, CachedSet], rank: int, world_size: int
+    data: DataSpec,
+    cached: Mapping[str, CachedSet],
+    streamed: Mapping[str, StreamedSet],
+    options: StorageSpec | None,
+    rank: int,
+    world_size: int,
 ) -> tuple[Any, Any | None]:
     """This worker's train and val loaders of file sources: cached sets from the object
-    store, streamed ones from the shards Ray Train handed it."""
+    store, streamed Parquet read by this rank, and Ray Data's shards Ray Train handed it."""
     import ray
     import ray.train
 
@@ -259,6 +266,15 @@ def worker_loaders(
     columns = data.columns if data.batch_format == "tuple" else None
 
     def loader(name: str, seed: int | None) -> Any:
+        if name in streamed:
+            from raytrain import storage
+            from raytrain.data.parquet_stream import ParquetStream
+
+            fs, _ = storage.filesystem(streamed[name].uri, options)
+            return ParquetStream(streamed[name], fs, data.columns, data.batch_size, rank=rank,
+                                 world_size=world_size, shuffle_seed=seed,
+                                 window_rows=shuffle.buffer_size if shuffle else 1,
+                                 tuple_columns=columns)  # fmt: skip
         if name in cached:
             import pyarrow as pa
 

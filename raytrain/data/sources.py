@@ -11,14 +11,21 @@ Each split, with the spec's column projection, takes one of two paths:
   (``step_slices``), so every row is seen exactly once per epoch. Epochs do not re-read
   files (Ray Data would re-execute a lazy dataset every epoch), and no coordinator actor,
   epoch barrier or stats reporting runs during training.
-- **Streamed** (larger): Ray Train splits it with Ray Data's ``streaming_split`` into equal
-  shards, and ``ShardBatches`` iterates each worker's shard with a seeded local shuffle
-  buffer. Memory stays bounded.
+- **Streamed** (larger), Parquet: each rank reads its own block of every epoch's order from
+  the files, row group by row group, with pyarrow (``parquet_stream``). The driver reads only
+  the footers. The order is a function of (seed, epoch) and the row-group counts, so every
+  row is seen once per epoch and a restore on any world size trains exactly the rows left,
+  as for a cached set. Memory stays bounded: a few row groups per rank.
+- **Streamed through Ray Data**: images, CSV, JSON and sets with ``data.preprocess``, whose
+  decoding and mapping run in Ray Data's CPU tasks. Ray Train splits them with
+  ``streaming_split`` into equal shards, and ``ShardBatches`` iterates each worker's shard
+  with a seeded local shuffle buffer. Ray Data hands blocks to shards as they ask, so this
+  path is exact in count only: a restore trains the right number of rows, and an equal
+  split drops at most ``num_workers - 1`` rows of a set per epoch.
 
-Both give every rank the same number of batches, which DDP needs: the same number of train
+All give every rank the same number of batches, which DDP needs: the same number of train
 steps on every rank, and every rank at the end-of-validation metric sync (a rank with an
-empty val shard never reaches it, and the others wait forever). A cached set loses no row; an
-equal streamed split drops at most ``num_workers - 1`` rows of a set per epoch.
+empty val shard never reaches it, and the others wait forever).
 """
 
 from __future__ import annotations
@@ -28,11 +35,11 @@ import logging
 import math
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain import storage
-from raytrain.contract import CachedSet
+from raytrain.contract import CachedSet, StreamedSet
 from raytrain.spec import DataSpec, JobSpec, SourceSpec, StorageSpec
 
 logger = logging.getLogger(__name__)
@@ -168,29 +175,42 @@ def unreadable_data(
 
 def choose_path(data: DataSpec, source: SourceSpec, nbytes: int, store_bytes: float) -> str:
     """How a split reaches the workers: ``driver`` (read here, cached), ``materialize``
-    (read by Ray Data, cached) or ``stream`` (read by Ray Data every epoch)."""
+    (read by Ray Data, cached), ``stream`` (each rank reads its Parquet row groups every
+    epoch) or ``ray_data`` (read by Ray Data every epoch)."""
     transformed = source.format == "images" or data.preprocess is not None
     mode = data.cache
     fits = nbytes * MEMORY_EXPANSION <= store_bytes * CACHE_FRACTION
     if mode == "never" or (mode == "auto" and (transformed or not fits)):
-        return "stream"
+        return "stream" if source.format == "parquet" and not transformed else "ray_data"
     if nbytes <= DRIVER_READ_BYTES and not transformed:
         return "driver"
     return "materialize"
 
 
-def build_datasets(
-    spec: JobSpec, object_store_bytes: float
-) -> tuple[dict[str, Any], dict[str, CachedSet]]:
-    """The splits of ``spec``: (streamed Ray Datasets, cached sets), keyed train/val; none
-    when the workers build their data (a DataModule, the model's own loaders)."""
+@dataclass
+class Splits:
+    """The splits of a run, keyed train/val, by how they reach the workers."""
+
+    ray_data: dict[str, Any] = field(default_factory=dict)  # Ray Datasets Ray Train shards
+    cached: dict[str, CachedSet] = field(default_factory=dict)
+    streamed: dict[str, StreamedSet] = field(default_factory=dict)
+
+    def paths(self) -> dict[str, str]:
+        """Each split's path, as ``TrainResult.data_paths`` names it."""
+        return {**{k: "streamed" for k in [*self.ray_data, *self.streamed]},
+                **{k: "cached" for k in self.cached}}  # fmt: skip
+
+
+def build_datasets(spec: JobSpec, object_store_bytes: float) -> Splits:
+    """The splits of ``spec``; none when the workers build their data (a DataModule, the
+    model's own loaders)."""
     import ray
 
-    streamed: dict[str, Any] = {}
-    cached: dict[str, CachedSet] = {}
+    splits = Splits()
+    streamed, cached = splits.ray_data, splits.cached
     data, options = spec.files, spec.storage
     if data is None:
-        return streamed, cached
+        return splits
     for name in ("train", "val"):
         source = getattr(data, name)
         if source is None:
@@ -210,10 +230,28 @@ def build_datasets(
                 raise unreadable_data(source, data.columns, options, exc) from None
             _check_rows(name, source, ds.count(), spec.scaling.max_workers)
             cached[name] = CachedSet(ds.to_arrow_refs())
+        elif path == "stream":
+            logger.info("%s set: each rank streams its rows from %s every epoch", name,
+                        source.uri)  # fmt: skip
+            found = stream_plan(source, options)
+            _check_rows(name, source, found.num_rows, spec.scaling.max_workers)
+            splits.streamed[name] = found
         else:
-            logger.info("%s set: streamed from %s every epoch", name, source.uri)
+            logger.info("%s set: streamed by Ray Data from %s every epoch", name, source.uri)
             streamed[name] = read_source(source, data.columns, options, data.preprocess)
-    return streamed, cached
+    return splits
+
+
+def stream_plan(source: SourceSpec, options: StorageSpec | None) -> StreamedSet:
+    """A Parquet split's files and row groups, read from their footers (a file that cannot
+    be read is a ``TrainingFailed`` naming it)."""
+    from raytrain.data.parquet_stream import row_groups
+
+    fs, path = storage.filesystem(source.uri, options)
+    try:
+        return row_groups(source.uri, fs, path)
+    except Exception as exc:
+        raise unreadable_data(source, None, options, exc) from None
 
 
 def _check_rows(name: str, source: SourceSpec, rows: int, workers: int) -> None:

@@ -12,11 +12,11 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from raytrain import storage
 from raytrain.checkpoints.layout import FAILURE_KEY, SCORE_KEY, TIMELINE_KEY
-from raytrain.contract import CachedSet, WorkerConfig
+from raytrain.contract import WorkerConfig
 from raytrain.driver.hangs import Hangs
 from raytrain.driver.lease import Lease
 from raytrain.driver.progress import ProgressLine
@@ -29,6 +29,9 @@ from raytrain.errors import RunStateError, TrainingFailed
 from raytrain.hang_report import HANG_KEY
 from raytrain.spec import JobSpec
 from raytrain.tracking.prometheus import RayMetrics
+
+if TYPE_CHECKING:
+    from raytrain.data.sources import Splits
 
 Mark = Callable[[str], None]
 Handler = Callable[[dict[str, Any]], None]
@@ -72,10 +75,7 @@ def run_config(job: JobSpec) -> Any:
     )
 
 
-def make_trainer(
-    job: JobSpec, ray_handle: RayHandle, sink: Any, datasets: dict[str, Any],
-    cached: dict[str, CachedSet],
-) -> Any:  # fmt: skip
+def make_trainer(job: JobSpec, ray_handle: RayHandle, sink: Any, splits: Splits) -> Any:
     """The run's trainer: ``worker.loop.train_loop`` on every worker, with its
     ``WorkerConfig``."""
     from ray.train.torch import TorchConfig
@@ -86,7 +86,8 @@ def make_trainer(
     from raytrain.driver.trainer import build_trainer
     from raytrain.worker.loop import train_loop
 
-    work = WorkerConfig(spec=for_workers(job), sink=sink, cached=cached)
+    work = WorkerConfig(spec=for_workers(job), sink=sink, cached=splits.cached,
+                        streamed=splits.streamed)  # fmt: skip
     return build_trainer(
         embedded_env=ray_handle.embedded_env,
         ends_with_run=ray_handle.started_here,
@@ -102,7 +103,7 @@ def make_trainer(
             resources_per_worker=job.scaling.worker_resources(),
         ),
         run_config=run_config(job),
-        datasets=datasets,
+        datasets=splits.ray_data,
         dataset_config=dataset_config(),
     )
 
@@ -127,7 +128,7 @@ def train(
     from raytrain.data.sources import build_datasets
     from raytrain.driver.progress import start_sink, stop_sink
 
-    datasets, cached = build_datasets(job, ray_handle.object_store_bytes())
+    splits = build_datasets(job, ray_handle.object_store_bytes())
     mark("datasets_ready")
     sink = start_sink()
     line = None
@@ -137,7 +138,7 @@ def train(
     timelines = _timelines(record, status, line)
     hangs = _hangs(job, record, status)
     try:
-        trainer = make_trainer(job, ray_handle, sink, datasets, cached)
+        trainer = make_trainer(job, ray_handle, sink, splits)
         # A run that cannot be recorded does not train: opening the records aborts it; so
         # does another run taking the lease over.
         record.start(on_error=lambda exc: trainer.abort())
@@ -153,8 +154,7 @@ def train(
     finally:
         stop_sink(sink)
         _log_timelines(record, timelines)
-    data_paths = {**{k: "streamed" for k in datasets}, **{k: "cached" for k in cached}}
-    return Trained(result=result, latest=latest, data_paths=data_paths)
+    return Trained(result=result, latest=latest, data_paths=splits.paths())
 
 
 def _timelines(

@@ -1,0 +1,197 @@
+"""A streamed Parquet split read by each rank itself: its block of every epoch's order
+(``stream_order``), row group by row group, with pyarrow, reads running ahead in threads.
+
+An epoch's order is a function of (seed, epoch) and the files' row-group counts alone, so
+every rank plans the same order without talking to the others, and a restore on any world
+size finds the rows it had left (``StreamSchedule``'s state):
+
+1. The row groups are permuted (seeded by (seed, epoch); no seed: the files' order).
+2. Consecutive row groups of that order form windows of at least ``window_rows`` rows
+   (``data.shuffle.buffer_size``), and each window's rows are permuted (seeded by (seed,
+   epoch, window)). So the shuffle is global over row groups and uniform within a window,
+   as a shuffle buffer of that size would be, but repeatable.
+3. Each rank reads its block: the windows it overlaps, each read once (its row groups with
+   the column projection) and taken in the window's order. A window shared by two ranks'
+   blocks is read by both, so a rank reads at most two windows more than its share.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from raytrain.contract import StreamedSet
+from raytrain.data.loaders import batch_as, epoch_seed
+from raytrain.data.stream_order import Interval, StreamSchedule
+
+# Windows read ahead of the one being batched, each by a thread of its own: on 2 cores
+# and on 16, two reads in flight kept the batches waiting on none (bench/storage.py).
+READ_AHEAD = 2
+
+
+class EpochLayout:
+    """An epoch's order of a streamed set (see the module docstring): which rows of which
+    row groups its positions are."""
+
+    def __init__(
+        self, counts: Sequence[int], seed: int | None, epoch: int, window_rows: int
+    ) -> None:
+        import numpy as np
+
+        self._seed, self._epoch = seed, epoch
+        groups = np.arange(len(counts))
+        if seed is not None:
+            groups = np.random.default_rng(epoch_seed(seed, epoch)).permutation(len(counts))
+        self.windows: list[list[int]] = []  # row-group indices, in order
+        rows = window_rows  # the rows of the window being filled: none yet
+        for group in groups.tolist():
+            if seed is None or rows >= window_rows:  # unshuffled: a window per row group
+                self.windows.append([])
+                rows = 0
+            self.windows[-1].append(group)
+            rows += counts[group]
+        # each window's first position, then the total
+        self.starts = [0, *itertools.accumulate(sum(counts[g] for g in w) for w in self.windows)]
+
+    def pieces(self, block: Sequence[Interval]) -> Iterator[tuple[int, int, int]]:
+        """``block`` as (window, first, stop) runs of window-local positions, in order."""
+        for lo, hi in block:
+            while lo < hi:
+                w = bisect.bisect_right(self.starts, lo) - 1
+                stop = min(hi, self.starts[w + 1])
+                yield w, lo - self.starts[w], stop - self.starts[w]
+                lo = stop
+
+    def window_order(self, window: int) -> Any:
+        """The order of a window's rows (its row groups' rows concatenated)."""
+        import numpy as np
+
+        n = self.starts[window + 1] - self.starts[window]
+        if self._seed is None:
+            return np.arange(n)
+        seed = epoch_seed(self._seed, self._epoch, window + 1)
+        return np.random.default_rng(seed).permutation(n)
+
+
+class ParquetStream(StreamSchedule):
+    """This rank's batches of a streamed Parquet split, one pass per epoch, as dicts of
+    tensors (or tuples, in ``tuple_columns`` order). Resumable: see ``StreamSchedule``."""
+
+    def __init__(
+        self,
+        streamed: StreamedSet,
+        filesystem: Any,
+        columns: list[str] | None,
+        batch_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        shuffle_seed: int | None = None,
+        window_rows: int = 1,
+        tuple_columns: list[str] | None = None,
+    ):
+        super().__init__(streamed.num_rows, batch_size, rank=rank, world_size=world_size)
+        self._set = streamed
+        self._fs = filesystem
+        self._columns = columns
+        self._seed = shuffle_seed
+        self._window_rows = window_rows
+        self._tuple = tuple_columns
+        self._files: dict[int, Any] = {}  # open ParquetFiles, by file index
+
+    def _parquet(self, index: int) -> Any:
+        import pyarrow.parquet as pq
+
+        if index not in self._files:
+            path = self._set.files[index]
+            self._files[index] = pq.ParquetFile(self._fs.open_input_file(path))
+        return self._files[index]
+
+    def read_window(self, layout: EpochLayout, window: int) -> Any:
+        """A window's rows in its order, as one Arrow table. A file that cannot be read is
+        a ``TrainingFailed`` naming it."""
+        import pyarrow as pa
+
+        from raytrain.errors import TrainingFailed
+
+        tables = []
+        for group in layout.windows[window]:
+            file, row_group, _ = self._set.row_groups[group]
+            try:
+                tables.append(self._parquet(file).read_row_group(row_group, columns=self._columns))
+            except Exception as exc:
+                raise TrainingFailed(
+                    f"data: cannot read {self._set.files[file]} (a file of {self._set.uri}): "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                ) from None
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        return table.take(layout.window_order(window))
+
+    def tables(self, block: Sequence[Interval]) -> Iterator[Any]:
+        """The rows of ``block`` (this epoch's positions) as Arrow tables, in order; the
+        windows are read ``READ_AHEAD`` ahead in threads."""
+        layout = EpochLayout([n for _, _, n in self._set.row_groups], self._seed, self.epoch,
+                             self._window_rows)  # fmt: skip
+        pieces = list(layout.pieces(block))
+        runs = [(w, [(lo, hi) for _, lo, hi in group])
+                for w, group in itertools.groupby(pieces, key=lambda p: p[0])]  # fmt: skip
+        with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="raytrain-read") as pool:
+            ahead: deque[tuple[Future, list[tuple[int, int]]]] = deque()
+            upcoming = iter(runs)
+            try:
+                while True:
+                    while len(ahead) < READ_AHEAD + 1:
+                        run = next(upcoming, None)
+                        if run is None:
+                            break
+                        ahead.append((pool.submit(self.read_window, layout, run[0]), run[1]))
+                    if not ahead:
+                        return
+                    future, spans = ahead.popleft()
+                    table = future.result()
+                    for lo, hi in spans:
+                        yield table.slice(lo, hi - lo)
+            finally:
+                for future, _ in ahead:
+                    future.cancel()
+
+    def __iter__(self) -> Iterator[Any]:
+        import pyarrow as pa
+        from ray.data.util.torch_utils import arrow_batch_to_tensors
+
+        _, block, sizes = self.plan()
+        wanted = iter(sizes)
+        size = next(wanted, None)
+        held: list[Any] = []
+        rows = 0
+        for table in self.tables(block):
+            held.append(table)
+            rows += table.num_rows
+            while size is not None and rows >= size:
+                whole = pa.concat_tables(held) if len(held) > 1 else held[0]
+                batch, rest = whole.slice(0, size), whole.slice(size)
+                held, rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+                yield batch_as(arrow_batch_to_tensors(batch, combine_chunks=True), self._tuple)
+                size = next(wanted, None)
+
+
+def row_groups(uri: str, filesystem: Any, path: str) -> StreamedSet:
+    """The Parquet files under ``path`` (sorted) and their row groups, from the footers,
+    read in parallel threads (a prefix of many files on object storage)."""
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+
+    files = sorted(pads.dataset(path, filesystem=filesystem, format="parquet").files)
+
+    def groups(file: str) -> list[int]:
+        meta = pq.ParquetFile(filesystem.open_input_file(file)).metadata
+        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+    with ThreadPoolExecutor(16) as pool:
+        counts = list(pool.map(groups, files))
+    found = tuple((f, g, n) for f, rows in enumerate(counts) for g, n in enumerate(rows) if n)
+    return StreamedSet(uri=uri, files=tuple(files), row_groups=found)
