@@ -4,10 +4,16 @@ Against a real S3 API server on loopback (``moto_server``, as the integration te
 in one run:
 
 - ingest: a Parquet dataset of ``--ingest-mb`` MB (32 files; a 128-float feature column
-  and a label) read through raytrain's streamed path: ``data.read_source`` (Ray Data's
-  Parquet reader with the column projection), ``streaming_split`` into 2 shards, each
-  consumed by its own thread as torch batches (what 2 training workers do). Beside it a raw
-  ``pyarrow.dataset`` read of the same files into numpy. Rows/s, MB/s of file bytes, ratio.
+  and a label) read through raytrain's streamed path: the footers read as the driver does
+  (``parquet_stream.row_groups``), then 2 ranks' ``ParquetStream`` (each its block of the
+  epoch's order, with the column projection), each consumed by its own thread as torch
+  batches (what 2 training workers do); unshuffled, unshuffled with the footers read
+  already (a later epoch: the driver reads them once a run), and shuffled in 4096-row
+  windows.
+  Beside them a raw ``pyarrow.dataset`` read of the same files into numpy, and the path
+  streamed sets took before, Ray Data's reader and ``streaming_split`` into 2 shards
+  (still the path of images, CSV, JSON and ``data.preprocess``). Rows/s, MB/s of file
+  bytes, ratios.
 - checkpoint upload: a folder holding one ``--ckpt-mb`` MB file (a checkpoint), uploaded the
   way raytrain's checkpoints are (Ray Train's copy into the run's storage, with the
   filesystem raytrain builds) beside a plain ``pyarrow.fs.copy_files`` of the same folder to
@@ -21,7 +27,11 @@ Figures are medians over ``--reps``; the sides take turns within each repetition
 runs on the same 2 cores as the client, so these compare the work each path does per byte,
 not a network.
 
-    python -m bench.storage [--reps 3] [--ingest-mb 512] [--ckpt-mb 200] [--out FILE.json]
+    python -m bench.storage [--reps 3] [--ingest-mb 512] [--ckpt-mb 200] [--ray-cpus N]
+                            [--ingest-only] [--out FILE.json]
+
+``--ray-cpus`` gives the local Ray that many logical CPUs (default: what a 2-worker run
+gets); ``--ingest-only`` skips the checkpoint figures.
 """
 
 from __future__ import annotations
@@ -96,21 +106,49 @@ def ingest_raw(fs, path: str) -> int:
     return len(label)
 
 
-def ingest_raytrain(options, path: str) -> int:
-    """raytrain's streamed path: Ray Data reads, 2 shards consumed as torch batches."""
+def stream_plan(options, path: str):
+    """The driver's read of the footers: the split's row groups."""
+    from raytrain import storage
+    from raytrain.data.parquet_stream import row_groups
+
+    fs, where = storage.filesystem(f"s3://{path}", options)
+    return row_groups(f"s3://{path}", fs, where)
+
+
+def ingest_raytrain(options, path: str, seed: int | None = None, found=None) -> int:
+    """raytrain's streamed path: the footers read (unless ``found`` is given: a later
+    epoch), then 2 ranks' ``ParquetStream`` consumed as torch batches, each by its own
+    thread."""
+    from raytrain import storage
+    from raytrain.data.parquet_stream import ParquetStream
+
+    fs, _ = storage.filesystem(f"s3://{path}", options)
+    found = found or stream_plan(options, path)
+    ranks = [ParquetStream(found, fs, ["x", "label"], BATCH, rank=r, world_size=2,
+                           shuffle_seed=seed, window_rows=4096) for r in (0, 1)]  # fmt: skip
+    return _consume(ranks)
+
+
+def ingest_ray_data(options, path: str) -> int:
+    """The Ray Data path: Ray Data reads, 2 shards consumed as torch batches."""
     from raytrain.data.loaders import ShardBatches
     from raytrain.data.sources import read_source
     from raytrain.spec import SourceSpec
 
     ds = read_source(SourceSpec(uri=f"s3://{path}"), ["x", "label"], options)
     shards = ds.streaming_split(2, equal=True)
-    counts = [0, 0]
+    return _consume([ShardBatches(shards[rank], BATCH, rank=rank) for rank in (0, 1)])
+
+
+def _consume(ranks: list) -> int:
+    """Iterate each rank's batches in a thread of its own; the rows they held."""
+    counts = [0] * len(ranks)
 
     def consume(rank: int) -> None:
-        for batch in ShardBatches(shards[rank], BATCH, rank=rank):
+        for batch in ranks[rank]:
             counts[rank] += len(batch["label"])
 
-    threads = [threading.Thread(target=consume, args=(r,)) for r in (0, 1)]
+    threads = [threading.Thread(target=consume, args=(r,)) for r in range(len(ranks))]
     for t in threads:
         t.start()
     for t in threads:
@@ -169,6 +207,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--ingest-mb", type=int, default=512)
     parser.add_argument("--ckpt-mb", type=int, default=200)
+    parser.add_argument("--ray-cpus", type=int, default=None)
+    parser.add_argument("--ingest-only", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "storage.json"))
     args = parser.parse_args()
 
@@ -179,22 +219,30 @@ def main() -> None:
         fs, options = _filesystem(endpoint)
         from raytrain.driver.ray_runtime import DATA_CPUS, start_local
 
-        ray_handle = start_local(2 + DATA_CPUS)  # sized as raytrain sizes a 2-worker run
+        # sized as raytrain sizes a 2-worker run, unless told
+        ray_handle = start_local(args.ray_cpus or 2 + DATA_CPUS)
         path, rows, nbytes = write_ingest_data(fs, args.ingest_mb)
         ckpt = work / "ckpt"
         ckpt.mkdir()
         (ckpt / "checkpoint.ckpt").write_bytes(os.urandom(args.ckpt_mb * 2**20))
         ckpt_bytes = args.ckpt_mb * 2**20
-        runs: dict[str, list[float]] = {k: [] for k in ("raw", "raytrain", "copy_files", "upload")}
+        plan = stream_plan(options, path)
+        ingest = {
+            "raw": lambda: ingest_raw(fs, path),
+            "raytrain": lambda: ingest_raytrain(options, path),
+            "raytrain_epoch": lambda: ingest_raytrain(options, path, found=plan),
+            "raytrain_shuffled": lambda: ingest_raytrain(options, path, seed=0),
+            "ray_data": lambda: ingest_ray_data(options, path),
+        }
+        uploads = () if args.ingest_only else ("copy_files", "upload")
+        runs: dict[str, list[float]] = {k: [] for k in (*ingest, *uploads)}
         for rep in range(args.reps):
-            order = ("raw", "raytrain") if rep % 2 == 0 else ("raytrain", "raw")
-            for side in order:
-                fn = (lambda: ingest_raw(fs, path)) if side == "raw" else (
-                    lambda: ingest_raytrain(options, path))  # fmt: skip
-                seconds, got = _timed(fn)
+            sides = list(ingest)
+            for side in sides[rep % len(sides) :] + sides[: rep % len(sides)]:  # take turns
+                seconds, got = _timed(ingest[side])
                 assert got == rows, (side, got, rows)
                 runs[side].append(seconds)
-            for side in ("copy_files", "upload") if rep % 2 == 0 else ("upload", "copy_files"):
+            for side in uploads if rep % 2 == 0 else uploads[::-1]:
                 dest = f"{BUCKET}/ckpt-{side}-{rep}"
                 fn = upload_copy_files if side == "copy_files" else upload_raytrain
                 seconds, _ = _timed(fn, fs, str(ckpt), dest)
@@ -204,17 +252,22 @@ def main() -> None:
             print(f"  rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items()),
                   file=sys.stderr, flush=True)  # fmt: skip
         ray_handle.shutdown()
-        blocked = {mode: blocked_per_checkpoint(endpoint, work, mode, args.ckpt_mb)
-                   for mode in ("sync", "async")}  # fmt: skip
+        blocked = {} if args.ingest_only else {
+            mode: blocked_per_checkpoint(endpoint, work, mode, args.ckpt_mb)
+            for mode in ("sync", "async")}  # fmt: skip
 
     med = {k: statistics.median(v) for k, v in runs.items()}
     mb = nbytes / 1e6
     table = {
         "ingest rows/s": (rows / med["raytrain"], rows / med["raw"]),
         "ingest MB/s": (mb / med["raytrain"], mb / med["raw"]),
-        "checkpoint upload MB/s": (ckpt_bytes / 1e6 / med["upload"],
-                                   ckpt_bytes / 1e6 / med["copy_files"]),
-    }  # fmt: skip
+        "ingest rows/s, footers read already": (rows / med["raytrain_epoch"], rows / med["raw"]),
+        "ingest rows/s, shuffled": (rows / med["raytrain_shuffled"], rows / med["raw"]),
+        "ingest rows/s, Ray Data path": (rows / med["ray_data"], rows / med["raw"]),
+    }
+    if not args.ingest_only:
+        table["checkpoint upload MB/s"] = (ckpt_bytes / 1e6 / med["upload"],
+                                           ckpt_bytes / 1e6 / med["copy_files"])  # fmt: skip
     title = f"figure (median of {args.reps})"
     header = f"{title:<34} {'raytrain':>12} {'baseline':>12} {'ratio':>7}"
     print(header)
@@ -230,7 +283,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "reps": args.reps, "rows": rows, "ingest_bytes": nbytes, "checkpoint_bytes": ckpt_bytes,
+        "reps": args.reps, "ray_cpus": args.ray_cpus or 2 + DATA_CPUS, "rows": rows,
+        "ingest_bytes": nbytes, "checkpoint_bytes": ckpt_bytes,
         "seconds": runs, "table": {k: {"raytrain": a, "baseline": b, "ratio": a / b}
                                    for k, (a, b) in table.items()},
         "blocked_per_checkpoint_s": blocked,

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_many_file_prefix_streams_with_projection(
     s3_endpoint: str, s3_digits: str, tmp_path: Path
 ) -> None:
-    """``data.cache: never``: Ray Data streams the many-file prefix, each worker its shard."""
+    """``data.cache: never``: each worker streams its part of the many-file prefix."""
     fs = s3_filesystem(s3_endpoint)
     assert len(fs.get_file_info(pafs.FileSelector("raytrain-test/digits/train"))) == S3_DIGITS_FILES
     code, result, out = run_cli(
@@ -31,7 +31,7 @@ def test_many_file_prefix_streams_with_projection(
     assert code == 0, out[-3000:]
     assert result["data_paths"] == {"train": "streamed", "val": "streamed"}
     assert result["metrics"]["val_acc"] >= 0.8
-    # An equal streaming split of 1438 rows over 2 workers, 32 a batch: 23 steps an epoch.
+    # 1438 rows over 2 workers, 32 a batch: 23 steps an epoch (every row: step_slices).
     assert result["metrics"]["step"] == 2 * 23
     assert len(checkpoint_dirs(fs, result["run_dir"])) == 2
 

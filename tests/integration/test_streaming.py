@@ -1,4 +1,5 @@
-"""A train set larger than the whole object store streams through it and trains to the end.
+"""A train set larger than the whole object store streams (each rank reading its part of
+the files) and trains to the end.
 
 The run gets its own Ray (in a subprocess, as a pipeline would: ``start_local`` with a
 deliberately small ``object_store_memory``, then ``raytrain.fit``), so the session's cluster
@@ -113,7 +114,7 @@ def test_train_set_larger_than_the_object_store_streams_to_the_end(
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["store"] < nbytes  # the whole set never fit in the object store at once
     assert out["data_paths"] == {"train": "streamed"}
-    # every epoch ran to its end: 2 equal shards of ROWS/2 rows in batches of BATCH
+    # every epoch ran to its end: 2 ranks' parts of ROWS rows in batches of BATCH
     assert out["metrics"]["epoch"] == EPOCHS - 1
     assert out["metrics"]["step"] == EPOCHS * (ROWS // 2 // BATCH)
 
