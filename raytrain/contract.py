@@ -29,6 +29,7 @@ class CachedSet:
     """
 
     refs: list[Any]  # ray.ObjectRef of pyarrow Tables, in row order
+    rows: int = 0  # how many rows they hold
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,17 @@ class StreamedSet:
 
 
 @dataclass(frozen=True)
+class MixedSet:
+    """A train set mixed from several sources, each cached or streamed (``data.mix``)."""
+
+    names: tuple[str, ...]  # each source's name in metrics
+    weights: tuple[float, ...]
+    parts: tuple[CachedSet | StreamedSet, ...]
+    rows: tuple[int, ...]  # each source's rows
+    epoch_rows: int  # an epoch's rows, drawn from the sources by weight
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     """Everything a worker needs beyond what Ray Train itself gives it (its rank, its
     streamed shards, the latest checkpoint)."""
@@ -56,6 +68,7 @@ class WorkerConfig:
     sink: ActorHandle | None = None  # the MetricsSink actor rank 0 publishes events to
     cached: Mapping[str, CachedSet] = field(default_factory=dict)  # by split name
     streamed: Mapping[str, StreamedSet] = field(default_factory=dict)  # by split name
+    mixed: Mapping[str, MixedSet] = field(default_factory=dict)  # by split name (train)
 
     def as_train_loop_config(self) -> dict[str, Any]:
         """The ``train_loop_config`` Ray Train pickles to every worker."""

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from raytrain.contract import CachedSet, StreamedSet
+from raytrain.contract import CachedSet, MixedSet, StreamedSet
 from raytrain.spec import DataSpec, StorageSpec
 
 logger = logging.getLogger(__name__)
@@ -253,6 +253,7 @@ def worker_loaders(
     data: DataSpec,
     cached: Mapping[str, CachedSet],
     streamed: Mapping[str, StreamedSet],
+    mixed: Mapping[str, MixedSet],
     options: StorageSpec | None,
     rank: int,
     world_size: int,
@@ -266,6 +267,13 @@ def worker_loaders(
     columns = data.columns if data.batch_format == "tuple" else None
 
     def loader(name: str, seed: int | None) -> Any:
+        if name in mixed:
+            from raytrain.data.mix import mixed_loader
+
+            return mixed_loader(mixed[name], options, data.columns, data.batch_size, rank=rank,
+                                world_size=world_size, shuffle_seed=seed,
+                                window_rows=shuffle.buffer_size if shuffle else 1,
+                                tuple_columns=columns)  # fmt: skip
         if name in streamed:
             from raytrain import storage
             from raytrain.data.parquet_stream import ParquetStream

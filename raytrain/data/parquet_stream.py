@@ -77,6 +77,66 @@ class EpochLayout:
         return np.random.default_rng(seed).permutation(n)
 
 
+class WindowReader:
+    """Reads a streamed set's windows: their row groups with the column projection, the
+    files kept open (their footers read once)."""
+
+    def __init__(self, streamed: StreamedSet, filesystem: Any, columns: list[str] | None):
+        self.set = streamed
+        self._fs = filesystem
+        self._columns = columns
+        self._files: dict[int, Any] = {}  # open ParquetFiles, by file index
+
+    def _parquet(self, index: int) -> Any:
+        import pyarrow.parquet as pq
+
+        if index not in self._files:
+            path = self.set.files[index]
+            self._files[index] = pq.ParquetFile(self._fs.open_input_file(path))
+        return self._files[index]
+
+    def read(self, layout: EpochLayout, window: int) -> Any:
+        """A window's rows in its order, as one Arrow table. A file that cannot be read is
+        a ``TrainingFailed`` naming it."""
+        import pyarrow as pa
+
+        from raytrain.errors import TrainingFailed
+
+        tables = []
+        for group in layout.windows[window]:
+            file, row_group, _ = self.set.row_groups[group]
+            try:
+                tables.append(self._parquet(file).read_row_group(row_group, columns=self._columns))
+            except Exception as exc:
+                raise TrainingFailed(
+                    f"data: cannot read {self.set.files[file]} (a file of {self.set.uri}): "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                ) from None
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        return table.take(layout.window_order(window))
+
+
+def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] | None) -> Any:
+    """Batches of ``sizes`` rows cut from the Arrow ``tables`` in order, as dicts of tensors
+    (or tuples in ``columns`` order)."""
+    import pyarrow as pa
+    from ray.data.util.torch_utils import arrow_batch_to_tensors
+
+    wanted = iter(sizes)
+    size = next(wanted, None)
+    held: list[Any] = []
+    rows = 0
+    for table in tables:
+        held.append(table)
+        rows += table.num_rows
+        while size is not None and rows >= size:
+            whole = pa.concat_tables(held) if len(held) > 1 else held[0]
+            batch, rest = whole.slice(0, size), whole.slice(size)
+            held, rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+            yield batch_as(arrow_batch_to_tensors(batch, combine_chunks=True), columns)
+            size = next(wanted, None)
+
+
 class ParquetStream(StreamSchedule):
     """This rank's batches of a streamed Parquet split, one pass per epoch, as dicts of
     tensors (or tuples, in ``tuple_columns`` order). Resumable: see ``StreamSchedule``."""
@@ -95,47 +155,16 @@ class ParquetStream(StreamSchedule):
         tuple_columns: list[str] | None = None,
     ):
         super().__init__(streamed.num_rows, batch_size, rank=rank, world_size=world_size)
-        self._set = streamed
-        self._fs = filesystem
-        self._columns = columns
+        self._reader = WindowReader(streamed, filesystem, columns)
         self._seed = shuffle_seed
         self._window_rows = window_rows
         self._tuple = tuple_columns
-        self._files: dict[int, Any] = {}  # open ParquetFiles, by file index
-
-    def _parquet(self, index: int) -> Any:
-        import pyarrow.parquet as pq
-
-        if index not in self._files:
-            path = self._set.files[index]
-            self._files[index] = pq.ParquetFile(self._fs.open_input_file(path))
-        return self._files[index]
-
-    def read_window(self, layout: EpochLayout, window: int) -> Any:
-        """A window's rows in its order, as one Arrow table. A file that cannot be read is
-        a ``TrainingFailed`` naming it."""
-        import pyarrow as pa
-
-        from raytrain.errors import TrainingFailed
-
-        tables = []
-        for group in layout.windows[window]:
-            file, row_group, _ = self._set.row_groups[group]
-            try:
-                tables.append(self._parquet(file).read_row_group(row_group, columns=self._columns))
-            except Exception as exc:
-                raise TrainingFailed(
-                    f"data: cannot read {self._set.files[file]} (a file of {self._set.uri}): "
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                ) from None
-        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        return table.take(layout.window_order(window))
 
     def tables(self, block: Sequence[Interval]) -> Iterator[Any]:
         """The rows of ``block`` (this epoch's positions) as Arrow tables, in order; the
         windows are read ``READ_AHEAD`` ahead in threads."""
-        layout = EpochLayout([n for _, _, n in self._set.row_groups], self._seed, self.epoch,
-                             self._window_rows)  # fmt: skip
+        counts = [n for _, _, n in self._reader.set.row_groups]
+        layout = EpochLayout(counts, self._seed, self.epoch, self._window_rows)
         pieces = list(layout.pieces(block))
         runs = [(w, [(lo, hi) for _, lo, hi in group])
                 for w, group in itertools.groupby(pieces, key=lambda p: p[0])]  # fmt: skip
@@ -148,7 +177,7 @@ class ParquetStream(StreamSchedule):
                         run = next(upcoming, None)
                         if run is None:
                             break
-                        ahead.append((pool.submit(self.read_window, layout, run[0]), run[1]))
+                        ahead.append((pool.submit(self._reader.read, layout, run[0]), run[1]))
                     if not ahead:
                         return
                     future, spans = ahead.popleft()
@@ -160,23 +189,8 @@ class ParquetStream(StreamSchedule):
                     future.cancel()
 
     def __iter__(self) -> Iterator[Any]:
-        import pyarrow as pa
-        from ray.data.util.torch_utils import arrow_batch_to_tensors
-
         _, block, sizes = self.plan()
-        wanted = iter(sizes)
-        size = next(wanted, None)
-        held: list[Any] = []
-        rows = 0
-        for table in self.tables(block):
-            held.append(table)
-            rows += table.num_rows
-            while size is not None and rows >= size:
-                whole = pa.concat_tables(held) if len(held) > 1 else held[0]
-                batch, rest = whole.slice(0, size), whole.slice(size)
-                held, rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
-                yield batch_as(arrow_batch_to_tensors(batch, combine_chunks=True), self._tuple)
-                size = next(wanted, None)
+        return cut_batches(self.tables(block), sizes, self._tuple)
 
 
 def row_groups(uri: str, filesystem: Any, path: str) -> StreamedSet:

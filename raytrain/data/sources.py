@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain import storage
-from raytrain.contract import CachedSet, StreamedSet
-from raytrain.spec import DataSpec, JobSpec, SourceSpec, StorageSpec
+from raytrain.contract import CachedSet, MixedSet, StreamedSet
+from raytrain.spec import DataSpec, JobSpec, MixSourceSpec, SourceSpec, StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -194,52 +194,85 @@ class Splits:
     ray_data: dict[str, Any] = field(default_factory=dict)  # Ray Datasets Ray Train shards
     cached: dict[str, CachedSet] = field(default_factory=dict)
     streamed: dict[str, StreamedSet] = field(default_factory=dict)
+    mixed: dict[str, MixedSet] = field(default_factory=dict)
 
     def paths(self) -> dict[str, str]:
         """Each split's path, as ``TrainResult.data_paths`` names it."""
         return {**{k: "streamed" for k in [*self.ray_data, *self.streamed]},
-                **{k: "cached" for k in self.cached}}  # fmt: skip
+                **{k: "cached" for k in self.cached}, **{k: "mixed" for k in self.mixed}}  # fmt: skip
 
 
 def build_datasets(spec: JobSpec, object_store_bytes: float) -> Splits:
     """The splits of ``spec``; none when the workers build their data (a DataModule, the
     model's own loaders)."""
-    import ray
-
     splits = Splits()
-    streamed, cached = splits.ray_data, splits.cached
-    data, options = spec.files, spec.storage
+    data = spec.files
     if data is None:
         return splits
-    for name in ("train", "val"):
-        source = getattr(data, name)
-        if source is None:
-            continue
-        nbytes = source_bytes(source, options) if source.format != "images" else 0
-        path = choose_path(data, source, nbytes, object_store_bytes)
-        if path == "driver":
-            table = read_table(source, data.columns, options)
-            _check_rows(name, source, table.num_rows, spec.scaling.max_workers)
-            cached[name] = CachedSet([ray.put(table)])
-        elif path == "materialize":
-            try:
-                ds = read_source(source, data.columns, options, data.preprocess).materialize()
-            except Exception as exc:
-                if source.format == "images" or data.preprocess is not None:
-                    raise
-                raise unreadable_data(source, data.columns, options, exc) from None
-            _check_rows(name, source, ds.count(), spec.scaling.max_workers)
-            cached[name] = CachedSet(ds.to_arrow_refs())
-        elif path == "stream":
-            logger.info("%s set: each rank streams its rows from %s every epoch", name,
-                        source.uri)  # fmt: skip
-            found = stream_plan(source, options)
-            _check_rows(name, source, found.num_rows, spec.scaling.max_workers)
-            splits.streamed[name] = found
-        else:
-            logger.info("%s set: streamed by Ray Data from %s every epoch", name, source.uri)
-            streamed[name] = read_source(source, data.columns, options, data.preprocess)
+    if isinstance(data.train, list):
+        splits.mixed["train"] = _mix(spec, data, data.train, object_store_bytes)
+    else:
+        _place(spec, "train", data.train, object_store_bytes, splits)
+    if data.val is not None:
+        _place(spec, "val", data.val, object_store_bytes, splits)
     return splits
+
+
+def _place(
+    spec: JobSpec, name: str, source: SourceSpec, object_store_bytes: float, splits: Splits
+) -> None:
+    """Put split ``name`` into ``splits`` by the path ``choose_path`` takes for it."""
+    import ray
+
+    data, options = spec.files, spec.storage
+    assert data is not None
+    nbytes = source_bytes(source, options) if source.format != "images" else 0
+    path = choose_path(data, source, nbytes, object_store_bytes)
+    if path == "driver":
+        table = read_table(source, data.columns, options)
+        _check_rows(name, source, table.num_rows, spec.scaling.max_workers)
+        splits.cached[name] = CachedSet([ray.put(table)], table.num_rows)
+    elif path == "materialize":
+        try:
+            ds = read_source(source, data.columns, options, data.preprocess).materialize()
+        except Exception as exc:
+            if source.format == "images" or data.preprocess is not None:
+                raise
+            raise unreadable_data(source, data.columns, options, exc) from None
+        rows = ds.count()
+        _check_rows(name, source, rows, spec.scaling.max_workers)
+        splits.cached[name] = CachedSet(ds.to_arrow_refs(), rows)
+    elif path == "stream":
+        logger.info("%s set: each rank streams its rows from %s every epoch", name, source.uri)
+        found = stream_plan(source, options)
+        _check_rows(name, source, found.num_rows, spec.scaling.max_workers)
+        splits.streamed[name] = found
+    else:
+        logger.info("%s set: streamed by Ray Data from %s every epoch", name, source.uri)
+        splits.ray_data[name] = read_source(source, data.columns, options, data.preprocess)
+
+
+def _mix(
+    spec: JobSpec, data: DataSpec, sources: list[MixSourceSpec], object_store_bytes: float
+) -> MixedSet:
+    """A mixed train set: each source cached or streamed as a split of its own would be."""
+    parts: list[CachedSet | StreamedSet] = []
+    rows = []
+    for j, source in enumerate(sources):
+        one = Splits()
+        _place(spec, f"train.{j}", source, object_store_bytes, one)
+        part = one.cached.get(f"train.{j}") or one.streamed[f"train.{j}"]
+        parts.append(part)
+        rows.append(part.rows if isinstance(part, CachedSet) else part.num_rows)
+    epoch = data.epoch_rows or sum(rows)
+    if epoch < spec.scaling.max_workers:
+        from raytrain.errors import SpecError
+
+        raise SpecError([f"data.epoch_rows: {epoch} rows cannot give each of "
+                         f"{spec.scaling.max_workers} workers a batch"])  # fmt: skip
+    return MixedSet(names=tuple(s.label() for s in sources),
+                    weights=tuple(s.weight for s in sources), parts=tuple(parts),
+                    rows=tuple(rows), epoch_rows=epoch)  # fmt: skip
 
 
 def stream_plan(source: SourceSpec, options: StorageSpec | None) -> StreamedSet:

@@ -91,7 +91,7 @@ def prepare_data(spec: JobSpec) -> None:
     data = spec.files
     if data is None or data.prepare is None:
         return
-    train = storage.resolve(data.train.uri)
+    train = storage.resolve(data.train_sources()[0][1].uri)
     if not storage.exists(train, spec.storage):
         val = storage.resolve(data.val.uri) if data.val else None
         print(f"raytrain: writing {redact(train)} with {data.prepare}", file=sys.stderr)

@@ -172,7 +172,8 @@ def check_stores(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
             problems += task.result(timeout=max(0.0, deadline - time.monotonic()))
     except TimeoutError:
         data = spec.files
-        uris = [spec.checkpoint.storage] + ([data.train.uri] if data else [])
+        uris = [spec.checkpoint.storage]
+        uris += [s.uri for _, s in data.train_sources()] if data else []
         uris += [data.val.uri] if data and data.val else []
         return [
             f"checkpoint.storage/data: no answer from {', '.join(uris)} within "
@@ -216,11 +217,12 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
     def will_prepare() -> bool:
         if not allow_prepare or data.prepare is None:
             return False
-        return _missing(storage.resolve(data.train.uri), options) is not None
+        first = data.train_sources()[0][1]
+        return _missing(storage.resolve(first.uri), options) is not None
 
-    sources = {"data.train": data.train, "data.val": data.val}
+    sources = {**dict(data.train_sources()), "data.val": data.val}
     for field, source in sources.items():
-        if source is None or (only is not None and field != f"data.{only}"):
+        if source is None or (only is not None and not field.startswith(f"data.{only}")):
             continue
         uri = storage.resolve(source.uri)
         try:

@@ -56,7 +56,7 @@ class Trained:
 
     result: Any  # ray.train.Result
     latest: dict[str, Any]  # the newest value of every metric rank 0 reported
-    data_paths: dict[str, str]  # split -> "cached" | "streamed"
+    data_paths: dict[str, str]  # split -> "cached" | "streamed" | "mixed"
 
 
 # Wall-clock times rank 0 reports once (see worker.loop), as startup phases.

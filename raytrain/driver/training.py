@@ -87,7 +87,7 @@ def make_trainer(job: JobSpec, ray_handle: RayHandle, sink: Any, splits: Splits)
     from raytrain.worker.loop import train_loop
 
     work = WorkerConfig(spec=for_workers(job), sink=sink, cached=splits.cached,
-                        streamed=splits.streamed)  # fmt: skip
+                        streamed=splits.streamed, mixed=splits.mixed)  # fmt: skip
     return build_trainer(
         embedded_env=ray_handle.embedded_env,
         ends_with_run=ray_handle.started_here,

@@ -19,7 +19,7 @@ from raytrain.spec.classes import (
     SchedulerSpec,
     normalize_class_path,
 )
-from raytrain.spec.data import DataModuleSpec, DataSpec, ShuffleSpec, SourceSpec
+from raytrain.spec.data import DataModuleSpec, DataSpec, MixSourceSpec, ShuffleSpec, SourceSpec
 from raytrain.spec.fields import MAX_SPEC_DEPTH
 from raytrain.spec.loading import apply_overrides, dump_spec, load_spec, parse_spec
 from raytrain.spec.sections import (
@@ -62,6 +62,7 @@ __all__ = [
     "GcsOptions",
     "JobSpec",
     "LoggerSpec",
+    "MixSourceSpec",
     "MlflowSpec",
     "ModelSpec",
     "OptimizerSpec",

@@ -46,6 +46,26 @@ class SourceSpec(_Section):
         return value
 
 
+class MixSourceSpec(SourceSpec):
+    """One source of a mixed train set."""
+
+    weight: float = Field(
+        gt=0,
+        description="This source's share of each epoch's rows, relative to the other sources' "
+        "weights (0.8 and 0.2: four rows of it for each of the other).",
+    )
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Its name in the run's metrics (`data/rows/NAME`); unset: the last part "
+        "of its uri.",
+    )
+
+    def label(self) -> str:
+        """Its name, or the last part of its uri."""
+        return self.name or self.uri.rstrip("/").rsplit("/", 1)[-1] or self.uri
+
+
 class ShuffleSpec(_Section):
     seed: int = Field(default=0, description="Seed of the per-epoch shuffle of the train set.")
     buffer_size: int = Field(
@@ -54,7 +74,13 @@ class ShuffleSpec(_Section):
 
 
 class DataSpec(_Section):
-    train: SourceSpec = Field(description="The training set.")
+    train: Annotated[
+        Annotated[SourceSpec, Tag("source")] | Annotated[list[MixSourceSpec], Tag("mix")],
+        Discriminator(lambda v: "mix" if isinstance(v, list) else "source"),
+    ] = Field(
+        description="The training set: one source, or a mix, a list of Parquet sources each "
+        "with a `weight`: each epoch draws `epoch_rows` rows from them by weight."
+    )
     val: SourceSpec | None = Field(default=None, description="The validation set.")
     columns: list[str] | None = Field(
         default=None,
@@ -83,6 +109,13 @@ class DataSpec(_Section):
         description="`module:function(train_uri, val_uri)` that writes the data when the train "
         "set is missing (used by the bundled jobs to materialise their datasets).",
     )
+    epoch_rows: int | None = Field(
+        default=None,
+        ge=1,
+        description="A mixed train set's epoch, in rows drawn from the sources by weight; "
+        "unset: all the sources' rows together. A source drawn past its end starts over in a "
+        "new order.",
+    )
     batch_format: Literal["dict", "tuple"] = Field(
         default="dict",
         description="A batch as a dict of tensors by column (`dict`), or a tuple of them in "
@@ -94,6 +127,42 @@ class DataSpec(_Section):
         if self.batch_format == "tuple" and not self.columns:
             raise ValueError("batch_format tuple needs `columns`: the order of the tuple")
         return self
+
+    @field_validator("train")
+    @classmethod
+    def _mix(cls, value: SourceSpec | list[MixSourceSpec]) -> SourceSpec | list[MixSourceSpec]:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("a mix needs at least one source")
+            formats = sorted({s.format for s in value} - {"parquet"})
+            if formats:
+                raise ValueError(f"a mix reads Parquet sources only, not {', '.join(formats)}")
+            names = [s.label() for s in value]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"the sources' names must differ: {', '.join(twice)} is "
+                                 "given twice (set `name`)")  # fmt: skip
+        return value
+
+    @model_validator(mode="after")
+    def _mix_options(self) -> DataSpec:
+        if self.epoch_rows is not None and not self.mixed:
+            raise ValueError("epoch_rows is for a mixed train set (a list of sources)")
+        if self.mixed and self.preprocess is not None:
+            raise ValueError("preprocess is not supported with a mixed train set")
+        return self
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the train set is a mix of sources."""
+        return isinstance(self.train, list)
+
+    def train_sources(self) -> list[tuple[str, SourceSpec]]:
+        """The train set's sources with their field paths (``data.train``, or
+        ``data.train.0`` and so on for a mix)."""
+        if isinstance(self.train, list):
+            return [(f"data.train.{i}", s) for i, s in enumerate(self.train)]
+        return [("data.train", self.train)]
 
 
 def _data_kind(value: Any) -> str | None:

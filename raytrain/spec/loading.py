@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from raytrain.errors import SpecError
-from raytrain.spec.data import DataModuleSpec, DataSpec
+from raytrain.spec.data import DataModuleSpec, DataSpec, MixSourceSpec, SourceSpec
 from raytrain.spec.fields import _CREDENTIALS_REFUSED, _section_type
 from raytrain.spec.lightning_cli import lightning_cli_tree
 from raytrain.spec.sections import JobSpec
@@ -92,7 +92,8 @@ def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
 
 
 # The tags of discriminated unions (``data``: files or a DataModule), and their sections.
-UNION_TAGS: dict[str, type[BaseModel]] = {"files": DataSpec, "module": DataModuleSpec}
+UNION_TAGS: dict[str, type[BaseModel]] = {"files": DataSpec, "module": DataModuleSpec,
+                                          "source": SourceSpec, "mix": MixSourceSpec}  # fmt: skip
 
 
 def _allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
@@ -101,6 +102,8 @@ def _allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
     for part in loc:
         if part in UNION_TAGS:
             current = UNION_TAGS[part]
+            continue
+        if isinstance(part, int):  # an item of a list of sections (a mix's sources)
             continue
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:

@@ -84,7 +84,8 @@ def first_batch(job: JobSpec) -> tuple[dict[str, Any] | None, str]:
     data = job.files
     if data is None:
         return None, "the data is built in the workers (a DataModule or the model's loaders)"
-    name, source = ("val", data.val) if data.val is not None else ("train", data.train)
+    first = data.train_sources()[0][1]
+    name, source = ("val", data.val) if data.val is not None else ("train", first)
     where = f"data.{name} ({source.uri})"
     if source.format == "images":
         return None, f"{where} is images, decoded by Ray Data: no example is built from it"

@@ -6,7 +6,8 @@ Lightning calls each hook on the callbacks in list order, and the order matters:
    to start timing a batch before anything else runs (and, for the timeline and the
    watchdog, to end its optimizer step before any batch-end hook),
 2. ``FiniteGuard``, before any callback acts on a step whose gradients are not finite,
-3. ``MetricsReporter``, which counts the batch's samples before a report of this step,
+3. ``MixRows`` (a mixed train set), whose counts are then in the report of this step,
+   and ``MetricsReporter``, which counts the batch's samples before a report of this step,
 4. the user's ``trainer.callbacks``, in their order, before the checkpoint: a checkpoint
    taken at a validation's end holds what an EarlyStopping made of that validation (with
    them after it, a resume restored their state one validation behind),
@@ -31,6 +32,7 @@ from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
 from raytrain.worker.hang_watchdog import HangWatchdog
 from raytrain.worker.loader_position import LoaderPosition
+from raytrain.worker.mix_rows import MixRows
 from raytrain.worker.reporting import MetricsReporter, Publish
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.step_timeline import StepTimeline
@@ -85,6 +87,7 @@ def build_callbacks(
         *([timeline] if timeline else []),
         *([watchdog] if watchdog else []),
         FiniteGuard(),
+        MixRows(train_loader, spec.trainer.log_every_n_steps),
         reporter,
         *(import_object(c.class_path)(**c.init_args) for c in spec.trainer.callbacks),
         checkpoints,

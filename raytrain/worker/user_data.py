@@ -151,8 +151,8 @@ def worker_data(
     ``LoaderPosition``; a DataModule's exists only once fit asks for it) and ``fit``'s
     data arguments: file loaders, the DataModule, or none (the model's own loaders)."""
     if isinstance(spec.data, DataSpec):
-        train, val = worker_loaders(spec.data, work.cached, work.streamed, spec.storage, rank,
-                                    world_size)  # fmt: skip
+        train, val = worker_loaders(spec.data, work.cached, work.streamed, work.mixed,
+                                    spec.storage, rank, world_size)  # fmt: skip
         return (lambda: train), {"train_dataloaders": train, "val_dataloaders": val}
     seed = 0 if spec.trainer.seed is None else spec.trainer.seed
     if spec.data is None:

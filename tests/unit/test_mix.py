@@ -1,0 +1,107 @@
+"""Mixed train sets: ``quotas``' shares, ``MixedStream`` over a cached and a streamed
+source (real Parquet files), its rows per epoch, its restores on other world sizes, and
+the rows it says each source gave."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from raytrain.contract import CachedSet, MixedSet
+from raytrain.data.mix import CachedRows, MixedStream, StreamedRows, quotas
+from raytrain.data.parquet_stream import WindowReader, row_groups
+
+BIG, SMALL = 230, 41  # rows of the two sources: ids 0.. and 1000..
+
+
+@pytest.mark.parametrize(("weights", "total"), [([0.8, 0.2], 271), ([1, 1, 1], 100),
+                                                ([0.5, 0.3, 0.2], 7), ([3], 5)])  # fmt: skip
+def test_quotas_sum_to_the_total_each_within_a_row_of_its_share(weights, total) -> None:
+    got = quotas(weights, total)
+    assert sum(got) == total
+    assert all(abs(q - w / sum(weights) * total) < 1 for q, w in zip(got, weights, strict=True))
+
+
+def _mix(tmp_path: Path, world: int, rank: int, epoch_rows: int | None = None) -> MixedStream:
+    folder = tmp_path / "big"
+    if not folder.exists():
+        folder.mkdir()
+        pq.write_table(pa.table({"id": pa.array(range(BIG), pa.int64())}),
+                       folder / "part-0.parquet", row_group_size=30)  # fmt: skip
+    small = pa.table({"id": pa.array(range(1000, 1000 + SMALL), pa.int64())})
+    found = row_groups(str(folder), pafs.LocalFileSystem(), str(folder))
+    mix = MixedSet(names=("big", "small"), weights=(0.8, 0.2),
+                   parts=(found, CachedSet([], SMALL)), rows=(BIG, SMALL),
+                   epoch_rows=epoch_rows or BIG + SMALL)  # fmt: skip
+    sources = [StreamedRows(WindowReader(found, pafs.LocalFileSystem(), ["id"]), 11, 64),
+               CachedRows(small, 12)]  # fmt: skip
+    return MixedStream(mix, sources, 8, rank=rank, world_size=world, shuffle_seed=3)
+
+
+def _epoch(streams: list[MixedStream], epoch: int) -> list[int]:
+    for s in streams:
+        s.epoch = epoch
+    return [i for s in streams for batch in s for i in batch["id"].tolist()]
+
+
+def test_each_epoch_draws_the_quotas_and_a_small_source_starts_over_in_a_new_order(
+    tmp_path: Path,
+) -> None:
+    streams = [_mix(tmp_path, 2, r) for r in (0, 1)]
+    assert len({len(s) for s in streams}) == 1
+    epochs = [_epoch(streams, e) for e in range(3)]
+    big_q, small_q = streams[0].quotas  # 0.8 and 0.2 of 271 rows
+    assert (big_q, small_q) == (217, 54)
+    for rows in epochs:
+        assert len(rows) == BIG + SMALL
+        assert sum(i < 1000 for i in rows) == big_q and sum(i >= 1000 for i in rows) == small_q
+    # each source's sequence goes on across epochs: the big one's 230 rows each once in
+    # its first 230 draws; the small one's 41 rows each once per pass (54 draws an epoch)
+    big = [i for rows in epochs for i in rows if i < 1000]
+    small = [i for rows in epochs for i in rows if i >= 1000]
+    assert sorted(big[:BIG]) == list(range(BIG))
+    assert sorted(small[:SMALL]) == list(range(1000, 1000 + SMALL))
+    assert sorted(small[SMALL : 2 * SMALL]) == list(range(1000, 1000 + SMALL))
+    assert small[:SMALL] != small[SMALL : 2 * SMALL]  # a new order each pass
+    assert epochs[0] != epochs[1]
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 2), (2, 1), (1, 3)])
+def test_a_restored_mix_trains_exactly_the_rows_an_uninterrupted_one_does(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    whole = Counter(_epoch([_mix(tmp_path, 2, r) for r in (0, 1)], 1))
+    streams = [_mix(tmp_path, before, r) for r in range(before)]
+    for s in streams:
+        s.epoch = 1
+    batches = [[b["id"].tolist() for b in s] for s in streams]
+    done = 5
+    trained = [i for rank in batches for b in rank[:done] for i in b]
+    for s in streams:
+        s.position = done
+    state = streams[0].state_dict()
+    seen_then = streams[0].rows_seen()
+    resumed = [_mix(tmp_path, after, r) for r in range(after)]
+    for s in resumed:
+        s.load_state_dict(state)
+    assert resumed[0].rows_seen() == seen_then
+    rest = [i for s in resumed for b in s for i in b["id"].tolist()]
+    assert Counter(trained + rest) == whole  # the same rows, each as often
+    # the counts: epoch 0's quotas plus what was trained of epoch 1 at the save
+    big_q, small_q = streams[0].quotas
+    assert seen_then == {"big": big_q + sum(i < 1000 for i in trained),
+                         "small": small_q + sum(i >= 1000 for i in trained)}  # fmt: skip
+    for s in resumed:
+        s.position = len(s)
+    assert resumed[0].rows_seen() == {"big": 2 * big_q, "small": 2 * small_q}
+
+
+def test_a_fixed_epoch_of_rows_draws_by_weight(tmp_path: Path) -> None:
+    streams = [_mix(tmp_path, 2, r, epoch_rows=100) for r in (0, 1)]
+    rows = _epoch(streams, 0)
+    assert len(rows) == 100 and sum(i >= 1000 for i in rows) == 20
