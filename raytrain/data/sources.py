@@ -57,10 +57,12 @@ def read_source(
     columns: list[str] | None,
     options: StorageSpec | None = None,
     preprocess: str | None = None,
+    on: dict[str, str] | None = None,
 ) -> Any:
     """A lazy Ray Dataset over ``source``: read (and, for images, decoded and resized) by
     Ray Data tasks, with the column projection pushed into the reader, then ``preprocess``
-    as a ``map_batches`` step."""
+    as a ``map_batches`` step; all its tasks on the nodes the label selector ``on`` picks
+    (``data_nodes``)."""
     import ray.data
 
     fs, path = storage.filesystem(source.uri, options)
@@ -76,7 +78,27 @@ def read_source(
         from raytrain.imports import import_object
 
         ds = ds.map_batches(import_object(preprocess), batch_format="numpy")
+    if on:  # this dataset's own copy of Ray Data's context: its every task carries it
+        ds.context.execution_options.label_selector = dict(on)
     return ds
+
+
+def data_nodes(
+    data: DataSpec, use_gpu: bool, nodes: list[dict[str, Any]]
+) -> dict[str, str] | None:
+    """The label selector for Ray Data's tasks: ``data.preprocess_on`` when set (``{}``:
+    anywhere); unset, on a GPU run, the alive nodes of ``nodes`` (``ray.nodes()``) without
+    a GPU when there are any, so that decoding and preprocessing leave the training nodes'
+    CPUs to their workers; else anywhere (None)."""
+    if data.preprocess_on is not None:
+        return data.preprocess_on or None
+    if not use_gpu:
+        return None
+    cpu_only = sorted(n["NodeID"] for n in nodes
+                      if n.get("Alive") and not n.get("Resources", {}).get("GPU"))  # fmt: skip
+    if not cpu_only or len(cpu_only) == sum(1 for n in nodes if n.get("Alive")):
+        return None
+    return {"ray.io/node-id": f"in({','.join(cpu_only)})"}
 
 
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "tif", "tiff", "bmp", "gif")
@@ -195,6 +217,7 @@ class Splits:
     cached: dict[str, CachedSet] = field(default_factory=dict)
     streamed: dict[str, StreamedSet] = field(default_factory=dict)
     mixed: dict[str, MixedSet] = field(default_factory=dict)
+    data_nodes: dict[str, str] | None = None  # where Ray Data's tasks run (``data_nodes``)
 
     def paths(self) -> dict[str, str]:
         """Each split's path, as ``TrainResult.data_paths`` names it."""
@@ -205,12 +228,17 @@ class Splits:
 def build_datasets(spec: JobSpec, object_store_bytes: float) -> Splits:
     """The splits of ``spec``; none when the workers build their data (a DataModule, the
     model's own loaders)."""
+    import ray
+
     splits = Splits()
     data = spec.files
     if data is None:
         return splits
+    splits.data_nodes = data_nodes(data, spec.scaling.use_gpu is True, ray.nodes())
+    if splits.data_nodes:
+        logger.info("Ray Data's tasks run on the nodes %s", splits.data_nodes)
     if isinstance(data.train, list):
-        splits.mixed["train"] = _mix(spec, data, data.train, object_store_bytes)
+        splits.mixed["train"] = _mix(spec, data.train, object_store_bytes, splits.data_nodes)
     else:
         _place(spec, "train", data.train, object_store_bytes, splits)
     if data.val is not None:
@@ -234,7 +262,8 @@ def _place(
         splits.cached[name] = CachedSet([ray.put(table)], table.num_rows)
     elif path == "materialize":
         try:
-            ds = read_source(source, data.columns, options, data.preprocess).materialize()
+            ds = read_source(source, data.columns, options, data.preprocess,
+                             splits.data_nodes).materialize()  # fmt: skip
         except Exception as exc:
             if source.format == "images" or data.preprocess is not None:
                 raise
@@ -249,22 +278,26 @@ def _place(
         splits.streamed[name] = found
     else:
         logger.info("%s set: streamed by Ray Data from %s every epoch", name, source.uri)
-        splits.ray_data[name] = read_source(source, data.columns, options, data.preprocess)
+        splits.ray_data[name] = read_source(source, data.columns, options, data.preprocess,
+                                            splits.data_nodes)  # fmt: skip
 
 
 def _mix(
-    spec: JobSpec, data: DataSpec, sources: list[MixSourceSpec], object_store_bytes: float
+    spec: JobSpec,
+    sources: list[MixSourceSpec],
+    object_store_bytes: float,
+    on: dict[str, str] | None,
 ) -> MixedSet:
     """A mixed train set: each source cached or streamed as a split of its own would be."""
     parts: list[CachedSet | StreamedSet] = []
     rows = []
     for j, source in enumerate(sources):
-        one = Splits()
+        one = Splits(data_nodes=on)
         _place(spec, f"train.{j}", source, object_store_bytes, one)
         part = one.cached.get(f"train.{j}") or one.streamed[f"train.{j}"]
         parts.append(part)
         rows.append(part.rows if isinstance(part, CachedSet) else part.num_rows)
-    epoch = data.epoch_rows or sum(rows)
+    epoch = (spec.files.epoch_rows if spec.files else None) or sum(rows)
     if epoch < spec.scaling.max_workers:
         from raytrain.errors import SpecError
 
@@ -297,8 +330,14 @@ def _check_rows(name: str, source: SourceSpec, rows: int, workers: int) -> None:
         )  # fmt: skip
 
 
-def dataset_config() -> Any:
-    """How Ray Train shards the streamed sets: equal ``streaming_split`` shards."""
+def dataset_config(on: dict[str, str] | None = None) -> Any:
+    """How Ray Train shards the Ray Data sets: equal ``streaming_split`` shards, their tasks
+    on the nodes the label selector ``on`` picks. (Ray Train replaces each dataset's
+    execution options with these, so a selector set on the dataset alone is lost.)"""
     from ray.train import DataConfig
 
-    return DataConfig(datasets_to_split="all")
+    if not on:
+        return DataConfig(datasets_to_split="all")
+    options = DataConfig.default_ingest_options()
+    options.label_selector = dict(on)
+    return DataConfig(datasets_to_split="all", execution_options=options)

@@ -104,7 +104,7 @@ def make_trainer(job: JobSpec, ray_handle: RayHandle, sink: Any, splits: Splits)
         ),
         run_config=run_config(job),
         datasets=splits.ray_data,
-        dataset_config=dataset_config(),
+        dataset_config=dataset_config(splits.data_nodes),
     )
 
 

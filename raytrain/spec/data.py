@@ -3,6 +3,7 @@ each worker; absent, the model's own dataloaders feed it."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
@@ -73,6 +74,12 @@ class ShuffleSpec(_Section):
     )
 
 
+# Ray's node labels, as its label selectors take them (ray._private.label_utils)
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"!?(in\({_LABEL_NAME}(, ?{_LABEL_NAME})*\)|{_LABEL_NAME})")
+
+
 class DataSpec(_Section):
     train: Annotated[
         Annotated[SourceSpec, Tag("source")] | Annotated[list[MixSourceSpec], Tag("mix")],
@@ -97,6 +104,26 @@ class DataSpec(_Section):
         description="`module:function(batch) -> batch` over dicts of numpy arrays, run as a Ray "
         "Data `map_batches` step on CPU workers while the training actors train.",
     )
+    preprocess_on: dict[str, str] | None = Field(
+        default=None,
+        description="Where Ray Data's tasks run (reading, image decoding, `preprocess`: images, "
+        "CSV, JSON and preprocessed sets), as a Ray label selector: `{raytrain.io/role: data}` "
+        "for the nodes started with `ray start --labels raytrain.io/role=data`. Unset: on a GPU "
+        "run, the cluster's nodes without GPUs when it has any, else anywhere; `{}`: anywhere.",
+    )
+
+    @field_validator("preprocess_on")
+    @classmethod
+    def _selector(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for key, want in (value or {}).items():
+            if not _LABEL_KEY.fullmatch(key):
+                raise ValueError(f"{key!r} is not a node label's name (letters, digits, "
+                                 "'-', '_', '.', and one '/' after a prefix)")  # fmt: skip
+            if not _LABEL_VALUE.fullmatch(want):
+                raise ValueError(f"{key}: {want!r} is not a label value, '!value', "
+                                 "'in(a,b)' or '!in(a,b)'")  # fmt: skip
+        return value
+
     cache: Literal["auto", "always", "never"] = Field(
         default="auto",
         description="Keep a split in the object store across epochs (`always`), stream it "

@@ -71,6 +71,19 @@ def slow_images_to_pixels(batch: dict) -> dict:
     return images_to_pixels(batch)
 
 
+NODE_LOG = ("preprocess-nodes", "raytrain-test")  # the named actor's name and namespace
+
+
+def pixels_where_they_ran(batch: dict) -> dict:
+    """A ``data.preprocess`` that passes its batch on and tells the named actor
+    ``NODE_LOG`` the node it ran on."""
+    import ray
+
+    log = ray.get_actor(NODE_LOG[0], namespace=NODE_LOG[1])
+    ray.get(log.record.remote(ray.get_runtime_context().get_node_id(), len(batch["id"])))
+    return batch
+
+
 class KillAtStepsCNN(DigitsCNN):
     """SIGKILLs (or sends ``signal_name`` to) its own worker process (rank ``rank``) when
     ``global_step`` reaches each of ``at_steps``, once each: workers lost mid-epoch.

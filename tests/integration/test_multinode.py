@@ -2,7 +2,8 @@
 drained for a preemption and then another removed (its raylet, object store and workers
 killed), in one run; and nodes come and go under an elastic worker range. Each run must
 finish having trained on every row exactly once per epoch (counted in a buffer saved with
-the model), on the nodes that were left, with a metric history that only moves forward."""
+the model), on the nodes that were left, with a metric history that only moves forward.
+Last, a CPU-only data node beside the training nodes: ``data.preprocess`` runs there."""
 
 from __future__ import annotations
 
@@ -182,3 +183,42 @@ def test_a_drained_then_a_removed_node_move_the_workers_to_the_nodes_left(
     assert result.metrics["step"] == 3 * 23
     _assert_every_row_once_per_epoch(digits_dir, result, epochs=3)
     _assert_history_forward(result)
+
+
+def test_preprocessing_runs_on_the_data_node_not_the_training_nodes(
+    cluster: Any, digits_dir: Path, tmp_path: Path, clean_env: None
+) -> None:
+    """2 one-slot training nodes and a CPU-only node labelled ``raytrain.io/role=data``;
+    ``data.preprocess_on`` names the label: every batch ``data.preprocess`` made was made
+    there, and no worker trained there."""
+    import ray
+
+    from tests.integration.models import NODE_LOG
+
+    fresh_slot_nodes(cluster, 2)
+    data_node = cluster.add_node(num_cpus=2, labels={"raytrain.io/role": "data"})
+    cluster.wait_for_nodes()
+
+    @ray.remote(num_cpus=0)
+    class NodeLog:
+        def __init__(self) -> None:
+            self.rows: dict[str, int] = {}
+
+        def record(self, node: str, rows: int) -> None:
+            self.rows[node] = self.rows.get(node, 0) + rows
+
+        def seen(self) -> dict[str, int]:
+            return self.rows
+
+    log = NodeLog.options(name=NODE_LOG[0], namespace=NODE_LOG[1]).remote()  # type: ignore[attr-defined]
+    spec = _spec(digits_dir, tmp_path, "placed", epochs=1)
+    spec["data"] |= {"preprocess": "tests.integration.models:pixels_where_they_ran",
+                     "preprocess_on": {"raytrain.io/role": "data"}}  # fmt: skip
+    result = raytrain.fit(spec, progress=False)
+    assert result.data_paths == {"train": "streamed", "val": "streamed"}  # through Ray Data
+    rows = ray.get(log.seen.remote())
+    ray.kill(log)
+    train = pq.read_table(digits_dir / "train", columns=["id"]).num_rows
+    assert set(rows) == {data_node.node_id} and rows[data_node.node_id] >= train
+    trained_on = {node for group in _groups(tmp_path) for node in group.values()}
+    assert len(trained_on) == 2 and data_node.node_id not in trained_on
