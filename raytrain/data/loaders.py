@@ -51,6 +51,19 @@ def step_slices(num_rows: int, batch_size: int, world_size: int) -> list[list[tu
     return out
 
 
+def rows_trained(state: Mapping[str, Any], num_rows: int, batch_size: int) -> int:
+    """How many rows of its epoch a loader state says were trained, whichever loader saved
+    it: a cached set's (``rows``), a streamed Parquet split's (``left``: the rows not
+    trained) or a Ray Data shard's (``steps`` of ``world_size`` batches). A split that
+    took another path since the checkpoint (a cluster whose object store now holds it)
+    resumes from this count: exact in count, not in which rows."""
+    if "rows" in state:
+        return int(state["rows"])
+    if "left" in state:
+        return num_rows - sum(int(hi) - int(lo) for lo, hi in state["left"])
+    return min(num_rows, int(state["steps"]) * batch_size * int(state.get("world_size", 1)))
+
+
 class EpochSchedule:
     """This rank's share of an epoch of ``num_rows`` indexed rows, as lists of row indices,
     one pass per epoch: what ``CachedBatches`` takes from an Arrow table, and what a
@@ -135,7 +148,11 @@ class EpochSchedule:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume from ``state``: the next pass over its epoch starts at the row it reached."""
         self.epoch = int(state["epoch"])
-        self._resume = (self.epoch, int(state["steps"]), int(state["rows"]))
+        if "rows" not in state:
+            logger.warning("the checkpoint's data position is another loader's: the epoch "
+                           "resumes exact in count, not in which rows")  # fmt: skip
+        rows = rows_trained(state, self._rows, self._batch_size)
+        self._resume = (self.epoch, int(state["steps"]), rows)
         self.position = int(state["steps"])
 
     def index_batches(self) -> Iterator[Any]:

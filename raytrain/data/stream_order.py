@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from raytrain.data.loaders import step_slices
+from raytrain.data.loaders import rows_trained, step_slices
 
 logger = logging.getLogger(__name__)
 
@@ -132,5 +132,11 @@ class StreamSchedule:
         left, cut for this world size."""
         self.epoch = int(state["epoch"])  # type: ignore[call-overload]
         self.position = int(state["steps"])  # type: ignore[call-overload]
-        left = [(int(lo), int(hi)) for lo, hi in state["left"]]  # type: ignore[attr-defined]
+        if "left" in state:
+            left = [(int(lo), int(hi)) for lo, hi in state["left"]]  # type: ignore[attr-defined]
+        else:  # saved by another loader: the split took another path since
+            logger.warning("the checkpoint's data position is another loader's: the epoch "
+                           "resumes exact in count, not in which rows")  # fmt: skip
+            left = [(min(rows_trained(state, self._rows, self._batch_size), self._rows),
+                     self._rows)]  # fmt: skip
         self._start = (self.epoch, left, self.position)

@@ -151,3 +151,34 @@ def test_windows_hold_at_least_their_rows_and_positions_map_into_them() -> None:
     assert all(sum([5, 3, 7, 2][g] for g in w) >= 6 for w in layout.windows[:-1])
     sizes = [b - a for a, b in itertools.pairwise(layout.starts)]
     assert list(layout.pieces([(0, 17)])) == [(w, 0, n) for w, n in enumerate(sizes)]
+
+
+def test_a_position_saved_by_the_other_path_resumes_exact_in_count(tmp_path: Path) -> None:
+    """A split that fits the object store on a bigger cluster is cached where it was
+    streamed (and the other way): the restore takes the other loader's position as a count
+    of rows trained, instead of failing on its keys."""
+    import pyarrow.dataset as pads
+
+    from raytrain.data.loaders import CachedBatches
+
+    folder = _files(tmp_path)
+    streams = _streams(folder, 2, shuffle_seed=3, window_rows=64)
+    for s in streams:
+        s.epoch = 1
+    done = 3
+    for s in streams:
+        s.position = done
+    streamed_state = streams[0].state_dict()
+    table = pads.dataset(str(folder)).to_table(columns=["id"])
+    cached = [CachedBatches(table, 16, rank=r, world_size=2, shuffle_seed=3) for r in (0, 1)]
+    for c in cached:
+        c.load_state_dict(streamed_state)
+    rest = sum(len(b["id"]) for c in cached for b in c)
+    assert rest == ROWS - done * 2 * 16
+
+    for c in cached:
+        c.position = done + 2
+    back = _streams(folder, 2, shuffle_seed=3, window_rows=64)
+    for s in back:
+        s.load_state_dict(cached[0].state_dict())
+    assert sum(len(b) for s in back for b in _ids(s)) == ROWS - (done + 2) * 2 * 16
