@@ -10,8 +10,10 @@ starts over in a new order, and a larger one continues next epoch where it stopp
 
 The positions are cut into ranks' blocks and resumed exactly as a streamed split's are
 (``StreamSchedule``). A rank reads, per source, the rows its block needs in order (a
-cached source takes them from its table, a streamed one reads its windows) and
-interleaves them by the labels. The rows each source gave so far, over all ranks, follow
+cached source takes them from its table, a streamed one reads its windows, one at a time
+on the training thread: no read-ahead, unlike a streamed split) and interleaves them by
+the labels. The labels of an epoch are held by every rank: 4 bytes a row of
+``epoch_rows`` (400 MB for 100 million), and ``rows_seen`` scans them. The rows each source gave so far, over all ranks, follow
 from the labels and the rows the epoch has left (``rows_seen``), so rank 0 reports them.
 """
 
@@ -132,15 +134,15 @@ class MixedStream(StreamSchedule):
             yield self._sources[j].rows(turn, at, at + take)
             start, n = start + take, n - take
 
-    def tables(self, block: Sequence[Interval]) -> Iterator[Any]:
-        """The rows of ``block`` (this epoch's positions) as Arrow tables, in order."""
+    def tables(self, block: Sequence[Interval], epoch: int) -> Iterator[Any]:
+        """The rows of ``block`` (positions of ``epoch``) as Arrow tables, in order."""
         import numpy as np
         import pyarrow as pa
 
-        labels = self.labels(self.epoch)
+        labels = self.labels(epoch)
         for lo, hi in block:
             # each source's next row: its rows of earlier epochs and earlier positions
-            nxt = [self.epoch * q + int(np.count_nonzero(labels[:lo] == j))
+            nxt = [epoch * q + int(np.count_nonzero(labels[:lo] == j))
                    for j, q in enumerate(self.quotas)]  # fmt: skip
             for a in range(lo, hi, CHUNK):
                 chunk = labels[a : min(hi, a + CHUNK)]
@@ -157,7 +159,7 @@ class MixedStream(StreamSchedule):
 
     def __iter__(self) -> Iterator[Any]:
         _, block, sizes = self.plan()
-        return cut_batches(self.tables(block), sizes, self._tuple)
+        return cut_batches(self.tables(block, self.epoch), sizes, self._tuple)
 
     def rows_seen(self) -> dict[str, int]:
         """The rows each source gave the run so far, over all ranks, by source name."""

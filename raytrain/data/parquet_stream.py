@@ -12,14 +12,17 @@ size finds the rows it had left (``StreamSchedule``'s state):
    as a shuffle buffer of that size would be, but repeatable.
 3. Each rank reads its block: the windows it overlaps, each read once (its row groups with
    the column projection) and taken in the window's order. A window shared by two ranks'
-   blocks is read by both, so a rank reads at most two windows more than its share.
+   blocks is read by both, so a rank reads at most two windows more than its share. A
+   window is at least one row group, whatever ``window_rows`` says: memory per rank is a
+   few windows (``ParquetStream.tables``).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -31,6 +34,7 @@ from raytrain.data.stream_order import Interval, StreamSchedule
 # Windows read ahead of the one being batched, each by a thread of its own: on 2 cores
 # and on 16, two reads in flight kept the batches waiting on none (bench/storage.py).
 READ_AHEAD = 2
+OPEN_FILES = 16  # Parquet files each reading thread keeps open
 
 
 class EpochLayout:
@@ -78,22 +82,30 @@ class EpochLayout:
 
 
 class WindowReader:
-    """Reads a streamed set's windows: their row groups with the column projection, the
-    files kept open (their footers read once)."""
+    """Reads a streamed set's windows: their row groups with the column projection. Each
+    reading thread keeps its last ``OPEN_FILES`` files open (footers read once while open):
+    a set of more files than the process may open at once still reads, and no two threads
+    share a file."""
 
     def __init__(self, streamed: StreamedSet, filesystem: Any, columns: list[str] | None):
         self.set = streamed
         self._fs = filesystem
         self._columns = columns
-        self._files: dict[int, Any] = {}  # open ParquetFiles, by file index
+        self._local = threading.local()
 
     def _parquet(self, index: int) -> Any:
         import pyarrow.parquet as pq
 
-        if index not in self._files:
-            path = self.set.files[index]
-            self._files[index] = pq.ParquetFile(self._fs.open_input_file(path))
-        return self._files[index]
+        files: OrderedDict[int, Any] | None = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = OrderedDict()
+        if index in files:
+            files.move_to_end(index)
+            return files[index]
+        files[index] = pq.ParquetFile(self._fs.open_input_file(self.set.files[index]))
+        if len(files) > OPEN_FILES:
+            files.popitem(last=False)[1].close()
+        return files[index]
 
     def read(self, layout: EpochLayout, window: int) -> Any:
         """A window's rows in its order, as one Arrow table. A file that cannot be read is
@@ -160,11 +172,13 @@ class ParquetStream(StreamSchedule):
         self._window_rows = window_rows
         self._tuple = tuple_columns
 
-    def tables(self, block: Sequence[Interval]) -> Iterator[Any]:
-        """The rows of ``block`` (this epoch's positions) as Arrow tables, in order; the
-        windows are read ``READ_AHEAD`` ahead in threads."""
+    def tables(self, block: Sequence[Interval], epoch: int) -> Iterator[Any]:
+        """The rows of ``block`` (positions of ``epoch``'s order) as Arrow tables, in order;
+        the windows are read ahead in threads (``READ_AHEAD`` reads queued behind the one
+        being cut, so a rank holds up to ``READ_AHEAD + 2`` windows, each at least a row
+        group, and a shuffled copy of the one being read)."""
         counts = [n for _, _, n in self._reader.set.row_groups]
-        layout = EpochLayout(counts, self._seed, self.epoch, self._window_rows)
+        layout = EpochLayout(counts, self._seed, epoch, self._window_rows)
         pieces = list(layout.pieces(block))
         runs = [(w, [(lo, hi) for _, lo, hi in group])
                 for w, group in itertools.groupby(pieces, key=lambda p: p[0])]  # fmt: skip
@@ -190,7 +204,7 @@ class ParquetStream(StreamSchedule):
 
     def __iter__(self) -> Iterator[Any]:
         _, block, sizes = self.plan()
-        return cut_batches(self.tables(block), sizes, self._tuple)
+        return cut_batches(self.tables(block, self.epoch), sizes, self._tuple)
 
 
 def row_groups(uri: str, filesystem: Any, path: str) -> StreamedSet:

@@ -247,9 +247,16 @@ def build_datasets(spec: JobSpec, object_store_bytes: float) -> Splits:
 
 
 def _place(
-    spec: JobSpec, name: str, source: SourceSpec, object_store_bytes: float, splits: Splits
+    spec: JobSpec,
+    name: str,
+    source: SourceSpec,
+    object_store_bytes: float,
+    splits: Splits,
+    min_rows: int | None = None,
 ) -> None:
-    """Put split ``name`` into ``splits`` by the path ``choose_path`` takes for it."""
+    """Put split ``name`` into ``splits`` by the path ``choose_path`` takes for it; it must
+    hold ``min_rows`` rows (default: a row for each worker)."""
+    least = spec.scaling.max_workers if min_rows is None else min_rows
     import ray
 
     data, options = spec.files, spec.storage
@@ -258,7 +265,7 @@ def _place(
     path = choose_path(data, source, nbytes, object_store_bytes)
     if path == "driver":
         table = read_table(source, data.columns, options)
-        _check_rows(name, source, table.num_rows, spec.scaling.max_workers)
+        _check_rows(name, source, table.num_rows, least)
         splits.cached[name] = CachedSet([ray.put(table)], table.num_rows)
     elif path == "materialize":
         try:
@@ -269,12 +276,12 @@ def _place(
                 raise
             raise unreadable_data(source, data.columns, options, exc) from None
         rows = ds.count()
-        _check_rows(name, source, rows, spec.scaling.max_workers)
+        _check_rows(name, source, rows, least)
         splits.cached[name] = CachedSet(ds.to_arrow_refs(), rows)
     elif path == "stream":
         logger.info("%s set: each rank streams its rows from %s every epoch", name, source.uri)
         found = stream_plan(source, options)
-        _check_rows(name, source, found.num_rows, spec.scaling.max_workers)
+        _check_rows(name, source, found.num_rows, least)
         splits.streamed[name] = found
     else:
         logger.info("%s set: streamed by Ray Data from %s every epoch", name, source.uri)
@@ -293,7 +300,8 @@ def _mix(
     rows = []
     for j, source in enumerate(sources):
         one = Splits(data_nodes=on)
-        _place(spec, f"train.{j}", source, object_store_bytes, one)
+        # a source repeats as the mix draws it: one row will do (epoch_rows is checked)
+        _place(spec, f"train.{j}", source, object_store_bytes, one, min_rows=1)
         part = one.cached.get(f"train.{j}") or one.streamed[f"train.{j}"]
         parts.append(part)
         rows.append(part.rows if isinstance(part, CachedSet) else part.num_rows)

@@ -247,7 +247,31 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
             )
         elif source.format != "images" and data.preprocess is None:
             problems += _column_type_problems(data.columns, field, source, uri, options)
+    if data.mixed and not problems and (only is None or only == "train"):
+        problems += _mix_schema_problems(data, options)
     return problems
+
+
+def _mix_schema_problems(data: Any, options: Any) -> list[str]:
+    """A mix's sources give the workers the same columns of the same types (its batches
+    join rows of all of them): each compared with the first, from the footers."""
+    sources = data.train_sources()
+    try:
+        schemas = [dataset_schema(storage.resolve(s.uri), s.format, options) for _, s in sources]
+    except Exception:  # read once already (the column names): the run will say
+        return []
+    columns = data.columns or list(schemas[0].names)
+
+    def shape(schema: Any) -> list[str]:
+        return [f"{c} {schema.field(c).type}" if c in schema.names else f"{c} (absent)"
+                for c in columns]  # fmt: skip
+
+    first = shape(schemas[0])
+    return [f"{field}.uri: its columns differ from data.train.0's: "
+            f"{', '.join(x for x in shape(schema) if x not in first)} against "
+            f"{', '.join(x for x in first if x not in shape(schema))}"
+            for (field, _), schema in zip(sources[1:], schemas[1:], strict=True)
+            if shape(schema) != first]  # fmt: skip
 
 
 def _column_type_problems(

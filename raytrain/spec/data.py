@@ -47,11 +47,15 @@ class SourceSpec(_Section):
         return value
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 class MixSourceSpec(SourceSpec):
     """One source of a mixed train set."""
 
     weight: float = Field(
         gt=0,
+        allow_inf_nan=False,
         description="This source's share of each epoch's rows, relative to the other sources' "
         "weights (0.8 and 0.2: four rows of it for each of the other).",
     )
@@ -165,6 +169,10 @@ class DataSpec(_Section):
             if formats:
                 raise ValueError(f"a mix reads Parquet sources only, not {', '.join(formats)}")
             names = [s.label() for s in value]
+            bad = [n for n in names if not _NAME.fullmatch(n)]
+            if bad:
+                raise ValueError(f"{bad[0]!r}, the end of a source's uri, cannot name its "
+                                 "metrics: set its `name` (letters, digits, _ . -)")  # fmt: skip
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:
                 raise ValueError(f"the sources' names must differ: {', '.join(twice)} is "

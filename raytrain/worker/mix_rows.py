@@ -25,8 +25,11 @@ class MixRows(pl.Callback):
         loader = self._loader()
         if trainer.global_rank != 0 or not hasattr(loader, "rows_seen"):
             return
-        for name, rows in loader.rows_seen().items():
-            pl_module.log(MIX_ROWS_PREFIX + name, float(rows), rank_zero_only=True)
+        import torch
+
+        for name, rows in loader.rows_seen().items():  # float64: exact past 2**24 rows
+            value = torch.tensor(rows, dtype=torch.float64)
+            pl_module.log(MIX_ROWS_PREFIX + name, value, rank_zero_only=True)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,

@@ -105,3 +105,46 @@ def test_a_fixed_epoch_of_rows_draws_by_weight(tmp_path: Path) -> None:
     streams = [_mix(tmp_path, 2, r, epoch_rows=100) for r in (0, 1)]
     rows = _epoch(streams, 0)
     assert len(rows) == 100 and sum(i >= 1000 for i in rows) == 20
+
+
+def _mix_spec(tmp_path: Path, sources: list[dict]) -> dict:
+    from tests.conftest import digits_spec
+
+    spec = digits_spec(tmp_path, tmp_path)
+    spec["data"] |= {"train": sources, "columns": None}
+    spec["data"].pop("val", None)
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [({"uri": "/d/a", "weight": float("inf")}, "data.train.0.weight: "),
+     ({"uri": "/d/part=1", "weight": 1.0}, "data.train: Value error, 'part=1', the end of"),
+     ({"uri": "/d/a", "weight": 1.0, "format": "csv"}, "a mix reads Parquet sources only")],
+)  # fmt: skip
+def test_a_bad_mix_source_is_named(tmp_path: Path, source: dict, says: str) -> None:
+    from raytrain.errors import SpecError
+    from raytrain.spec import parse_spec
+
+    with pytest.raises(SpecError) as caught:
+        parse_spec(_mix_spec(tmp_path, [source]))
+    (line,) = caught.value.problems
+    assert line.startswith(says) or says in line, line
+
+
+def test_sources_whose_columns_differ_are_refused_before_the_run(tmp_path: Path) -> None:
+    from raytrain.driver.preflight import check_data
+    from raytrain.spec import parse_spec
+
+    for name, label in (("a", pa.int64()), ("b", pa.int32())):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64()),
+                                 "label": pa.array([0, 1], label)}),
+                       tmp_path / name / "part-0.parquet")  # fmt: skip
+    sources = [{"uri": str(tmp_path / n), "weight": 1.0} for n in ("a", "b")]
+    (problem,) = check_data(parse_spec(_mix_spec(tmp_path, sources)))
+    assert problem == ("data.train.1.uri: its columns differ from data.train.0's: "
+                       "label int32 against label int64")  # fmt: skip
+    sources[1]["uri"] = str(tmp_path / "a")
+    sources[1]["name"] = "a2"
+    assert check_data(parse_spec(_mix_spec(tmp_path, sources))) == []

@@ -182,3 +182,19 @@ def test_a_position_saved_by_the_other_path_resumes_exact_in_count(tmp_path: Pat
     for s in back:
         s.load_state_dict(cached[0].state_dict())
     assert sum(len(b) for s in back for b in _ids(s)) == ROWS - (done + 2) * 2 * 16
+
+
+def test_a_ranks_share_in_closed_form_is_step_slices_cut() -> None:
+    from raytrain.data.loaders import step_slices
+    from raytrain.data.stream_order import rank_share
+
+    for total in range(1, 90):
+        for batch in (1, 2, 5, 8):
+            for world in range(1, min(total, 5) + 1):
+                steps = step_slices(total, batch, world)
+                start = 0
+                for rank in range(world):
+                    sizes = [hi - lo for lo, hi in (step[rank] for step in steps)]
+                    assert rank_share(total, batch, world, rank) == (start, len(steps), sizes[-1])
+                    assert sizes[:-1] == [batch] * (len(steps) - 1)
+                    start += sum(sizes)
