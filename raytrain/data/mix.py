@@ -12,8 +12,8 @@ The positions are cut into ranks' blocks and resumed exactly as a streamed split
 (``StreamSchedule``). A rank reads, per source, the rows its block needs in order (a
 cached source takes them from its table, a streamed one reads its windows, one at a time
 on the training thread: no read-ahead, unlike a streamed split) and interleaves them by
-the labels. The labels of an epoch are held by every rank: 4 bytes a row of
-``epoch_rows`` (400 MB for 100 million), and ``rows_seen`` scans them. The rows each source gave so far, over all ranks, follow
+the labels. The labels of an epoch are held by every rank: a byte a row of ``epoch_rows``
+(100 MB for 100 million; up to 256 sources), and ``rows_seen`` scans them. The rows each source gave so far, over all ranks, follow
 from the labels and the rows the epoch has left (``rows_seen``), so rank 0 reports them.
 """
 
@@ -120,7 +120,8 @@ class MixedStream(StreamSchedule):
         import numpy as np
 
         if self._labels is None or self._labels[0] != epoch:
-            labels = np.repeat(np.arange(len(self.quotas), dtype=np.int32), self.quotas)
+            kind = np.uint8 if len(self.quotas) <= 256 else np.int32  # a byte a position
+            labels = np.repeat(np.arange(len(self.quotas), dtype=kind), self.quotas)
             rng = np.random.default_rng(epoch_seed(self._seed or 0, epoch))
             self._labels = (epoch, rng.permutation(labels))
         return self._labels[1]
