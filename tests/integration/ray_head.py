@@ -20,6 +20,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raytrain.driver.ray_runtime import EMBEDDED_ENV
 from tests.integration.servers import _die_with_parent, free_port, http_answers
 
 # Ray's CLI from the environment running the tests, whatever PATH says.
@@ -75,12 +76,6 @@ class RayHead:
                     if all(labels.get(k) == v for k, v in match.items()):
                         out.setdefault(found.group(1), []).append(labels)
         return out, answered
-
-    def head_metrics_target(self, answered: set[str]) -> bool:
-        """Whether the head node's own endpoint (where a job's driver exports) is among
-        ``answered``: the others are the worker nodes', and the autoscaler's and the
-        dashboard's on Ray's fixed ports, which another cluster on this machine may hold."""
-        return any(t.endswith(f":{self.metrics_port}") for t in answered)
 
     def _read_targets(self) -> dict[str, str | Exception]:
         texts: dict[str, str | Exception] = {}
@@ -268,8 +263,12 @@ def ray_head(
     token_file.chmod(0o600)
     # unix socket paths must stay under 108 bytes: the temp dir is short
     temp_dir = Path(f"/tmp/rth-{os.getpid()}-{secrets.token_hex(3)}")
+    # Not what an embedded Ray of this process (the session's cluster) put in os.environ
+    # for its own processes: a `ray start` has none of it. RAY_enable_metrics_collection=0
+    # turned this head's metrics endpoint off in CI, where that cluster runs first.
+    inherited = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ENV}
     head_env = {
-        **os.environ,
+        **inherited,
         **(env or {}),
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(token_file),
