@@ -23,6 +23,9 @@ Each split, with the spec's column projection, takes one of two paths:
   path is exact in count only: a restore trains the right number of rows, and an equal
   split drops at most ``num_workers - 1`` rows of a set per epoch.
 
+A mixed train set (``data.train`` a list) places each source as a split of its own would
+be, cached or streamed, and ``data.mix`` draws every epoch from them by weight.
+
 All give every rank the same number of batches, which DDP needs: the same number of train
 steps on every rank, and every rank at the end-of-validation metric sync (a rank with an
 empty val shard never reaches it, and the others wait forever).
