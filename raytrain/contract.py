@@ -44,8 +44,13 @@ class StreamedSet:
     row_groups: tuple[tuple[int, int, int], ...]  # (file index, row group in it, rows)
 
     @property
+    def counts(self) -> list[int]:
+        """Each row group's rows, in ``row_groups`` order: what an epoch's order is cut from."""
+        return [rows for _, _, rows in self.row_groups]
+
+    @property
     def num_rows(self) -> int:
-        return sum(rows for _, _, rows in self.row_groups)
+        return sum(self.counts)
 
 
 @dataclass(frozen=True)

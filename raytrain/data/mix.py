@@ -82,8 +82,8 @@ class StreamedRows:
         import pyarrow as pa
 
         if self._layout is None or self._layout[0] != turn:
-            counts = [n for _, _, n in self._reader.set.row_groups]
-            self._layout = (turn, EpochLayout(counts, self._seed, turn, self._window_rows))
+            layout = EpochLayout(self._reader.set.counts, self._seed, turn, self._window_rows)
+            self._layout = (turn, layout)
         layout = self._layout[1]
         parts = []
         for window, a, b in layout.pieces([(lo, hi)]):

@@ -71,12 +71,13 @@ class EpochLayout:
                 lo = stop
 
     def window_order(self, window: int) -> Any:
-        """The order of a window's rows (its row groups' rows concatenated)."""
+        """The order of a window's rows (its row groups' rows concatenated); None when
+        unshuffled: the files' order."""
         import numpy as np
 
         n = self.starts[window + 1] - self.starts[window]
         if self._seed is None:
-            return np.arange(n)
+            return None
         seed = epoch_seed(self._seed, self._epoch, window + 1)
         return np.random.default_rng(seed).permutation(n)
 
@@ -125,7 +126,8 @@ class WindowReader:
                     f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 ) from None
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        return table.take(layout.window_order(window))
+        order = layout.window_order(window)
+        return table if order is None else table.take(order)
 
 
 def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] | None) -> Any:
@@ -177,8 +179,7 @@ class ParquetStream(StreamSchedule):
         the windows are read ahead in threads (``READ_AHEAD`` reads queued behind the one
         being cut, so a rank holds up to ``READ_AHEAD + 2`` windows, each at least a row
         group, and a shuffled copy of the one being read)."""
-        counts = [n for _, _, n in self._reader.set.row_groups]
-        layout = EpochLayout(counts, self._seed, epoch, self._window_rows)
+        layout = EpochLayout(self._reader.set.counts, self._seed, epoch, self._window_rows)
         pieces = list(layout.pieces(block))
         runs = [(w, [(lo, hi) for _, lo, hi in group])
                 for w, group in itertools.groupby(pieces, key=lambda p: p[0])]  # fmt: skip

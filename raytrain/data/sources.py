@@ -37,7 +37,7 @@ import itertools
 import logging
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,16 +87,17 @@ def read_source(
 
 
 def data_nodes(
-    data: DataSpec, use_gpu: bool, nodes: list[dict[str, Any]]
+    data: DataSpec, use_gpu: bool, cluster_nodes: Callable[[], list[dict[str, Any]]]
 ) -> dict[str, str] | None:
     """The label selector for Ray Data's tasks: ``data.preprocess_on`` when set (``{}``:
-    anywhere); unset, on a GPU run, the alive nodes of ``nodes`` (``ray.nodes()``) without
-    a GPU when there are any, so that decoding and preprocessing leave the training nodes'
-    CPUs to their workers; else anywhere (None)."""
+    anywhere); unset, on a GPU run, the alive nodes (``cluster_nodes``: ``ray.nodes``,
+    asked only then) without a GPU when there are any, so that decoding and preprocessing
+    leave the training nodes' CPUs to their workers; else anywhere (None)."""
     if data.preprocess_on is not None:
         return data.preprocess_on or None
     if not use_gpu:
         return None
+    nodes = cluster_nodes()
     cpu_only = sorted(n["NodeID"] for n in nodes
                       if n.get("Alive") and not n.get("Resources", {}).get("GPU"))  # fmt: skip
     if not cpu_only or len(cpu_only) == sum(1 for n in nodes if n.get("Alive")):
@@ -237,7 +238,7 @@ def build_datasets(spec: JobSpec, object_store_bytes: float) -> Splits:
     data = spec.files
     if data is None:
         return splits
-    splits.data_nodes = data_nodes(data, spec.scaling.use_gpu is True, ray.nodes())
+    splits.data_nodes = data_nodes(data, spec.scaling.use_gpu is True, ray.nodes)
     if splits.data_nodes:
         logger.info("Ray Data's tasks run on the nodes %s", splits.data_nodes)
     if isinstance(data.train, list):
@@ -308,7 +309,8 @@ def _mix(
         part = one.cached.get(f"train.{j}") or one.streamed[f"train.{j}"]
         parts.append(part)
         rows.append(part.rows if isinstance(part, CachedSet) else part.num_rows)
-    epoch = (spec.files.epoch_rows if spec.files else None) or sum(rows)
+    assert spec.files is not None
+    epoch = spec.files.epoch_rows or sum(rows)
     if epoch < spec.scaling.max_workers:
         from raytrain.errors import SpecError
 

@@ -59,23 +59,21 @@ class RayHead:
             targets = []
         return targets or [f"127.0.0.1:{self.metrics_port}"]
 
-    def scrape(self, **match: str) -> tuple[dict[str, list[dict[str, str]]], set[str]]:
+    def scrape(self, **match: str) -> dict[str, list[dict[str, str]]]:
         """The cluster's metrics endpoints as Prometheus reads them: each series' name with
-        the labels of its samples, of those whose labels include ``match``; and the
-        endpoints that answered (one not listening yet is skipped, as Prometheus does)."""
+        the labels of its samples, of those whose labels include ``match`` (an endpoint not
+        listening yet is skipped, as Prometheus does)."""
         out: dict[str, list[dict[str, str]]] = {}
-        answered: set[str] = set()
-        for target, text in self._read_targets().items():
+        for text in self._read_targets().values():
             if isinstance(text, Exception):
                 continue
-            answered.add(target)
             for line in text.splitlines():
                 found = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} ", line)
                 if found:
                     labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', found.group(2)))
                     if all(labels.get(k) == v for k, v in match.items()):
                         out.setdefault(found.group(1), []).append(labels)
-        return out, answered
+        return out
 
     def _read_targets(self) -> dict[str, str | Exception]:
         texts: dict[str, str | Exception] = {}

@@ -181,7 +181,7 @@ def test_raytrain_status_shows_a_job_training_and_its_last_state_once_its_driver
              "metric", "checkpoint_stall_seconds")  # fmt: skip
     wanted = {f"ray_raytrain_{name}" for name in names}
     while True:
-        series, _ = head.scrape(run="watched")
+        series = head.scrape(run="watched")
         if wanted <= set(series) or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -194,7 +194,7 @@ def test_raytrain_status_shows_a_job_training_and_its_last_state_once_its_driver
     # every series the Grafana dashboard charts is served (a hang's once there is one)
     dashboard = (ROOT / "cluster" / "grafana" / "raytrain.json").read_text()
     charted = set(re.findall(r"\bray_[a-z_]+\b", dashboard)) - {"ray_raytrain_hangs"}
-    assert charted - set(series) - set(head.scrape()[0]) == set()  # Ray's own too
+    assert charted - set(series) - set(head.scrape()) == set()  # Ray's own too
 
     driver = head.request(f"/api/jobs/{job_id}")["driver_info"]["pid"]
     assert status.driver.endswith(f":{driver}")  # the record names the job's driver

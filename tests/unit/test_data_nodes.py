@@ -28,7 +28,7 @@ NODES = [_node("gpu-a", 8), _node("cpu-b"), _node("cpu-a"), _node("cpu-dead", al
 
 
 def test_a_gpu_run_sends_ray_datas_tasks_to_the_alive_nodes_without_gpus() -> None:
-    assert data_nodes(_data(), True, NODES) == {"ray.io/node-id": "in(cpu-a,cpu-b)"}
+    assert data_nodes(_data(), True, lambda: NODES) == {"ray.io/node-id": "in(cpu-a,cpu-b)"}
 
 
 @pytest.mark.parametrize(
@@ -36,13 +36,13 @@ def test_a_gpu_run_sends_ray_datas_tasks_to_the_alive_nodes_without_gpus() -> No
     [(NODES, False), ([_node("gpu-a", 8), _node("gpu-b", 4)], True), ([_node("cpu-a")], True)],
 )
 def test_anywhere_without_a_gpu_run_or_without_both_kinds_of_node(nodes, use_gpu) -> None:
-    assert data_nodes(_data(), use_gpu, nodes) is None
+    assert data_nodes(_data(), use_gpu, lambda: nodes) is None
 
 
 def test_the_spec_says_otherwise() -> None:
     chosen = {"raytrain.io/role": "data"}
-    assert data_nodes(_data(preprocess_on=chosen), True, NODES) == chosen
-    assert data_nodes(_data(preprocess_on={}), True, NODES) is None  # {}: anywhere
+    assert data_nodes(_data(preprocess_on=chosen), True, lambda: NODES) == chosen
+    assert data_nodes(_data(preprocess_on={}), True, lambda: NODES) is None  # {}: anywhere
 
 
 @pytest.mark.parametrize(
