@@ -1,7 +1,8 @@
 """raytrain: train PyTorch Lightning modules on Ray, from a job spec.
 
 The public surface: load and validate a spec, train it here (``fit``) or on a cluster
-(``submit``, a ``JobHandle`` to follow it), a run's live progress from anywhere
+(``submit``, a ``JobHandle`` to follow it; ``supervise=True`` resubmits a job lost with
+its head or driver, ``SupervisionError`` otherwise), a run's live progress from anywhere
 (``status``, a ``RunStatus``), one embedded Ray for several runs (``start_local``), and the
 errors it may raise.
 """
@@ -20,6 +21,7 @@ from raytrain.run_status import RunStatus
 from raytrain.run_status import status_of as status
 from raytrain.spec import JobSpec, load_spec
 from raytrain.submit.client import JobHandle, JobsError, attach, list_jobs, submit
+from raytrain.submit.supervisor import SupervisionError
 
 __all__ = [
     "FitResult",
@@ -31,6 +33,7 @@ __all__ = [
     "RunStatus",
     "SpecError",
     "StorageError",
+    "SupervisionError",
     "SweepResult",
     "TrackingError",
     "TrainingFailed",

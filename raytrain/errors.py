@@ -56,6 +56,16 @@ class NonFiniteLossError(RuntimeError):
     """Raised in the workers when the loss or its gradients are NaN/Inf; never retried."""
 
 
+class LossSpikeError(RuntimeError):
+    """Raised in the workers when they agree the loss spiked (``failure.spike``): the run is
+    retried from its last checkpoint, skipping the rows up to the spike."""
+
+
+class LossSpikeLimitError(RuntimeError):
+    """Raised in the workers at a spike once ``failure.spike.max_rollbacks`` are spent;
+    never retried."""
+
+
 class TrainingFailed(RaytrainError):
     """Training started but did not finish; the message carries the worker's own error."""
 

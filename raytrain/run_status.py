@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 STATUS_FILE = "raytrain-status.json"
 
 State = Literal["starting", "training", "checkpointing", "restarting", "finished", "failed"]
+# Why a run whose driver ended by itself failed (``RunStatus.failure``): ``bad_input`` (a
+# spec, a file, a run folder in use: exit 2), ``non_finite`` (a NaN or inf loss),
+# ``workers`` (an exception in the workers: the user's code, or a failure that used up
+# ``failure.max_failures``), ``interrupted`` (the driver was asked to stop), ``driver``
+# (anything else the driver raised). A driver that died writes none.
+FailureKind = Literal["bad_input", "non_finite", "workers", "interrupted", "driver"]
 # States after which the driver writes no more: a record in another state that stopped
 # ageing belongs to a driver that died.
 FINAL_STATES = ("finished", "failed")
@@ -101,6 +107,9 @@ class RunStatus(_Record):
     )
     stopped: str | None = Field(default=None, description="why training stopped early")
     error: str | None = Field(default=None, description="why the run failed")
+    failure: FailureKind | None = Field(
+        default=None, description="what kind of failure, by the driver's own account"
+    )
 
     @property
     def percent(self) -> float | None:

@@ -8,6 +8,12 @@
 - ``validation_may_follow``: ``fit_loop.epoch_loop.batch_progress`` (``is_last_batch``,
   ``current.ready``) and ``trainer.val_check_batch``: a validation may run after the batch
   just run (at the epoch's end, or every ``val_check_interval`` batches).
+- ``accumulate_from``: ``fit_loop.epoch_loop._accumulated_batches_reached`` and its
+  ``batch_progress.current.ready``: where an accumulation of gradients starts.
+- ``checkpoint_loader_states`` and ``checkpoint_at_epoch_end``: a Lightning checkpoint's
+  ``loops.fit_loop.state_dict.combined_loader`` (the train loaders' saved states, which the
+  fit loop loads into them before it first iterates them) and
+  ``loops.fit_loop["epoch_loop.batch_progress"].is_last_batch``.
 - ``fsdp_strategy_class``: Ray's ``RayFSDPStrategy`` with ``_setup_model`` overridden
   (CPU sharding, clipping by the root module), using
   ``lightning.pytorch.strategies.fsdp._move_torchmetrics_to_device`` and
@@ -19,6 +25,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -64,6 +71,42 @@ def set_epoch_length(trainer: Any, length: int) -> None:
         fetcher.length = length
     if isinstance(trainer.val_check_interval, float) and trainer.val_check_batch != float("inf"):
         trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))
+
+
+def accumulate_from(trainer: Any, offset: Callable[[], int]) -> None:
+    """Make Lightning count accumulated batches from ``offset()`` batches into the epoch.
+
+    Lightning steps the optimizer after batch ``ready`` (its count of the epoch's batches)
+    when ``ready % accumulate_grad_batches == 0``, or at the epoch's last batch. That counts
+    from the epoch's start, so a run restored mid-epoch with another accumulation (an
+    elastic restart that keeps its global batch) would step after a part of one: restored
+    at batch 15 with an accumulation of 2, its first step would take 1 batch. With
+    ``offset()`` 15 it takes batches 16 and 17.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    if not hasattr(loop, "_accumulated_batches_reached"):
+        raise AttributeError("Lightning's training epoch loop has no _accumulated_batches_reached")
+
+    def reached() -> bool:
+        ready = loop.batch_progress.current.ready - offset()
+        return bool(ready % trainer.accumulate_grad_batches == 0)
+
+    loop._accumulated_batches_reached = reached
+
+
+def checkpoint_loader_states(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    """The train loaders' states a Lightning checkpoint holds, as the list the fit loop will
+    load into them (changing its items changes what they resume from); empty when none
+    keeps a position."""
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    states: list[dict[str, Any]] = fit_loop.get("state_dict", {}).get("combined_loader", [])
+    return states
+
+
+def checkpoint_at_epoch_end(checkpoint: dict[str, Any]) -> bool:
+    """Whether a Lightning checkpoint was taken after its epoch's last batch."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    return bool(progress and progress.get("is_last_batch"))
 
 
 def fsdp_strategy_class() -> type:

@@ -6,6 +6,8 @@
     raytrain export CHECKPOINT OUT
     raytrain report RUN_ID... [--tracking-uri URI] [--out report.png] [--html report.html]
     raytrain submit SPEC [a.b=value ...] --address URL [--follow] [--working-dir DIR] ...
+        [--supervise [--max-resubmits N] [--head-wait S]]   (resubmitted when the cluster
+        loses it; exit 3: the cluster was given up on)
     raytrain status JOB_ID|SPEC|NAME --storage URI [--json]   (a run's live progress)
     raytrain doctor SPEC|NAME --storage URI [--tracking-uri URI]   (where its time went)
     raytrain logs|stop JOB_ID [--address URL]      raytrain list [--address URL]
@@ -120,6 +122,29 @@ def _add_job_commands(sub: Any) -> None:
     )
     submit.add_argument(
         "--resume-anyway", action="store_true", help="resume even though the spec changed"
+    )
+    submit.add_argument(
+        "--supervise",
+        action="store_true",
+        help="follow the job to its end, and submit the same spec again (it resumes from its "
+        "last committed checkpoint) when the job is lost to the cluster: its driver died, "
+        "or its head went; a failure of the run itself is never submitted again. Exit: 0 "
+        "done, 1 the run failed, 2 bad input, 3 the cluster was given up on",
+    )
+    submit.add_argument(
+        "--max-resubmits",
+        type=int,
+        default=3,
+        metavar="N",
+        help="with --supervise: submit again at most N times (default: 3)",
+    )
+    submit.add_argument(
+        "--head-wait",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="with --supervise: how long to wait for the head's job server to answer again "
+        "before giving up (default: 600)",
     )
     status = sub.add_parser(
         "status", help="a run's progress: a submitted job's, or a run's by spec or name"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import datetime
+from typing import Any
 
 from raytrain.errors import EXIT_FAILED, EXIT_OK, RunStateError
 from raytrain.redaction import redact
@@ -70,21 +71,10 @@ def _when(seconds_ms: int | None) -> str:
 
 def run_job_command(args: argparse.Namespace) -> int:
     """Run one job command; ``JobsError`` (exit 2) for a bad address, token or job id."""
+    if args.command == "submit" and args.supervise:
+        return _supervise(args)
     if args.command == "submit":
-        handle = jobs_client.submit(
-            args.spec,
-            args.overrides,
-            address=args.address,
-            working_dir=args.working_dir,
-            pip=args.pip,
-            env=_env_pairs(args.env),
-            job_id=args.job_id,
-            fresh=args.fresh,
-            resume_anyway=args.resume_anyway,
-            force=args.force,
-            insecure=args.insecure,
-            include=args.include,
-        )
+        handle = jobs_client.submit(args.spec, args.overrides, **_submit_options(args))
         print(handle.job_id)
         print(
             f"raytrain: submitted job {handle.job_id} to {handle.server.address}; "
@@ -117,6 +107,42 @@ def run_job_command(args: argparse.Namespace) -> int:
     else:
         print(f"raytrain: stopping job {handle.job_id}")
     return EXIT_OK
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    """``submit --supervise``: the first job's id on stdout, then follow it and its
+    resubmissions to the end; ``SupervisionError`` (exit 1, 2 or 3) when it did not end in
+    success."""
+    from raytrain.submit.supervisor import SupervisionError
+
+    if args.follow:
+        raise jobs_client.JobsError("--follow and --supervise: a supervised job's output is "
+                                    "`raytrain logs JOB_ID --follow`, job by job")  # fmt: skip
+    try:
+        handle = jobs_client.submit(
+            args.spec,
+            args.overrides,
+            **_submit_options(args),
+            supervise=True,
+            max_resubmits=args.max_resubmits,
+            head_wait_s=args.head_wait,
+        )
+    except SupervisionError as exc:
+        if exc.result is not None:
+            print("\n".join(exc.result.job_ids), flush=True)
+        raise
+    print("\n".join([*handle.earlier, handle.job_id]), flush=True)
+    return EXIT_OK
+
+
+def _submit_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``submit``'s keyword arguments from the command line's."""
+    return {
+        "address": args.address, "working_dir": args.working_dir, "pip": args.pip,
+        "env": _env_pairs(args.env), "job_id": args.job_id, "fresh": args.fresh,
+        "resume_anyway": args.resume_anyway, "force": args.force, "insecure": args.insecure,
+        "include": args.include,
+    }  # fmt: skip
 
 
 def _status(handle: jobs_client.JobHandle, as_json: bool) -> int:

@@ -148,7 +148,7 @@ class EpochSchedule:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume from ``state``: the next pass over its epoch starts at the row it reached."""
         self.epoch = int(state["epoch"])
-        if "rows" not in state:
+        if "rows" not in state or "world_size" in state:  # a streamed split's, Ray Data's
             logger.warning("the checkpoint's data position is another loader's: the epoch "
                            "resumes exact in count, not in which rows")  # fmt: skip
         rows = rows_trained(state, self._rows, self._batch_size)
@@ -235,13 +235,18 @@ class ShardBatches:
         self._skip: tuple[int, int] | None = None  # (epoch, batches to skip) after a restore
 
     def state_dict(self) -> dict[str, int]:
-        """Where training is in the data: saved in every Lightning checkpoint."""
-        return {"epoch": self.epoch, "steps": self.position, "world_size": self._world}
+        """Where training is in the data: saved in every Lightning checkpoint (``rows``:
+        of the epoch, over all ranks)."""
+        rows = self.position * self._batch_size * self._world
+        return {"epoch": self.epoch, "steps": self.position, "world_size": self._world,
+                "rows": rows}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume from ``state``: the next pass over its epoch skips what was trained."""
+        """Resume from ``state``: the next pass over its epoch skips what was trained
+        (``rows``, or before it was saved, ``steps`` of ``world_size`` batches)."""
         self.epoch = int(state["epoch"])
-        rows = int(state["steps"]) * self._batch_size * int(state.get("world_size", self._world))
+        rows = int(state.get("rows", int(state["steps"]) * self._batch_size
+                             * int(state.get("world_size", self._world))))  # fmt: skip
         self._skip = (self.epoch, math.ceil(rows / (self._batch_size * self._world)))
         self.position = int(state["steps"])
 

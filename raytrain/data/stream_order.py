@@ -111,6 +111,11 @@ class StreamSchedule:
         # a restore mid-epoch: (epoch, rows it had left, steps done), for that epoch's pass
         self._start: tuple[int, list[Interval], int] | None = None
 
+    @property
+    def num_rows(self) -> int:
+        """The rows of an epoch."""
+        return self._rows
+
     def _run(self) -> tuple[list[Interval], int]:
         """The rows left when this epoch's pass began, and the steps done then."""
         if self._start is not None and self._start[0] == self.epoch:

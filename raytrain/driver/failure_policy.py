@@ -6,6 +6,10 @@ exceptions:
 
 - a non-finite loss (``NonFiniteLossError`` on any rank, or wrapped by any) is never
   retried: a retry from the last checkpoint would replay the same batches to the same NaN;
+- a loss spike (``LossSpikeError``: the ranks agreed on it, ``failure.spike``) is retried
+  and not counted against ``max_failures``: the restart rolls back to the last checkpoint
+  and skips the rows up to the spike (``worker.spike``), so it does not replay it; once
+  ``max_rollbacks`` are spent the ranks raise ``LossSpikeLimitError``, never retried;
 - workers that all stopped on a SIGTERM notice (``PreemptedError``, raised once their
   checkpoint is committed) are a preemption: retried against ``failure.max_preemptions``,
   as Ray does for a node drained for preemption, and not counted against ``max_failures``;
@@ -22,7 +26,13 @@ import enum
 import logging
 from collections.abc import Callable, Iterable
 
-from raytrain.errors import NonFiniteLossError, causes, wraps
+from raytrain.errors import (
+    LossSpikeError,
+    LossSpikeLimitError,
+    NonFiniteLossError,
+    causes,
+    wraps,
+)
 from raytrain.worker.preemption import PreemptedError
 
 logger = logging.getLogger(__name__)
@@ -52,8 +62,12 @@ class FailurePolicy:
                 self.notify(describe_failure(errors))
             except Exception:  # a notice that cannot be sent never changes the decision
                 logger.warning("the failure could not be told to the driver", exc_info=True)
-        if any(wraps(error, NonFiniteLossError) for error in errors):
+        if any(wraps(error, NonFiniteLossError) or wraps(error, LossSpikeLimitError)
+               for error in errors):  # fmt: skip
             return Decision.RAISE
+        if any(wraps(error, LossSpikeError) for error in errors):
+            logger.warning("loss spike: rolling back to the last checkpoint")
+            return Decision.RETRY
         if errors and all(wraps(error, PreemptedError) for error in errors):
             self.preemptions += 1
             if self.max_preemptions != -1 and self.preemptions > self.max_preemptions:

@@ -39,7 +39,7 @@ from raytrain.driver.results import (
     worker_timings,
 )
 from raytrain.driver.run_record import RunRecord
-from raytrain.driver.status_record import StatusRecord
+from raytrain.driver.status_record import StatusRecord, failure_kind
 from raytrain.errors import ModelNotRegistered, SpecError
 from raytrain.imports import import_object
 from raytrain.redaction import redact
@@ -174,7 +174,8 @@ def run_job(
         timings.update(worker_timings(trained.latest, start))
     except BaseException as exc:
         if status is not None:
-            status.finish("failed", error=str(exc) or type(exc).__name__)
+            status.finish("failed", error=str(exc) or type(exc).__name__,
+                          failure=failure_kind(exc))  # fmt: skip
         if record is not None:
             killed = isinstance(exc, KeyboardInterrupt)
             record.finish("KILLED" if killed else "FAILED", error=str(exc))
@@ -191,7 +192,7 @@ def run_job(
         status.finish("finished")
         raise
     except BaseException as exc:
-        status.finish("failed", error=str(exc) or type(exc).__name__)
+        status.finish("failed", error=str(exc) or type(exc).__name__, failure=failure_kind(exc))
         raise
     status.finish("finished")
     result.wall_time_s, result.timings = time.time() - start, timings

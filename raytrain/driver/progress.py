@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from raytrain.checkpoints.layout import TIMELINE_KEY
 from raytrain.hang_report import HANG_KEY
+from raytrain.rollback_record import ROLLBACK_KEY
 
 
 class MetricsSink:
@@ -89,7 +90,7 @@ class StopRun(Exception):
 
 # The keys of events that every rank sends (not rank 0's reports): a step timeline's
 # summary, a hang report.
-RANK_KEYS = (TIMELINE_KEY, HANG_KEY)
+RANK_KEYS = (TIMELINE_KEY, HANG_KEY, ROLLBACK_KEY)
 
 
 class ReportPump:

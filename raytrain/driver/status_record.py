@@ -31,10 +31,29 @@ from raytrain.checkpoints.layout import (
     number,
     run_dir,
 )
-from raytrain.run_status import CheckpointMark, Restart, RunStatus, State
+from raytrain.errors import NonFiniteLossError, RaytrainError, TrainingFailed, wraps
+from raytrain.run_status import CheckpointMark, FailureKind, Restart, RunStatus, State
 from raytrain.spec import JobSpec
 
 WRITE_EVERY_S = 2.0
+
+
+def failure_kind(error: BaseException) -> FailureKind:
+    """The kind of the error a driver ended with (``run_status.FailureKind``). A NaN stop is
+    told by the worker's exception, or its name in the error's lines: a worker's exception
+    reaches the driver as text inside Ray's."""
+    problems = getattr(error, "problems", None) or [str(error)]
+    if wraps(error, NonFiniteLossError) or any(
+        NonFiniteLossError.__name__ in line for line in problems
+    ):
+        return "non_finite"
+    if isinstance(error, TrainingFailed):
+        return "workers"
+    if isinstance(error, RaytrainError) and error.exit_code == 2:
+        return "bad_input"
+    if isinstance(error, KeyboardInterrupt | SystemExit):
+        return "interrupted"
+    return "driver"
 
 
 class StatusRecord:
@@ -97,14 +116,19 @@ class StatusRecord:
             if due:
                 self._save(force=True)
 
-    def finish(self, state: State, *, error: str | None = None) -> None:
-        """The last record: ``finished`` or ``failed`` (with the error); the heartbeat ends."""
+    def finish(
+        self, state: State, *, error: str | None = None, failure: FailureKind | None = None
+    ) -> None:
+        """The last record: ``finished`` or ``failed`` (with the error and its kind, which a
+        supervisor reads to tell the run's own verdict from a lost driver); the heartbeat
+        ends."""
         self._stop.set()
         if self._beat is not None:
             self._beat.join()
         with self._lock:
             self.status.state = state
             self.status.error = error
+            self.status.failure = failure
             if state == "finished":
                 self.status.eta_s = None
             self._check_committed()

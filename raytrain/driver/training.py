@@ -27,6 +27,7 @@ from raytrain.driver.status_record import StatusRecord
 from raytrain.driver.timeline import Straggler, Timelines
 from raytrain.errors import RunStateError, TrainingFailed
 from raytrain.hang_report import HANG_KEY
+from raytrain.rollback_record import ROLLBACK_KEY, Rollback
 from raytrain.spec import JobSpec
 from raytrain.tracking.prometheus import RayMetrics
 
@@ -144,7 +145,8 @@ def train(
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
         handlers: list[Handler] = [*listeners, *([status] if status else [])]
-        by_rank: dict[str, list[Handler]] = {TIMELINE_KEY: [timelines], HANG_KEY: [hangs]}
+        by_rank: dict[str, list[Handler]] = {TIMELINE_KEY: [timelines], HANG_KEY: [hangs],
+                                             ROLLBACK_KEY: [_rollbacks(record)]}  # fmt: skip
         if job.tracking.prometheus:
             gauges = RayMetrics(job.name)
             handlers.append(gauges.report)
@@ -184,6 +186,23 @@ def _hangs(job: JobSpec, record: RunRecord, status: StatusRecord | None) -> Hang
         lambda tags: record.tracker().set_tags(tags),
         on_hang=status.note_hang if status is not None else lambda summary: None,
     )
+
+
+def _rollbacks(record: RunRecord) -> Handler:
+    """The handler of rank 0's rollback events (``worker.spike``): stderr, and MLflow's
+    ``raytrain.rollbacks`` count, a tag per rollback and the ``rollbacks.json`` artifact
+    (the run folder's record as it stands)."""
+
+    def handle(event: dict[str, Any]) -> None:
+        rollbacks = [Rollback.from_json(entry) for entry in event[ROLLBACK_KEY]]
+        line = rollbacks[-1].describe()
+        print(f"raytrain: rollback {len(rollbacks)}: {line}", file=sys.stderr)
+        tracker = record.tracker()
+        tracker.set_tags({"raytrain.rollbacks": str(len(rollbacks)),
+                          f"raytrain.rollback.{len(rollbacks)}": line})  # fmt: skip
+        tracker.log_text(json.dumps(event[ROLLBACK_KEY], indent=1), "rollbacks.json")
+
+    return handle
 
 
 def _log_timelines(record: RunRecord, timelines: Timelines) -> None:

@@ -42,7 +42,7 @@ class ScalingSpec(_Section):
         default=2,
         description="Ray Train workers (one per GPU/slot), or [min, max]: elastic, as many as "
         "the cluster holds between the two; each keeps data.batch_size (the global batch "
-        "grows and shrinks with the workers).",
+        "grows and shrinks with the workers, unless keep_global_batch).",
     )
     resize_check_s: float = Field(
         default=60.0,
@@ -57,6 +57,13 @@ class ScalingSpec(_Section):
     )
     resources_per_worker: dict[str, float] | None = Field(
         default=None, description="Ray resources per worker; default {CPU: 1} (+ GPU: 1)."
+    )
+    keep_global_batch: bool = Field(
+        default=False,
+        description="Elastic runs: keep the global batch of the most workers when there are "
+        "fewer, by accumulating gradients over more batches (trainer.accumulate_grad_batches "
+        "x max / workers, rounded to the nearest where it does not divide; the log and the "
+        "`global_batch` metric say what each worker count trains).",
     )
 
     @field_validator("num_workers")
@@ -167,6 +174,29 @@ class CheckpointSpec(_Section):
     )
 
 
+class SpikeSpec(_Section):
+    threshold: float = Field(
+        default=8.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A batch's loss (the mean over the ranks) is a spike when it lies this "
+        "many robust standard deviations (1.4826 x the median absolute deviation) above the "
+        "median of the window.",
+    )
+    window: int = Field(
+        default=100,
+        ge=5,
+        le=100_000,
+        description="How many recent batch losses the score is taken against; no batch is "
+        "judged before the window is full (kept in checkpoints, so a restore judges at once).",
+    )
+    max_rollbacks: int = Field(
+        default=3,
+        ge=0,
+        description="Rollbacks allowed in the run; at the next spike it stops, naming it.",
+    )
+
+
 class FailureSpec(_Section):
     max_failures: int = Field(
         default=0, ge=-1, description="Worker-group restarts allowed; -1: unlimited."
@@ -202,6 +232,13 @@ class FailureSpec(_Section):
         gt=0,
         description="The allowance of a batch's, validation's or epoch's end hooks, where "
         "checkpoints are saved.",
+    )
+
+    spike: SpikeSpec | None = Field(
+        default=None,
+        description="Roll back past a loss spike: the ranks agree on it, the run restarts from "
+        "its last checkpoint before it and skips the rows of the steps up to and including "
+        "the spiked batch (recorded in rollbacks.json and MLflow); null: off.",
     )
 
     def hang_limits(self) -> HangLimits:

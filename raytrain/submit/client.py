@@ -23,6 +23,7 @@ import os
 import shlex
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ from raytrain.run_status import RunStatus, read_status
 from raytrain.submit.connection import (
     TOKEN_ENV,
     JobsError,
+    JobUnknown,
+    ServerUnreachable,
     _find_token,
     _refused,
     check_transport,
@@ -47,8 +50,18 @@ from raytrain.submit.uploads import upload_excludes
 if TYPE_CHECKING:
     from raytrain.spec import JobSpec
 
-# Where a job server is found when no address is given: Ray's own variables for its CLI.
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """What a request to a job server that is not there raises: Ray's version check raises
+    the builtin ``ConnectionError``, its later calls let ``requests``' own through."""
+    import requests
+
+    return (ConnectionError, requests.ConnectionError, requests.Timeout)
+
+
+_UNREACHABLE = _unreachable()
 
 
 class JobServer:
@@ -68,8 +81,8 @@ class JobServer:
             self.client = JobSubmissionClient(self.address, headers=headers)
             # the version check above is open to all; this call needs the token
             self.client.list_jobs()
-        except ConnectionError:
-            raise JobsError(
+        except _UNREACHABLE:
+            raise ServerUnreachable(
                 f"{self.address}: no Ray job server answers there (is the head up, and "
                 "is this its dashboard port, 8265 by default?)"
             ) from None
@@ -83,11 +96,11 @@ class JobServer:
         """``fn(*args)`` on the client; an unknown job id or a refusal is a ``JobsError``."""
         try:
             return fn(*args, **kwargs)
-        except ConnectionError:
-            raise JobsError(f"{self.address}: the job server stopped answering") from None
+        except _UNREACHABLE:
+            raise ServerUnreachable(f"{self.address}: the job server stopped answering") from None
         except Exception as exc:
             if job_id and "404" in str(exc):
-                raise JobsError(f"job {job_id}: no such job on {self.address}") from None
+                raise JobUnknown(f"job {job_id}: no such job on {self.address}") from None
             refused = _refused(exc, self.address, self._token_source)
             if refused:
                 raise refused from None
@@ -110,6 +123,8 @@ class JobHandle:
 
     job_id: str
     server: JobServer
+    # a supervised job's (``submit(supervise=True)``): the ids of the jobs it resubmitted
+    earlier: tuple[str, ...] = ()
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         return self.server.call(what, self.job_id, fn, self.job_id, *args)
@@ -283,9 +298,21 @@ def submit(
     warn: bool = True,
     insecure: bool = False,
     include: Sequence[str] = (),
+    supervise: bool = False,
+    max_resubmits: int = 3,
+    head_wait_s: float = 600.0,
 ) -> JobHandle:
     """Submit the job spec at ``spec`` (with dotted ``overrides``) to the cluster at
-    ``address`` and return its handle at once.
+    ``address`` and return its handle at once; with ``supervise``, follow it to its end
+    and return the handle of the job that succeeded (``earlier``: the ids of those it
+    resubmitted).
+
+    ``supervise``: a job lost to the cluster (its driver died, its head went and came back
+    without it) is submitted again, the same spec and overrides, once the head's job server
+    answers (waited for up to ``head_wait_s`` seconds, with backoff), at most
+    ``max_resubmits`` times; the run resumes from its last committed checkpoint. A failure
+    of the run itself (user code, NaN, bad input) is not; any end but success raises
+    ``supervisor.SupervisionError``, whose ``exit_code`` says which kind.
 
     ``working_dir`` (uploaded; the spec must be inside it) carries the job's code, raytrain's
     too when it is a raytrain checkout; with ``working_dir=None`` the spec path is taken as
@@ -295,6 +322,31 @@ def submit(
     patterns to send anyway), and named on stderr. ``insecure``: send the cluster's token
     over plain http to another machine (refused otherwise).
     """
+    if supervise:
+        from raytrain.submit.supervisor import ResubmitPolicy, Supervisor
+
+        policy = ResubmitPolicy(max_resubmits=max_resubmits, head_wait_s=head_wait_s)
+        overrides = list(overrides)
+        env = dict(env or {})
+
+        def again(resubmit: bool) -> JobHandle:
+            # a resubmission resumes: never --fresh again; --force, as the lost driver's
+            # lease may look live from another host for up to lease.STALE_S
+            return submit(spec, overrides, address=address, token=token,
+                          working_dir=working_dir, pip=pip, env=env,
+                          job_id=f"{job_id}-{uuid.uuid4().hex[:6]}" if job_id and resubmit
+                          else job_id, fresh=fresh and not resubmit,
+                          resume_anyway=resume_anyway, force=force or resubmit,
+                          warn=warn and not resubmit, insecure=insecure,
+                          include=include)  # fmt: skip
+
+        first = again(False)
+        print(f"raytrain: supervising job {first.job_id} on {first.server.address}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        story = Supervisor(again, policy).run(first)
+        assert story.handle is not None
+        story.handle.earlier = tuple(story.job_ids[:-1])
+        return story.handle
     from raytrain.spec import load_spec
 
     overrides = list(overrides)

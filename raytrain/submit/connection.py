@@ -28,6 +28,20 @@ class JobsError(RaytrainError):
     exit_code = EXIT_BAD_INPUT
 
 
+class ServerUnreachable(JobsError):
+    """No job server answers at the address now (the head is down, or not up yet): what a
+    supervisor waits out, where a plain command stops."""
+
+
+class JobUnknown(JobsError):
+    """The job server answers but does not know the job id: a typo, or a head that was
+    restarted and lost its job table with the old one."""
+
+
+class TokenRefused(JobsError):
+    """The job server refused the token, or wanted one and got none."""
+
+
 def resolve_address(address: str | None) -> str:
     """The job server's URL: ``address``, else ``$RAY_API_SERVER_ADDRESS`` or
     ``$RAY_ADDRESS`` when it is an http(s) URL; a bare ``host:port`` gets ``http://``."""
@@ -110,7 +124,7 @@ def check_transport(address: str, token: str | None, insecure: bool = False) -> 
     )
 
 
-def _refused(exc: Exception, address: str, source: str | None = None) -> JobsError | None:
+def _refused(exc: Exception, address: str, source: str | None = None) -> TokenRefused | None:
     """Our message for the job server's 'no token' (401) and 'wrong token' (403): Ray's own
     names neither the address nor where raytrain looks for the token. ``source``: where the
     token that was sent came from; None when none was sent."""
@@ -123,13 +137,13 @@ def _refused(exc: Exception, address: str, source: str | None = None) -> JobsErr
     missing = "Missing" in text or "required" in text
     invalid = "Invalid" in text or "failed" in text or "403" in text
     if missing and source is not None:
-        return JobsError(
+        return TokenRefused(
             f"{address}: the token was refused: one was sent (from {source}) and the cluster "
             "answered that it requires one; a proxy in front of the dashboard may drop the "
             "Authorization header"
         )
     if missing:
-        return JobsError(f"{address}: the cluster requires a token; none was found in {where}")
+        return TokenRefused(f"{address}: the cluster requires a token; none was found in {where}")
     if invalid:
-        return JobsError(f"{address}: the cluster refused the token from {source or where}")
+        return TokenRefused(f"{address}: the cluster refused the token from {source or where}")
     return None

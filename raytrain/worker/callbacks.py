@@ -5,7 +5,9 @@ Lightning calls each hook on the callbacks in list order, and the order matters:
 1. ``SystemMetrics`` (rank 0), ``StepTimeline`` and ``HangWatchdog`` (every rank) first,
    to start timing a batch before anything else runs (and, for the timeline and the
    watchdog, to end its optimizer step before any batch-end hook),
-2. ``FiniteGuard``, before any callback acts on a step whose gradients are not finite,
+2. ``FiniteGuard``, before any callback acts on a step whose gradients are not finite, and
+   ``SpikeGuard`` (``failure.spike``), before any callback reports or checkpoints a step
+   whose loss spiked,
 3. ``MixRows`` (a mixed train set), whose counts are then in the report of this step,
    and ``MetricsReporter``, which counts the batch's samples before a report of this step,
 4. the user's ``trainer.callbacks``, in their order, before the checkpoint: a checkpoint
@@ -13,7 +15,10 @@ Lightning calls each hook on the callbacks in list order, and the order matters:
    them after it, a resume restored their state one validation behind),
 5. ``CheckpointCallback``, whose report of a step includes them,
 6. ``PreemptionGuard``, which may checkpoint through 5 and then stop the run,
-7. ``LoaderPosition``, the loader's data position,
+7. ``LoaderPosition``, the loader's data position, then ``RollbackSkip``, which moves a
+   restored loader past the last spike (after ``LoaderPosition`` has set an epoch's
+   start), and ``AccumulationAlignment``, where an accumulation of gradients starts after
+   an elastic restart,
 8. the end markers of ``HangWatchdog``, ``StepTimeline`` and ``SystemMetrics`` last, to
    stop timing after every other hook.
 """
@@ -26,8 +31,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from raytrain.checkpoints.layout import run_dir
+from raytrain.global_batch import GlobalBatch
 from raytrain.imports import import_object
 from raytrain.spec import JobSpec
+from raytrain.worker.accumulation import AccumulationAlignment
 from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
 from raytrain.worker.hang_watchdog import HangWatchdog
@@ -35,6 +43,7 @@ from raytrain.worker.loader_position import LoaderPosition
 from raytrain.worker.mix_rows import MixRows
 from raytrain.worker.reporting import MetricsReporter, Publish
 from raytrain.worker.schedule import CheckpointSchedule
+from raytrain.worker.spike import RollbackSkip, SpikeGuard
 from raytrain.worker.step_timeline import StepTimeline
 from raytrain.worker.strategy import shards_checkpoints
 from raytrain.worker.system_metrics import SystemMetrics
@@ -56,12 +65,13 @@ def build_callbacks(
     startup: dict[str, Any],
     timeline: StepTimeline | None,
     watchdog: HangWatchdog | None = None,
+    batching: GlobalBatch | None = None,
 ) -> WorkerCallbacks:
     """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
     events to the driver), which also times its loop; ``timeline`` times every rank's
     steps (None: ``tracking.timeline`` is off); ``watchdog`` finds the rank hung (None:
     ``failure.hang_timeout_s`` is 0). ``train_loader`` returns the train loader, once
-    there is one."""
+    there is one. ``batching``: what a step trains on, reported as ``global_batch``."""
     ckpt = spec.checkpoint
     schedule = CheckpointSchedule(ckpt.every_n_steps, ckpt.every_n_epochs)
     system = SystemMetrics() if publish is not None else None
@@ -73,6 +83,7 @@ def build_callbacks(
         publish=publish,
         startup=startup,
         system=system,
+        global_batch=batching.samples if batching is not None else None,
     )
     checkpoints = CheckpointCallback(
         schedule=schedule,
@@ -82,17 +93,26 @@ def build_callbacks(
         train_loader=train_loader,
     )
     preemption = PreemptionGuard(checkpoints, spec.failure.preemption_check_s)
+    spike = spec.failure.spike
+    spikes: list[pl.Callback] = []
+    if spike is not None:
+        where = run_dir(spec)
+        spikes = [SpikeGuard(spike, where, spec.storage, train_loader),
+                  RollbackSkip(where, spec.storage, train_loader, publish)]  # fmt: skip
     ordered: list[pl.Callback] = [
         *([system] if system else []),
         *([timeline] if timeline else []),
         *([watchdog] if watchdog else []),
         FiniteGuard(),
+        *spikes[:1],
         MixRows(train_loader, spec.trainer.log_every_n_steps),
         reporter,
         *(import_object(c.class_path)(**c.init_args) for c in spec.trainer.callbacks),
         checkpoints,
         preemption,
         LoaderPosition(train_loader),
+        *spikes[1:],
+        AccumulationAlignment(),
         *([watchdog.end_marker()] if watchdog else []),
         *([timeline.end_marker()] if timeline else []),
         *([system.end_marker()] if system else []),

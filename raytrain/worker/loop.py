@@ -50,10 +50,12 @@ def build_trainer(
     model: Any = None,
     loggers: list[Any] | None = None,
     profiler: Any = None,
+    accumulate: int | None = None,
 ) -> Any:
     """A Lightning Trainer with the spec's options, prepared to run under Ray Train
-    (``model``: what FSDP's module class names refer to). The spec's other Trainer
-    arguments (``trainer.passthrough``) are given as written."""
+    (``model``: what FSDP's module class names refer to; ``accumulate``: batches a step
+    accumulates, default the spec's). The spec's other Trainer arguments
+    (``trainer.passthrough``) are given as written."""
     import lightning.pytorch as pl
     from ray.train.lightning import prepare_trainer
 
@@ -78,7 +80,7 @@ def build_trainer(
         max_epochs=t.max_epochs,
         max_steps=t.max_steps,
         precision=precision,
-        accumulate_grad_batches=t.accumulate_grad_batches,
+        accumulate_grad_batches=accumulate or t.accumulate_grad_batches,
         gradient_clip_val=t.gradient_clip_val,
         check_val_every_n_epoch=t.check_val_every_n_epoch,
         log_every_n_steps=t.log_every_n_steps,
@@ -103,6 +105,7 @@ def train_loop(config: dict[str, Any]) -> None:
     import torch
 
     from raytrain.checkpoints.layout import PRECISION_KEY, restore_path, run_dir
+    from raytrain.global_batch import global_batch
     from raytrain.imports import import_object
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
     from raytrain.worker.hang_watchdog import HangWatchdog
@@ -151,11 +154,15 @@ def train_loop(config: dict[str, Any]) -> None:
         limits=limits, run_dir=run_dir(spec), options=spec.storage, rank=rank, node=node,
         publish=_publisher(work.sink, wait=True),
     )  # fmt: skip
-    callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog)
+    batching = global_batch(spec, world_size)
+    if rank == 0:  # at every start and resize: what one optimizer step trains on
+        print(f"raytrain: {batching.describe()}", flush=True)
+    callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching)
     configure_optimizers(spec, model)
     loggers = [ReportLogger(callbacks.reporter), *user_loggers(spec)]
     profiler, profiles = build_profiler(spec, rank)
-    trainer = build_trainer(spec, callbacks.ordered, model, loggers, profiler)
+    trainer = build_trainer(spec, callbacks.ordered, model, loggers, profiler,
+                            accumulate=batching.accumulate)  # fmt: skip
 
     from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
 

@@ -6,7 +6,9 @@ sends rank 0's metrics to ``publish``, which does not wait: what the driver's pr
 and MLflow see. ``collect`` builds one report's metrics, for its own events and for the
 checkpoint callback's: train metrics and throughput if steps ran since the last report, val
 metrics once per validation, the score Ray ranks checkpoints by, how long the last
-checkpoint held training up, rank 0's startup times (once) and system samples.
+checkpoint held training up, rank 0's startup times (once) and system samples, and the
+global batch (``global_batch``: the same before and after a resize with
+``scaling.keep_global_batch``).
 """
 
 from __future__ import annotations
@@ -86,17 +88,21 @@ class MetricsReporter(pl.Callback):
         publish: Publish | None = None,
         startup: dict[str, Any] | None = None,
         system: SystemMetrics | None = None,
+        global_batch: int | None = None,
     ):
         """``publish`` receives rank 0's metric events; None on the other ranks.
         ``system`` adds its ``system/...`` metrics to each report of training steps.
         ``startup`` holds wall-clock times of the worker's startup phases; they go out with
-        the first event, beside the fit's start and the first step's end."""
+        the first event, beside the fit's start and the first step's end.
+        ``global_batch``: the samples of an optimizer step, reported with the train metrics
+        (None: the user's loaders decide the batch)."""
         self.log_every_n_steps = log_every_n_steps
         self.schedule = schedule
         self.monitor = monitor
         self.mode = mode
         self.publish_to = publish
         self.system = system
+        self.global_batch = global_batch
         self._startup: dict[str, Any] | None = dict(startup or {})
         self._blocked_s: float | None = None  # the last checkpoint's hold-up, sent once
         self._last_step = -1
@@ -201,6 +207,8 @@ class MetricsReporter(pl.Callback):
         out.update({k: v for k, v in values.items() if k not in self._val_keys})
         self.logged = {}
         out["samples_per_s"] = self._samples * trainer.world_size / elapsed
+        if self.global_batch is not None:
+            out["global_batch"] = self.global_batch
         if self.system is not None:
             out.update(self.system.sample(trainer.global_step))
         self._samples, self._window_start = 0, now

@@ -200,12 +200,14 @@ class SeenCountCNN(KillAtStepsCNN):
     """``KillAtStepsCNN`` that counts, in a buffer saved with its weights, how many times
     each training row (by ``id``, below ``num_ids``) went into a step: the counts are summed
     over the ranks every step, so a checkpoint holds exactly what the model trained on up to
-    it. Each rank also appends ``{"pid", "rank", "step", "ids"}`` lines to
-    ``out_dir/ids.jsonl``."""
+    it. ``step_rows[s]`` counts the rows (over the ranks) that optimizer step ``s + 1``
+    trained on, accumulated batches together. Each rank also appends ``{"pid", "rank",
+    "step", "ids"}`` lines to ``out_dir/ids.jsonl``."""
 
     def __init__(self, out_dir: str, num_ids: int, **kwargs):
         super().__init__(out_dir=out_dir, **kwargs)
         self.register_buffer("seen", torch.zeros(num_ids, dtype=torch.int64))
+        self.register_buffer("step_rows", torch.zeros(4096, dtype=torch.int64))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         import json
@@ -218,7 +220,9 @@ class SeenCountCNN(KillAtStepsCNN):
             handle.write(line + "\n")
         loss = super().training_step(batch, batch_idx)  # may kill this worker first
         counts = torch.bincount(ids, minlength=len(self.seen))
-        self.seen += self.trainer.strategy.reduce(counts, reduce_op="sum")
+        counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+        self.seen += counts
+        self.step_rows[self.global_step] += counts.sum()
         return loss
 
 

@@ -38,6 +38,19 @@ class RayHead:
     env: dict[str, str]
     metrics_port: int  # the head node's Prometheus endpoint: http://127.0.0.1:{port}/metrics
     nodes: list[subprocess.Popen] = field(default_factory=list)
+    proc: subprocess.Popen | None = None  # the head's `ray start --block`
+
+    def kill(self) -> None:
+        """SIGKILL the head's whole process tree at once, as a crash of its machine would:
+        its GCS, dashboard and job server, raylet, workers and jobs' drivers; then whatever
+        of this cluster escaped the tree (by its temp dir, pid by pid)."""
+        assert self.proc is not None
+        kill_tree(self.proc.pid)
+        for pid in _processes_under(str(self.temp_dir)):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
 
     def request(self, path: str, *, token: str | None = None) -> dict:
         """GET a dashboard API path as JSON, with ``token`` (the head's by default)."""
@@ -248,14 +261,17 @@ def ray_head(
     *,
     num_cpus: int = 2,
     gcs_port: int | None = None,
+    dashboard_port: int | None = None,
+    token: str | None = None,
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
 ) -> Iterator[RayHead]:
-    """Start ``ray start --head`` (plus ``args``) with token authentication on, the GCS on
-    ``gcs_port`` (default: a free one), the dashboard and its job server on a free loopback
-    port, its metrics endpoint on a free port, and its state under a short temp dir of its
-    own."""
-    token = secrets.token_hex(16)
+    """Start ``ray start --head`` (plus ``args``) with token authentication on (``token``,
+    default: a new one), the GCS on ``gcs_port`` (default: a free one), the dashboard and
+    its job server on ``dashboard_port`` on loopback (default: a free one), its metrics
+    endpoint on a free port, and its state under a short temp dir of its own. The same
+    ports and token again: a head that came back where clients knew it."""
+    token = token or secrets.token_hex(16)
     token_file = work / "auth_token"
     token_file.write_text(token)
     token_file.chmod(0o600)
@@ -273,7 +289,8 @@ def ray_head(
     }
     head_env.pop("RAY_ADDRESS", None)
     head_env.pop("RAY_AUTH_TOKEN", None)
-    gcs_port, dash_port, metrics_port = gcs_port or free_port(), free_port(), free_port()
+    gcs_port, metrics_port = gcs_port or free_port(), free_port()
+    dash_port = dashboard_port or free_port()
     cmd = [RAY_CLI, "start", "--head", "--block", "--port", str(gcs_port),
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
            "--include-dashboard", "true", "--num-cpus", str(num_cpus),
@@ -291,6 +308,7 @@ def ray_head(
         temp_dir=temp_dir,
         env=head_env,
         metrics_port=metrics_port,
+        proc=proc,
     )
     try:
         version_url = head.dashboard_url + "/api/version"

@@ -61,16 +61,19 @@ def _spec(
 
 def _assert_every_row_once_per_epoch(digits_dir: Path, result: Any, epochs: int = EPOCHS) -> None:
     ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
+    seen = _final_state(result)["seen"]
+    assert seen[ids].tolist() == [epochs] * len(ids)
+    assert int(seen.sum()) == epochs * len(ids)
+
+
+def _final_state(result: Any) -> dict[str, Any]:
+    """The model's state dict in the run's last checkpoint."""
 
     def step(checkpoint: str) -> int:
         return json.loads((Path(checkpoint) / META_FILE).read_text())["step"]
 
     final = max(result.checkpoints, key=step)
-    seen = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)[
-        "state_dict"
-    ]["seen"]
-    assert seen[ids].tolist() == [epochs] * len(ids)
-    assert int(seen.sum()) == epochs * len(ids)
+    return torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)["state_dict"]
 
 
 def _assert_history_forward(result: Any) -> None:
@@ -120,19 +123,25 @@ def drain_for_preemption(node_id: str, deadline_s: int) -> None:
 # fixed-size drain test does not read it.
 
 
-def test_elastic_range_shrinks_on_a_lost_node_and_grows_back(
+def test_elastic_range_shrinks_on_a_lost_node_and_grows_back_keeping_its_global_batch(
     cluster: Any, digits_dir: Path, tmp_path: Path, clean_env: None
 ) -> None:
-    """num_workers [1, 2]: a node lost → the run goes on with 1 worker; a node added → it
-    grows back to 2. Each worker keeps batch_size, so an epoch takes 45 steps on 1 worker
-    and 23 on 2; every row is still trained on exactly once per epoch across the resizes."""
+    """num_workers [1, 2] with keep_global_batch: a node lost → the run goes on with 1
+    worker accumulating 2 batches a step; a node added → it grows back to 2 accumulating 1.
+    Every row is still trained on exactly once per epoch across the resizes, and every
+    optimizer step trains on 64 rows (2 x 32) but each epoch's last, which takes the
+    remaining 30 of its 1438 rows, whatever the worker count: an epoch is 23 steps on 1 and
+    on 2 workers. The 1-worker group restores from step 15, an odd batch count its
+    accumulation of 2 does not divide (Lightning alone would step after 1 batch there)."""
     fresh_slot_nodes(cluster, 2)
 
     def remove(event: dict[str, Any]) -> None:
         cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
 
     spec = _spec(digits_dir, tmp_path, "elastic", doomed_at=15, grow_at=40)
-    spec["scaling"] = {**spec["scaling"], "num_workers": [1, 2], "resize_check_s": 1}
+    spec["scaling"] = {**spec["scaling"], "num_workers": [1, 2], "resize_check_s": 1,
+                       "keep_global_batch": True}  # fmt: skip
+    spec["checkpoint"] = {**spec["checkpoint"], "every_n_steps": 5}
     actions = {"doomed": remove, "shrunk": lambda event: add_slot_node(cluster)}
     result, done = run_with_actions(tmp_path, lambda: raytrain.fit(spec, progress=False), actions)
     assert done == ["doomed", "shrunk"]
@@ -140,9 +149,22 @@ def test_elastic_range_shrinks_on_a_lost_node_and_grows_back(
     groups = _groups(tmp_path)
     assert [len(g) for g in groups] == [2, 1, 2]
     starts = [e["step"] for e in read_events(tmp_path) if e["event"] == "worker"]
-    assert starts == [0, 0, 10, 40, 40]  # from the step-10, then the step-40 checkpoint
+    assert starts == [0, 0, 15, 40, 40]  # from the step-15, then the step-40 checkpoint
     _assert_every_row_once_per_epoch(digits_dir, result)
     _assert_history_forward(result)
+
+    # the samples of each optimizer step, as the final model counted them
+    assert result.metrics["step"] == 2 * 23
+    step_rows = _final_state(result)["step_rows"][: 2 * 23].tolist()
+    assert step_rows == ([64] * 22 + [30]) * 2, step_rows
+    # and the global batch reported before, during and after the 1-worker group
+    from mlflow.tracking import MlflowClient
+
+    history = MlflowClient(result.tracking_uri).get_metric_history(
+        result.mlflow_run_id, "global_batch")  # fmt: skip
+    assert {m.value for m in history} == {64}
+    logged = sorted(m.step for m in history)
+    assert logged[0] <= 15 and any(15 < s <= 40 for s in logged) and logged[-1] > 40, logged
 
 
 def test_a_drained_then_a_removed_node_move_the_workers_to_the_nodes_left(

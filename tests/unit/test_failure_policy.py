@@ -128,3 +128,15 @@ def test_the_policy_alone_defers_ordinary_failures_to_ray() -> None:
     assert alone.decide([]) is Decision.DEFER  # a lost node: no worker's exception
     assert alone.decide([_nan()]) is Decision.RAISE
     assert alone.decide([PreemptedError("SIGTERM")]) is Decision.RAISE  # over its limit of 0
+
+
+def test_a_loss_spike_is_rolled_back_without_counting_and_a_spent_budget_stops() -> None:
+    from raytrain.errors import LossSpikeError, LossSpikeLimitError
+
+    p = policy(max_failures=0)
+    spike = (LossSpikeError("loss spike"), RuntimeError("collective aborted"))
+    # retried however many times (the ranks count rollbacks), and max_failures stays whole
+    assert [decide(p, *spike) for _ in range(3)] == [RETRY, RETRY, RETRY]
+    assert decide(p, Wrapped(LossSpikeLimitError("spent")), LossSpikeError("x")) == RAISE
+    assert decide(policy(max_failures=-1), LossSpikeLimitError("spent")) == RAISE
+    assert decide(p, RuntimeError("worker died")) == RAISE  # max_failures 0 untouched
