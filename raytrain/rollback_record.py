@@ -29,17 +29,20 @@ ROLLBACK_KEY = "_rollback"
 ROLLBACKS_FILE = "rollbacks.json"
 # The median absolute deviation of normal data, times this, is its standard deviation.
 MAD_TO_SD = 1.4826
+# The least deviation a window is taken to have, as a share of its median's size.
+RELATIVE_FLOOR = 0.01
 
 
 def robust_z(window: Sequence[float], value: float) -> float:
     """How many (robust) standard deviations ``value`` lies above the median of ``window``:
     (value - median) / (1.4826 x the median absolute deviation). A loss curve's own descent
     and a few noisy batches barely move the median and the MAD, where a mean and standard
-    deviation would be dragged by the spike itself. A window whose values are all alike has
-    a deviation floor of 1e-6 x max(1, |median|): any rise above it is then a spike."""
+    deviation would be dragged by the spike itself. The deviation has a floor of 1% of the
+    median's size (and 1e-12): a window whose values are mostly alike (a loss stuck at a
+    value, a quantized one) would otherwise score any small rise a spike."""
     middle = statistics.median(window)
     mad = statistics.median(abs(x - middle) for x in window)
-    return (value - middle) / max(MAD_TO_SD * mad, 1e-6 * max(1.0, abs(middle)))
+    return (value - middle) / max(MAD_TO_SD * mad, RELATIVE_FLOOR * abs(middle), 1e-12)
 
 
 @dataclass(frozen=True)

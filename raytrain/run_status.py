@@ -37,7 +37,9 @@ State = Literal["starting", "training", "checkpointing", "restarting", "finished
 # ``workers`` (an exception in the workers: the user's code, or a failure that used up
 # ``failure.max_failures``), ``interrupted`` (the driver was asked to stop), ``driver``
 # (anything else the driver raised). A driver that died writes none.
-FailureKind = Literal["bad_input", "non_finite", "workers", "interrupted", "driver"]
+FailureKind = Literal[
+    "bad_input", "non_finite", "spike_limit", "workers", "infrastructure", "interrupted", "driver"
+]
 # States after which the driver writes no more: a record in another state that stopped
 # ageing belongs to a driver that died.
 FINAL_STATES = ("finished", "failed")

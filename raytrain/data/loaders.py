@@ -233,11 +233,15 @@ class ShardBatches:
         self.epoch = 0
         self.position = 0  # Lightning's count of this epoch's batches begun
         self._skip: tuple[int, int] | None = None  # (epoch, batches to skip) after a restore
+        # (epoch, batches read beyond Lightning's count of the epoch) after a restore: a
+        # resize's different batches, a rollback's skipped ones
+        self._offset: tuple[int, int] | None = None
 
     def state_dict(self) -> dict[str, int]:
         """Where training is in the data: saved in every Lightning checkpoint (``rows``:
         of the epoch, over all ranks)."""
-        rows = self.position * self._batch_size * self._world
+        offset = self._offset[1] if self._offset and self._offset[0] == self.epoch else 0
+        rows = (self.position + offset) * self._batch_size * self._world
         return {"epoch": self.epoch, "steps": self.position, "world_size": self._world,
                 "rows": rows}  # fmt: skip
 
@@ -247,8 +251,10 @@ class ShardBatches:
         self.epoch = int(state["epoch"])
         rows = int(state.get("rows", int(state["steps"]) * self._batch_size
                              * int(state.get("world_size", self._world))))  # fmt: skip
-        self._skip = (self.epoch, math.ceil(rows / (self._batch_size * self._world)))
+        skip = math.ceil(rows / (self._batch_size * self._world))
+        self._skip = (self.epoch, skip)
         self.position = int(state["steps"])
+        self._offset = (self.epoch, skip - self.position)
 
     def __iter__(self) -> Iterator[Any]:
         from ray.data.util.torch_utils import arrow_batch_to_tensors

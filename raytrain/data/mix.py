@@ -159,8 +159,10 @@ class MixedStream(StreamSchedule):
                 yield grouped.take(where)
 
     def __iter__(self) -> Iterator[Any]:
+        # planned at the first batch, not when the iterator is made: Lightning makes it
+        # before the epoch's hooks set the epoch (or a rollback its position)
         _, block, sizes = self.plan()
-        return cut_batches(self.tables(block, self.epoch), sizes, self._tuple)
+        yield from cut_batches(self.tables(block, self.epoch), sizes, self._tuple)
 
     def rows_seen(self) -> dict[str, int]:
         """The rows each source gave the run so far, over all ranks, by source name."""

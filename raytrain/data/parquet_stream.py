@@ -204,8 +204,10 @@ class ParquetStream(StreamSchedule):
                     future.cancel()
 
     def __iter__(self) -> Iterator[Any]:
+        # planned at the first batch, not when the iterator is made: Lightning makes it
+        # before the epoch's hooks set the epoch (or a rollback its position)
         _, block, sizes = self.plan()
-        return cut_batches(self.tables(block, self.epoch), sizes, self._tuple)
+        yield from cut_batches(self.tables(block, self.epoch), sizes, self._tuple)
 
 
 def row_groups(uri: str, filesystem: Any, path: str) -> StreamedSet:

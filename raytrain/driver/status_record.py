@@ -31,24 +31,48 @@ from raytrain.checkpoints.layout import (
     number,
     run_dir,
 )
-from raytrain.errors import NonFiniteLossError, RaytrainError, TrainingFailed, wraps
+from raytrain.errors import (
+    LossSpikeLimitError,
+    NonFiniteLossError,
+    RaytrainError,
+    TrainingFailed,
+    wraps,
+)
 from raytrain.run_status import CheckpointMark, FailureKind, Restart, RunStatus, State
 from raytrain.spec import JobSpec
 
 WRITE_EVERY_S = 2.0
 
 
+# What a worker's failure reads as when no user code raised: its process or node went
+# (Ray's errors for a dead actor, a killed or OOM-killed worker, a lost node; a hang
+# watchdog's exit), or a preemption's budget ran out.
+INFRASTRUCTURE_MARKERS = (
+    "ActorDiedError", "ActorUnavailableError", "NodeDiedError", "WorkerCrashedError",
+    "OutOfMemoryError", "RaySystemError", "PreemptedError", "died without raising",
+    "died unexpectedly", "exit code 70",
+)  # fmt: skip
+
+
 def failure_kind(error: BaseException) -> FailureKind:
-    """The kind of the error a driver ended with (``run_status.FailureKind``). A NaN stop is
-    told by the worker's exception, or its name in the error's lines: a worker's exception
-    reaches the driver as text inside Ray's."""
+    """The kind of the error a driver ended with (``run_status.FailureKind``). A NaN stop or
+    a spent spike budget is told by the worker's exception, or its name in the error's
+    lines: a worker's exception reaches the driver as text inside Ray's. Workers that
+    failed only by dying (every line one of ``INFRASTRUCTURE_MARKERS``) are
+    ``infrastructure``: a supervisor submits the run again; any other worker failure is
+    the user's code (``workers``)."""
     problems = getattr(error, "problems", None) or [str(error)]
-    if wraps(error, NonFiniteLossError) or any(
-        NonFiniteLossError.__name__ in line for line in problems
-    ):
+
+    def named(kind: type[BaseException]) -> bool:
+        return wraps(error, kind) or any(kind.__name__ in line for line in problems)
+
+    if named(NonFiniteLossError):
         return "non_finite"
+    if named(LossSpikeLimitError):
+        return "spike_limit"
     if isinstance(error, TrainingFailed):
-        return "workers"
+        died = all(any(m in line for m in INFRASTRUCTURE_MARKERS) for line in problems)
+        return "infrastructure" if died else "workers"
     if isinstance(error, RaytrainError) and error.exit_code == 2:
         return "bad_input"
     if isinstance(error, KeyboardInterrupt | SystemExit):

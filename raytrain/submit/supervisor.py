@@ -18,6 +18,7 @@ same spec would meet it again.
 from __future__ import annotations
 
 import enum
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +59,8 @@ class EndKind(enum.Enum):
     BAD_INPUT = "bad input"
     USER_CODE = "user code"  # an exception in the workers, after max_failures restarts
     NON_FINITE = "non-finite loss"
+    SPIKE_LIMIT = "loss spikes"  # failure.spike.max_rollbacks spent
+    WORKERS_LOST = "workers lost"  # the workers died (not raised) past max_failures
     RUN_FAILED = "run failed"  # the driver failed by itself, for another reason
     STOPPED = "stopped"  # someone stopped the job (`raytrain stop`, `ray job stop`)
     SETUP_FAILED = "setup failed"  # the job's runtime environment could not be set up
@@ -93,6 +96,22 @@ class Verdict:
     reason: str
 
 
+# The kinds of failure a driver that ended by itself records (``run_status.FailureKind``),
+# beside bad input: (what the end is, whether to submit again, why).
+_RECORDED_VERDICTS: dict[str, tuple[EndKind, bool, str]] = {
+    "non_finite": (EndKind.NON_FINITE, False,
+                   "the loss was not finite (NaN or inf); resuming would replay the same batches"),
+    "spike_limit": (EndKind.SPIKE_LIMIT, False,
+                    "the loss spiked with failure.spike.max_rollbacks spent"),
+    "infrastructure": (EndKind.WORKERS_LOST, True,
+                       "the workers were lost (their processes or nodes died, or preempted) "
+                       "beyond the spec's failure limits"),
+    "workers": (EndKind.USER_CODE, False,
+                "user code: the workers raised, and the spec's failure.max_failures restarts "
+                "were used"),
+}  # fmt: skip
+
+
 def _signalled(code: int | None) -> bool:
     """Whether an exit code is a signal's: negative from Python's subprocess, 128+N from a
     shell between Ray and the driver."""
@@ -117,8 +136,10 @@ def classify(end: JobEnd) -> Verdict:
       dir): not resubmitted, as it would fail the same way.
     - FAILED with any other exit code: the driver ended by itself. Exit 2 (or a record
       ``bad_input``) is bad input; otherwise the status record's ``failure`` names the
-      kind (``non_finite``; ``workers``: the user's code, or restarts used up under
-      ``failure.max_failures``, which already decided). Not resubmitted.
+      kind: ``non_finite``, ``spike_limit``, ``workers`` (the user's code raised, after
+      the ``failure.max_failures`` restarts): not resubmitted; ``infrastructure`` (the
+      workers only died: processes or nodes lost, preemptions past their budget):
+      resubmitted, the resumed run gets its failure budget again.
     - FAILED with neither an exit code nor a Ray-side error type (an older Ray): the status
       record decides; ``failed`` is the run's verdict, any other state a dead driver.
     """
@@ -147,14 +168,10 @@ def classify(end: JobEnd) -> Verdict:
     if code == EXIT_BAD_INPUT or end.record_failure == "bad_input":
         why = f"bad input: the job's driver refused the spec or its run{detail}"
         return Verdict(EndKind.BAD_INPUT, False, EXIT_BAD_INPUT, why)
-    if end.record_failure == "non_finite":
-        return Verdict(EndKind.NON_FINITE, False, EXIT_FAILED,
-                       f"the loss was not finite (NaN or inf); resuming would replay the same "
-                       f"batches{detail}")  # fmt: skip
-    if end.record_failure == "workers":
-        return Verdict(EndKind.USER_CODE, False, EXIT_FAILED,
-                       f"user code: the workers raised, and the spec's failure.max_failures "
-                       f"restarts were used{detail}")  # fmt: skip
+    if end.record_failure in _RECORDED_VERDICTS:
+        kind, resubmit, why = _RECORDED_VERDICTS[end.record_failure]
+        return Verdict(kind, resubmit, EXIT_INFRASTRUCTURE if resubmit else EXIT_FAILED,
+                       why + detail)  # fmt: skip
     return Verdict(EndKind.RUN_FAILED, False, EXIT_FAILED,
                    f"the job's driver failed by itself (exit code {code}){detail}")  # fmt: skip
 
@@ -176,7 +193,7 @@ class ResubmitPolicy:
             raise SupervisionError(
                 [f"--max-resubmits {self.max_resubmits}: must be 0 or more"], EXIT_BAD_INPUT
             )
-        if self.head_wait_s <= 0:
+        if not math.isfinite(self.head_wait_s) or self.head_wait_s <= 0:
             raise SupervisionError(
                 [f"--head-wait {self.head_wait_s:g}: must be more than 0 seconds"],
                 EXIT_BAD_INPUT,

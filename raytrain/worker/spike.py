@@ -152,8 +152,10 @@ class RollbackSkip(pl.Callback):
     Lightning loads a checkpoint's loader states and starts iterating the loaders before
     ``on_train_start``, so the skip is written into the checkpoint's loader state as it is
     loaded (``on_load_checkpoint``). A run restored with no checkpoint (a spike before the
-    first one) gets it at ``setup``; a spike in a later epoch than a mid-epoch checkpoint,
-    when that epoch starts."""
+    first one) gets it at ``setup`` when the spike was in epoch 0 and the loader exists
+    (raytrain's own); else, as a spike in a later epoch than a mid-epoch checkpoint, when
+    the spike's epoch starts (a user's loader made during fit, or raytrain's, whose batches
+    are planned at their first batch, not when Lightning makes the iterator)."""
 
     def __init__(
         self,
@@ -174,11 +176,18 @@ class RollbackSkip(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._rollbacks = read_rollbacks(self.run_dir, self.options)
         target = self._target()
+        if target is None:
+            return
+        # The position of a run with no checkpoint (a spike before the first); a restore
+        # replaces it (``on_load_checkpoint``). Loaded now only into a loader that exists
+        # and for epoch 0 (Lightning makes its first iterator before any epoch hook);
+        # anything else when its epoch starts.
+        self._skip = (None, target)
         loader = self.train_loader()
-        if target is not None and keeps_position(loader):
-            # the position of a run with no checkpoint; a restored one replaces it
+        if int(target["epoch"]) == 0 and keeps_position(loader):
             loader.load_state_dict({**target, "steps": 0})
-            self._skip = (None, target)
+        else:
+            self._pending = {**target, "steps": 0}
 
     def _target(self) -> dict[str, Any] | None:
         last = self._rollbacks[-1] if self._rollbacks else None
@@ -189,7 +198,7 @@ class RollbackSkip(pl.Callback):
     ) -> None:
         from raytrain._compat.lightning import checkpoint_at_epoch_end, checkpoint_loader_states
 
-        self._skip, target = None, self._target()
+        self._skip, self._pending, target = None, None, self._target()
         states = checkpoint_loader_states(checkpoint)
         if target is None or len(states) != 1:
             return
@@ -202,10 +211,16 @@ class RollbackSkip(pl.Callback):
         self._skip = (current, target)
         if target["epoch"] == current["epoch"]:
             states[0] = {**target, "steps": current["steps"]}
-        elif checkpoint_at_epoch_end(checkpoint):
-            states[0] = {**target, "steps": 0}
-        else:
-            self._pending = {**target, "steps": 0}
+            return
+        # A later epoch: Lightning loads no loader state for an epoch it starts afresh. The
+        # loader gets it when that epoch starts, and now too if it exists (a Ray Data shard
+        # prefetches its first batches when Lightning makes the iterator); a checkpoint
+        # from mid-epoch then replaces it with its own until that epoch's end.
+        self._pending = {**target, "steps": 0}
+        loader = self.train_loader()
+        if keeps_position(loader):
+            loader.load_state_dict(self._pending)
+        if not checkpoint_at_epoch_end(checkpoint):
             at, to = current["epoch"], target["epoch"]
             self._note = (f"restored mid-epoch {at}, the spike was in epoch {to}: the rest of "
                           f"epoch {at} was trained")  # fmt: skip
@@ -227,8 +242,9 @@ class RollbackSkip(pl.Callback):
         pending, loader = self._pending, self.train_loader()
         if pending is not None and trainer.current_epoch == int(pending["epoch"]):
             self._pending = None
-            loader.load_state_dict(pending)
-            refit_epoch_length(trainer, loader)
+            if keeps_position(loader):  # raytrain's loaders read their position lazily
+                loader.load_state_dict(pending)
+                refit_epoch_length(trainer, loader)
 
     def _record(self, trainer: pl.Trainer, rows: int | None) -> None:
         """Rank 0: the last rollback's restored step and rows skipped, once, in the run's

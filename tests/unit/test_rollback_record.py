@@ -20,9 +20,11 @@ def test_a_spike_scores_far_above_a_falling_noisy_curve_and_the_curve_does_not()
     assert dragged > 0.8 * robust_z(curve[-window:], curve[-1] * 50)
 
 
-def test_a_flat_window_scores_any_rise_as_a_spike_and_no_change_as_none() -> None:
+def test_a_flat_window_takes_a_deviation_of_a_hundredth_of_its_median() -> None:
     assert robust_z([1.0] * 10, 1.0) == 0
-    assert robust_z([1.0] * 10, 1.001) > 100
+    assert robust_z([1.0] * 10, 1.001) < 1  # a stuck or quantized loss's small rise
+    assert robust_z([1.0] * 10, 1.2) > 8  # 20% over a flat curve
+    assert robust_z([2.0] * 6 + [2.5] * 4, 2.1) < 8  # over half alike: the MAD is 0
     assert robust_z([0.0] * 10, -1.0) < 0
 
 

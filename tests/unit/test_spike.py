@@ -1,15 +1,18 @@
-"""The spike guard on a real Trainer, and the loader positions a rollback moves to
-(``worker.spike``); the whole path runs in ``tests/integration/test_spike.py``."""
+"""The spike guard on a real Trainer, and the rollback's skip on real Trainers over each of
+raytrain's loaders, from each kind of restore (``worker.spike``); the whole path, with Ray
+and a streamed Parquet set, runs in ``tests/integration/test_spike.py``."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
-from raytrain.data.loaders import EpochSchedule
+from raytrain.data.loaders import EpochSchedule, ShardBatches
 from raytrain.data.stream_order import StreamSchedule
 from raytrain.errors import LossSpikeError, LossSpikeLimitError
 from raytrain.rollback_record import read_rollbacks
@@ -48,7 +51,6 @@ def test_a_spikes_position_with_the_checkpoints_step_count_resumes_after_the_spi
 
 def _fit_with(guard: SpikeGuard, losses: list[float]) -> None:
     """A single-process fit whose training_step returns ``losses`` in turn."""
-    import lightning.pytorch as pl
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:
@@ -87,3 +89,126 @@ def test_a_spike_is_recorded_then_stops_the_attempt_and_a_spent_budget_stops_the
     # a rise the window's own noise makes usual is no spike
     _fit_with(SpikeGuard(spec, str(tmp_path / "calm"), None, lambda: None),
               [1.0, 1.5, 0.5, 1.2, 0.8, 1.6, 0.9])  # fmt: skip
+
+
+# -- the skip, on real Trainers: 64 rows in order, 2 a batch; row 30's batch spikes ----------
+
+ROWS, BATCH, POISON = 64, 2, 30
+
+
+class _Rows(EpochSchedule):
+    """A cached set's schedule, its rows as the batch."""
+
+    def __iter__(self) -> Any:
+        for rows in self.index_batches():
+            yield torch.tensor(rows, dtype=torch.float32).unsqueeze(1)
+
+
+class _Stream(StreamSchedule):
+    """A streamed set's schedule, planned at its first batch as ``ParquetStream`` is."""
+
+    def __iter__(self) -> Any:
+        _, block, sizes = self.plan()
+        rows = [i for lo, hi in block for i in range(lo, hi)]
+        for start, size in zip(itertools.accumulate([0, *sizes[:-1]]), sizes, strict=True):
+            yield torch.tensor(rows[start : start + size], dtype=torch.float32).unsqueeze(1)
+
+
+class _Shard:
+    """A Ray Data shard's ``iter_batches``: the rows in order, as Arrow tables."""
+
+    def iter_batches(self, batch_size: int, **_: Any) -> Any:
+        import pyarrow as pa
+
+        for lo in range(0, ROWS, batch_size):
+            yield pa.table({"x": [[float(i)] for i in range(lo, lo + batch_size)]})
+
+
+def _loader(kind: str) -> Any:
+    if kind == "cached":
+        return _Rows(ROWS, BATCH, rank=0, world_size=1)
+    if kind == "streamed":
+        return _Stream(ROWS, BATCH, rank=0, world_size=1)
+    return ShardBatches(_Shard(), BATCH)
+
+
+def _train(loader: Any, callbacks: list[Any], trained: list[tuple[int, int]], spike_epoch: int,
+           ckpt: str | None = None) -> None:  # fmt: skip
+    """Two epochs; every row trained goes into ``trained`` as (epoch, row); the batch of row
+    ``POISON`` spikes in ``spike_epoch``."""
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: Any, idx: int) -> Any:
+            x = (batch["x"] if isinstance(batch, dict) else batch).float()
+            rows = [int(v) for v in x[:, 0]]
+            trained.extend((self.current_epoch, r) for r in rows)
+            spiked = POISON in rows and self.current_epoch == spike_epoch
+            loss = 100.0 if spiked else 1.0 + ((rows[0] * 7919) % 13) / 130
+            return self.layer(x).sum() * 0 + loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, logger=False, callbacks=callbacks,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)  # fmt: skip
+    trainer.fit(Model(), loader, ckpt_path=ckpt, weights_only=False)
+
+
+class _Save(pl.Callback):
+    """Saves one checkpoint: after batch ``at`` of epoch 0, or (None) at epoch 0's end."""
+
+    def __init__(self, path: str, at: int | None):
+        self.path, self.at = path, at
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if self.at is not None and (trainer.current_epoch, args[-1]) == (0, self.at):
+            trainer.save_checkpoint(self.path)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.at is None and trainer.current_epoch == 0:
+            trainer.save_checkpoint(self.path)
+
+
+@pytest.mark.parametrize("kind", ["cached", "streamed", "ray_data"])
+@pytest.mark.parametrize(
+    ("spike_epoch", "saved_at"),
+    [(0, 4), (1, None), (1, 20), (0, "none"), (1, "none")],
+    ids=["same-epoch", "epoch-end-then-next", "mid-epoch-then-next", "no-checkpoint",
+         "no-checkpoint-next-epoch"],
+)  # fmt: skip
+def test_a_restore_skips_exactly_to_the_spike_and_never_trains_it(
+    kind: str, spike_epoch: int, saved_at: int | str | None, tmp_path: Path
+) -> None:
+    from raytrain.worker.loader_position import LoaderPosition
+    from raytrain.worker.spike import RollbackSkip
+
+    spec = SpikeSpec(threshold=8, window=5, max_rollbacks=3)
+    ckpt = None if saved_at == "none" else str(tmp_path / "saved.ckpt")
+
+    def callbacks(loader: Any, extra: list[Any]) -> list[Any]:
+        return [SpikeGuard(spec, str(tmp_path), None, lambda: loader), *extra,
+                LoaderPosition(lambda: loader),
+                RollbackSkip(str(tmp_path), None, lambda: loader, None)]  # fmt: skip
+
+    loader = _loader(kind)
+    saver = [] if ckpt is None else [_Save(ckpt, saved_at)]  # type: ignore[arg-type]
+    with pytest.raises(LossSpikeError):
+        _train(loader, callbacks(loader, saver), [], spike_epoch)
+    (spike,) = read_rollbacks(str(tmp_path))
+    assert (spike.epoch, spike.batch) == (spike_epoch, POISON // BATCH)
+
+    restored: list[tuple[int, int]] = []
+    loader = _loader(kind)
+    # the poisoned batch would spike again: a restore that trained it would raise here
+    _train(loader, callbacks(loader, []), restored, spike_epoch, ckpt=ckpt)
+    by_epoch = {e: [r for ep, r in restored if ep == e] for e in (0, 1)}
+    # the spike's epoch trains exactly the rows after the spiked batch, once each
+    assert by_epoch[spike_epoch] == list(range(POISON + BATCH, ROWS))
+    assert all(len(rows) == len(set(rows)) for rows in by_epoch.values())
+    (done,) = read_rollbacks(str(tmp_path))
+    assert done.rows_skipped is not None and done.restored_step is not None

@@ -120,6 +120,7 @@ def test_the_comm_hook_registers_on_a_real_ddp_model_and_marks_each_bucket() -> 
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    model = None
     try:
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
         timeline = StepTimeline(every_n_steps=1, publish=None, rank=0, node="n")
@@ -129,4 +130,7 @@ def test_the_comm_hook_registers_on_a_real_ddp_model_and_marks_each_bucket() -> 
         assert timeline._ready_at is not None  # the bucket's mark
         assert model.module.weight.grad is not None  # torch's all-reduce still ran
     finally:
+        # DDP's reducer holds the group: released first. Destroyed after the group, it joined
+        # gloo's threads at the test's end and hung there (a clean-clone CI run, once).
+        del model
         dist.destroy_process_group()

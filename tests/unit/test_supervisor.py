@@ -57,6 +57,19 @@ CMD_ERROR = "JOB_ENTRYPOINT_COMMAND_ERROR"
             False,
             2,
         ),
+        (
+            JobEnd("FAILED", CMD_ERROR, 1, record_state="failed", record_failure="spike_limit"),
+            EndKind.SPIKE_LIMIT,
+            False,
+            1,
+        ),
+        # the workers only died (processes, nodes, preemptions) past the spec's limits
+        (
+            JobEnd("FAILED", CMD_ERROR, 1, record_state="failed", record_failure="infrastructure"),
+            EndKind.WORKERS_LOST,
+            True,
+            3,
+        ),
         (JobEnd("FAILED", CMD_ERROR, 1), EndKind.RUN_FAILED, False, 1),  # no record: still its own
         (JobEnd("FAILED", "RUNTIME_ENV_SETUP_FAILURE"), EndKind.SETUP_FAILED, False, 1),
         # an older Ray: no exit code, no error type; the record decides
@@ -102,6 +115,15 @@ def test_the_driver_records_the_kind_of_its_failure() -> None:
     wrapped = TrainingFailed("x")
     wrapped.__cause__ = NonFiniteLossError("nan")
     assert failure_kind(wrapped) == "non_finite"
+    died = "training failed on rank 1: ActorDiedError: The actor died unexpectedly"
+    assert failure_kind(TrainingFailed(died)) == "infrastructure"
+    preempted = "training failed on rank 0: PreemptedError: preempted: SIGTERM received"
+    assert failure_kind(TrainingFailed([died, preempted])) == "infrastructure"
+    # one rank's own exception makes it the user's code, whatever else died with it
+    assert failure_kind(TrainingFailed([died, "training failed on rank 0: KeyError: 'x'"])) == (
+        "workers")  # fmt: skip
+    spent = "training failed on rank 0: LossSpikeLimitError: the loss spiked again"
+    assert failure_kind(TrainingFailed(spent)) == "spike_limit"
     assert failure_kind(SpecError("model: no such class")) == "bad_input"
     assert failure_kind(KeyboardInterrupt()) == "interrupted"
     assert failure_kind(RuntimeError("ray said no")) == "driver"
