@@ -45,12 +45,14 @@ WRITE_EVERY_S = 2.0
 
 
 # What a worker's failure reads as when no user code raised: its process or node went
-# (Ray's errors for a dead actor, a killed or OOM-killed worker, a lost node; a hang
-# watchdog's exit), or a preemption's budget ran out.
+# (Ray Train's failed or timed-out health check of a worker, which carries Ray's error for
+# a dead actor, a killed or OOM-killed worker, a lost node; a hang watchdog's exit), or a
+# preemption's budget ran out.
 INFRASTRUCTURE_MARKERS = (
-    "ActorDiedError", "ActorUnavailableError", "NodeDiedError", "WorkerCrashedError",
-    "OutOfMemoryError", "RaySystemError", "PreemptedError", "died without raising",
-    "died unexpectedly", "exit code 70",
+    "WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError", "ActorDiedError",
+    "ActorUnavailableError", "NodeDiedError", "WorkerCrashedError", "OutOfMemoryError",
+    "RaySystemError", "PreemptedError", "died without raising", "died unexpectedly",
+    "exit code 70",
 )  # fmt: skip
 
 

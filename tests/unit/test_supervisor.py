@@ -117,6 +117,16 @@ def test_the_driver_records_the_kind_of_its_failure() -> None:
     assert failure_kind(wrapped) == "non_finite"
     died = "training failed on rank 1: ActorDiedError: The actor died unexpectedly"
     assert failure_kind(TrainingFailed(died)) == "infrastructure"
+    # as Ray Train 2.60 reports a dead worker: its health check failed with Ray's error
+    from ray.exceptions import ActorDiedError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    from raytrain.driver.results import worker_errors
+
+    class GroupError(Exception):
+        worker_failures = {0: WorkerHealthCheckFailedError("worker 0 failed", ActorDiedError())}
+
+    assert failure_kind(TrainingFailed(worker_errors(GroupError()))) == "infrastructure"
     preempted = "training failed on rank 0: PreemptedError: preempted: SIGTERM received"
     assert failure_kind(TrainingFailed([died, preempted])) == "infrastructure"
     # one rank's own exception makes it the user's code, whatever else died with it
