@@ -24,7 +24,6 @@ trained (said in the record's notes).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -34,6 +33,7 @@ import lightning.pytorch as pl
 import torch
 
 from raytrain.data.loaders import rows_trained
+from raytrain.data.stream_order import span
 from raytrain.errors import LossSpikeError, LossSpikeLimitError
 from raytrain.rollback_record import (
     ROLLBACK_KEY,
@@ -44,8 +44,6 @@ from raytrain.rollback_record import (
 )
 from raytrain.spec import SpikeSpec, StorageSpec
 from raytrain.worker.loader_position import keeps_position, refit_epoch_length
-
-logger = logging.getLogger(__name__)
 
 
 def batch_loss(trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> float:
@@ -141,7 +139,7 @@ def _progress(state: dict[str, Any]) -> tuple[int, int]:
     """A loader position, comparable with another of the same loader without its size:
     (epoch, rows trained) or, for a streamed split, (epoch, minus the rows left)."""
     if "left" in state and "rows" not in state:
-        return int(state["epoch"]), -sum(int(hi) - int(lo) for lo, hi in state["left"])
+        return int(state["epoch"]), -span([(int(lo), int(hi)) for lo, hi in state["left"]])
     return int(state["epoch"]), int(state.get("rows", 0))
 
 
