@@ -20,6 +20,11 @@
   ``_setup_activation_checkpointing``, the strategy's ``_activation_checkpointing_kwargs``
   and its precision plugin's ``clip_grad_by_norm``.
 
+- ``model_parallel_strategy_class``: Lightning's ``ModelParallelStrategy`` with
+  ``root_device`` and ``num_processes`` taken from Ray Train (Lightning's read
+  ``parallel_devices``, one CPU under Ray), and its precision plugin's
+  ``clip_grad_by_norm``/``clip_grad_by_value`` replaced.
+
 ``tests/unit/test_compat.py`` pins each on a real Trainer.
 """
 
@@ -153,3 +158,46 @@ def fsdp_strategy_class() -> type:
             return model
 
     return RaytrainFSDPStrategy
+
+
+def model_parallel_strategy_class() -> type:
+    """Lightning's ``ModelParallelStrategy`` (FSDP2 and tensor parallelism on a
+    (data_parallel, tensor_parallel) ``DeviceMesh``) under Ray Train, on CPU (gloo) or GPU.
+
+    Ray Train starts the processes and their process group; the strategy builds its mesh on
+    it. Lightning reads a rank's device as ``parallel_devices[local_rank]``, the devices
+    ``Trainer(devices="auto")`` found in this process: one CPU under Ray, so local rank 1
+    would index past it. Ray's strategies read the device from Ray Train, and so does this
+    one. Lightning's precision plugin clips with ``torch.nn.utils``, which refuses
+    parameters that mix DTensors and plain tensors (a model with tensor parallelism and no
+    FSDP2); the strategy clips with ``worker.grad_clip`` instead.
+    """
+    import ray.train
+    import ray.train.torch
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from raytrain.worker import grad_clip
+
+    class RaytrainModelParallelStrategy(ModelParallelStrategy):
+        @property
+        def root_device(self) -> Any:
+            return ray.train.torch.get_device()
+
+        @property
+        def num_processes(self) -> int:  # processes on this node
+            return int(ray.train.get_context().get_local_world_size())
+
+        def setup(self, trainer: Any) -> None:
+            super().setup(trainer)
+            plugin: Any = self.precision_plugin
+
+            def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
+                grad_clip.clip_grad_norm_(plugin.main_params(optimizer), clip_val)
+
+            def clip_grad_by_value(optimizer: Any, clip_val: float) -> None:
+                grad_clip.clip_grad_value_(plugin.main_params(optimizer), clip_val)
+
+            plugin.clip_grad_by_norm = clip_grad_by_norm
+            plugin.clip_grad_by_value = clip_grad_by_value
+
+    return RaytrainModelParallelStrategy

@@ -1,8 +1,9 @@
 """A checkpoint's weights as one plain state dict file, for serving.
 
 A raytrain checkpoint holds Lightning's whole training state: under DDP or a full FSDP
-state dict one file, under sharded FSDP a folder of torch distributed checkpoint shards, one
-per rank. ``export_checkpoint`` reads either (from local storage or a URI), keeps only the
+state dict one file, under sharded FSDP or model parallelism a folder of torch distributed
+checkpoint shards, one per rank (DTensors are saved with their global shapes).
+``export_checkpoint`` reads either (from local storage or a URI), keeps only the
 model's weights, and writes them as one file that ``model.load_state_dict`` accepts: torch
 format (``.pt``/``.pth``/``.bin``/anything else) or safetensors (``.safetensors``, when the
 ``safetensors`` package is installed). No process group is needed: the shards are merged
@@ -26,6 +27,8 @@ from raytrain.spec import JobSpec, StorageSpec
 
 # Prefixes Lightning's strategy wrappers may leave on state dict keys.
 _PREFIXES = ("_forward_module.", "_fsdp_wrapped_module.", "module.")
+# The key of the model's weights in a sharded checkpoint, by the strategy that wrote it.
+_DCP_MODEL_KEYS = ("model", "state_dict")
 
 
 def model_state_dict(checkpoint: str, label: str | None = None) -> dict[str, Any]:
@@ -35,8 +38,10 @@ def model_state_dict(checkpoint: str, label: str | None = None) -> dict[str, Any
     from raytrain.checkpoints import safe_load
 
     path, name = lightning_checkpoint(checkpoint, label)
-    if os.path.isdir(path):  # sharded FSDP: merge the model's shards
-        state = safe_load.load_dcp(path, keys={"model"}, label=name).get("model")
+    if os.path.isdir(path):  # sharded: merge the model's shards
+        # Lightning's FSDP strategy names them "model", its ModelParallelStrategy "state_dict"
+        shards = safe_load.load_dcp(path, keys=set(_DCP_MODEL_KEYS), label=name)
+        state = next((shards[k] for k in _DCP_MODEL_KEYS if k in shards), None)
         if not isinstance(state, dict):
             raise StorageError(f"{name}: a sharded checkpoint without the model's weights")
     elif os.path.isfile(path):

@@ -17,6 +17,7 @@ from raytrain.driver import source_check
 from raytrain.errors import SpecError
 from raytrain.imports import OLD_NAMESPACE_HINT, import_object, old_namespace
 from raytrain.spec import JobSpec, StorageSpec
+from raytrain.worker.strategy import needs_configure_model
 
 
 def check_model_located(spec: JobSpec) -> list[str]:
@@ -27,7 +28,20 @@ def check_model_located(spec: JobSpec) -> list[str]:
         return [f"model.class_path: {problem}"]
     if source_check.binds(spec.model.class_path) is False:
         return check_model(spec)  # the source does not bind it: confirm by importing
+    if needs_configure_model(spec):
+        module, _, name = spec.model.class_path.partition(":")
+        if source_check.defines_method(module, name, "configure_model") is False:
+            return [_NO_CONFIGURE_MODEL.format(path=spec.model.class_path)]
     return []
+
+
+_NO_CONFIGURE_MODEL = (
+    "model.class_path: {path} defines no configure_model, which strategy.name "
+    "model_parallel needs: there the model shards itself on self.device_mesh, applying "
+    "torch's parallelize_module over device_mesh['tensor_parallel'] and fully_shard (FSDP2) "
+    "over device_mesh['data_parallel'] (raytrain.models.tinygpt:TinyGPT.configure_model is "
+    "an example)"
+)
 
 
 def check_model(spec: JobSpec) -> list[str]:
@@ -50,7 +64,10 @@ def check_model(spec: JobSpec) -> list[str]:
         return [f"model.class_path: {path!r} is not a lightning.pytorch.LightningModule subclass"]
     from raytrain.driver.class_check import check_init_args
 
-    return check_init_args("model", cls, spec.model.init_args, 0)
+    problems = check_init_args("model", cls, spec.model.init_args, 0)
+    if needs_configure_model(spec) and cls.configure_model is pl.LightningModule.configure_model:
+        problems.append(_NO_CONFIGURE_MODEL.format(path=path))
+    return problems
 
 
 def local_capacity(spec: JobSpec) -> dict[str, float]:

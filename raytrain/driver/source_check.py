@@ -181,3 +181,56 @@ def is_lightning_module(module: str, name: str, _depth: int = 0) -> bool:
             if is_lightning_module(dotted, parts[-1], _depth + 1):
                 return True
     return False
+
+
+def _defines(body: list[ast.stmt], method: str) -> bool:
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == method:
+            return True
+        targets = _assigned(node) if isinstance(node, (ast.Assign, ast.AnnAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == method for t in targets):
+            return True
+    return False
+
+
+def defines_method(module: str, name: str, method: str, _depth: int = 0) -> bool | None:
+    """Whether the source shows class ``module:name``, or a base of it short of Lightning's
+    own classes, defining ``method``: True, False (every base followed to Lightning without
+    one), or None when it cannot tell (a base it cannot read; the caller imports to know)."""
+    if _depth > _MAX_DEPTH:
+        return None
+    origin = _origin(module)
+    tree = _parse(origin)
+    if tree is None or origin is None:
+        return None
+    imports = _imports(module, origin, tree)
+    classes = {n.name: n for n in _statements(tree) if isinstance(n, ast.ClassDef)}
+    if name not in classes:
+        source, attr = imports.get(name, (None, None))
+        if source is None or attr is None:
+            return None
+        if source in _LIGHTNING_MODULES:
+            return False  # Lightning's own class: its hooks are the defaults
+        return defines_method(source, attr, method, _depth + 1)
+    if _defines(classes[name].body, method):
+        return True
+    unknown = False
+    for base in classes[name].bases:
+        parts = _dotted(base)
+        if not parts:
+            unknown = True
+            continue
+        if len(parts) == 1:
+            found = defines_method(module, parts[0], method, _depth + 1)
+        else:
+            root = imports.get(parts[0])
+            if root is None or root[1] is not None:
+                unknown = True
+                continue
+            dotted = ".".join([root[0], *parts[1:-1]])
+            found = False if dotted in _LIGHTNING_MODULES else defines_method(
+                dotted, parts[-1], method, _depth + 1)  # fmt: skip
+        if found:
+            return True
+        unknown = unknown or found is None
+    return None if unknown else False

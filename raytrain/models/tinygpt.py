@@ -4,6 +4,10 @@ Rows are ``tokens``: ``block + 1`` consecutive bytes; the model reads the first 
 predicts each next byte. Its blocks are ``Block`` modules, the unit FSDP wraps and
 activation checkpointing recomputes (``strategy.fsdp.auto_wrap: [Block]``).
 
+Under ``strategy.name: model_parallel`` its ``configure_model`` applies a tensor-parallel
+plan over the mesh's ``tensor_parallel`` dimension and FSDP2 over ``data_parallel`` (see
+``parallelize``); under DDP and FSDP it does nothing.
+
 Validation reports ``val_bpc`` (bits per character: the mean next-byte cross-entropy in
 bits) and ``val_unigram_bpc``, the entropy of the validation bytes' own distribution: what a
 model that knows only byte frequencies would score. Both are reduced over every rank.
@@ -12,6 +16,7 @@ model that knows only byte frequencies would score. Both are reduced over every 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -19,15 +24,24 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MeanMetric
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 VOCAB = 256
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention, then a 4x GELU MLP."""
+    """Pre-norm transformer block: causal self-attention, then a 4x GELU MLP.
+
+    ``qkv``'s output features are grouped by head (head 0's query, key and value, then head
+    1's, ...), so a column-wise shard of it (tensor parallelism) holds whole heads: a rank
+    computes the attention of its heads alone, and ``forward`` reads the number of heads
+    from the features it got.
+    """
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0):
         super().__init__()
-        self.heads = heads
+        self.head_dim = dim // heads
         self.norm1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -36,12 +50,13 @@ class Block(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        qkv = self.qkv(self.norm1(x))  # (b, t, 3 x this rank's heads x head_dim)
+        b, t, features = qkv.shape  # t: the whole sequence, also under sequence parallelism
+        heads = features // (3 * self.head_dim)
+        q, k, v = qkv.view(b, t, heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         drop = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, heads * self.head_dim))
         return x + self.mlp(self.norm2(x))
 
 
@@ -53,6 +68,66 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
+
+
+def parallelize(model: TinyGPT, mesh: DeviceMesh, sequence_parallel: bool = True) -> None:
+    """Shard ``model`` over a (``data_parallel``, ``tensor_parallel``) device mesh, as
+    Lightning's ``ModelParallelStrategy`` builds it; each part only where its size is > 1.
+
+    Tensor parallelism (Megatron's plan): in every block, ``qkv`` and the MLP's first
+    layer are split column-wise (each rank computes its heads and its share of the hidden
+    features, from the whole input), ``proj`` and the MLP's second layer row-wise (each rank
+    multiplies its share and the results are summed across the ranks). One all-reduce per
+    attention and one per MLP, forward and backward. With ``sequence_parallel`` the blocks'
+    layer norms and the residual stream between them are split along the sequence instead
+    of repeated on every rank: each all-reduce becomes a reduce-scatter and an all-gather
+    (the same bytes), and the norms' activations take 1/tp of the memory. The embeddings,
+    the final norm and the tied head stay whole on every rank: 256 x dim, small beside the
+    blocks. FSDP2 (``fully_shard``) then shards every block, and the rest as one unit,
+    across ``data_parallel``.
+    """
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
+    blocks = list(model.blocks)
+    if tp.size() > 1:
+        heads = model.hparams["heads"]
+        if heads % tp.size():
+            raise ValueError(
+                f"TinyGPT: heads ({heads}) must be a multiple of the tensor-parallel size "
+                f"({tp.size()}): each rank computes whole heads"
+            )
+        seq = Shard(1) if sequence_parallel else Replicate()
+        plan: dict[str, Any] = {
+            "qkv": ColwiseParallel(input_layouts=seq),
+            "proj": RowwiseParallel(output_layouts=seq),
+            "mlp.0": ColwiseParallel(input_layouts=seq),
+            "mlp.2": RowwiseParallel(output_layouts=seq),
+        }
+        if sequence_parallel:
+            plan |= {"norm1": SequenceParallel(), "norm2": SequenceParallel()}
+            # the residual stream enters the first block whole and leaves the last whole
+            parallelize_module(blocks[0], tp, PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                use_local_output=True))  # fmt: skip
+            parallelize_module(blocks[-1], tp, PrepareModuleOutput(
+                output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),),
+                use_local_output=True))  # fmt: skip
+        for block in blocks:
+            parallelize_module(block, tp, plan)
+    if dp.size() > 1:
+        for block in blocks:
+            fully_shard(block, mesh=dp)
+        fully_shard(model, mesh=dp)
 
 
 class TinyGPT(pl.LightningModule):
@@ -67,6 +142,7 @@ class TinyGPT(pl.LightningModule):
         dropout: float = 0.0,
         lr: float = 2e-3,
         weight_decay: float = 0.1,
+        sequence_parallel: bool = True,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -79,6 +155,16 @@ class TinyGPT(pl.LightningModule):
         # Lightning's convention for a model's input: MLflow's signature and input example
         self.example_input_array = torch.zeros(1, block, dtype=torch.long)
         self.apply(_init_weights)
+
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy`` (a device mesh): the tensor-parallel plan and
+        FSDP2 (``parallelize``). Lightning may call it again (a validate after fit): a model
+        already parallelized is left as it is."""
+        from torch.distributed.tensor import DTensor
+
+        if self.device_mesh is None or any(isinstance(p, DTensor) for p in self.parameters()):
+            return
+        parallelize(self, self.device_mesh, self.hparams["sequence_parallel"])
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]

@@ -143,9 +143,47 @@ class FsdpSpec(_Section):
     )
 
 
+class ModelParallelSpec(_Section):
+    data_parallel_size: StrictInt | Literal["auto"] = Field(
+        default="auto",
+        description="Workers in a data-parallel group (replicas, each FSDP2-sharded); "
+        "`auto`: scaling.num_workers / tensor_parallel_size.",
+    )
+    tensor_parallel_size: StrictInt = Field(
+        default=1,
+        ge=1,
+        description="Workers that split each layer between them (tensor parallelism, the "
+        "model's configure_model plan); 1: FSDP2 alone. data_parallel_size x this must be "
+        "scaling.num_workers.",
+    )
+
+    @field_validator("data_parallel_size")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be at least 1 or auto, got {value}")
+        return value
+
+    def sizes(self, world_size: int) -> tuple[int, int]:
+        """(data-parallel, tensor-parallel) sizes for ``world_size`` workers, ``auto``
+        resolved; assumes ``strategy_problems`` found none."""
+        tp = self.tensor_parallel_size
+        dp = world_size // tp if self.data_parallel_size == "auto" else self.data_parallel_size
+        return dp, tp
+
+
 class StrategySpec(_Section):
-    name: Literal["ddp", "fsdp"] = Field(default="ddp", description="Distributed strategy.")
+    name: Literal["ddp", "fsdp", "model_parallel"] = Field(
+        default="ddp",
+        description="Distributed strategy: ddp, fsdp (FSDP1, Lightning's FSDPStrategy) or "
+        "model_parallel (Lightning's ModelParallelStrategy: the model's configure_model "
+        "applies tensor parallelism and FSDP2 on a (data_parallel, tensor_parallel) mesh).",
+    )
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP options (name: fsdp).")
+    model_parallel: ModelParallelSpec = Field(
+        default_factory=ModelParallelSpec,
+        description="Mesh sizes (name: model_parallel).",
+    )
 
 
 class CheckpointSpec(_Section):

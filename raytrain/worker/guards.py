@@ -22,6 +22,7 @@ import torch
 
 from raytrain._compat.torch import grad_norms
 from raytrain.errors import NonFiniteLossError
+from raytrain.worker.grad_clip import local_shard
 
 
 class FiniteGuard(pl.Callback):
@@ -30,7 +31,8 @@ class FiniteGuard(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        # this rank's shards of DTensors (model parallelism): a NaN spreads to every rank's
+        grads = [local_shard(p.grad) for p in pl_module.parameters() if p.grad is not None]
         if not grads:
             return
         norms = grad_norms(grads)

@@ -57,11 +57,10 @@ def build_trainer(
     accumulates, default the spec's). The spec's other Trainer arguments
     (``trainer.passthrough``) are given as written."""
     import lightning.pytorch as pl
-    from ray.train.lightning import prepare_trainer
 
     from raytrain._compat.lightning import skip_sigterm_broadcast
     from raytrain.worker.precision import decide
-    from raytrain.worker.strategy import build_plugins, build_strategy
+    from raytrain.worker.strategy import build_plugins, build_strategy, prepare
 
     t = spec.trainer
     precision, _ = decide(t.precision, spec.scaling.use_gpu is True)
@@ -94,7 +93,7 @@ def build_trainer(
     # SIGTERM is a preemption notice (raytrain.worker.preemption), agreed on about once a
     # second by PreemptionGuard; Lightning's own check is a collective before every batch.
     skip_sigterm_broadcast(trainer)
-    return prepare_trainer(trainer)
+    return prepare(spec, trainer)
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -112,6 +111,7 @@ def train_loop(config: dict[str, Any]) -> None:
     from raytrain.worker.precision import decide
     from raytrain.worker.reporting import ReportLogger
     from raytrain.worker.step_timeline import StepTimeline
+    from raytrain.worker.strategy import data_rank
     from raytrain.worker.user_code import (
         build_profiler,
         configure_optimizers,
@@ -135,7 +135,9 @@ def train_loop(config: dict[str, Any]) -> None:
 
     model = import_object(spec.model.class_path)(**spec.model.init_args)
     rank, world_size = context.get_world_rank(), context.get_world_size()
-    data, loaders = worker_data(spec, work, model, rank, world_size)
+    # a tensor-parallel group's ranks read the same rows: data is sharded by replica
+    replica, replicas = data_rank(spec, rank, world_size)
+    data, loaders = worker_data(spec, work, model, replica, replicas)
     on_gpu = spec.scaling.use_gpu is True
     startup: dict[str, Any] = {
         "_worker_started_at": _process_started_at(entered),
@@ -154,7 +156,7 @@ def train_loop(config: dict[str, Any]) -> None:
         limits=limits, run_dir=run_dir(spec), options=spec.storage, rank=rank, node=node,
         publish=_publisher(work.sink, wait=True),
     )  # fmt: skip
-    batching = global_batch(spec, world_size)
+    batching = global_batch(spec, replicas)
     if rank == 0:  # at every start and resize: what one optimizer step trains on
         print(f"raytrain: {batching.describe()}", flush=True)
     callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching)

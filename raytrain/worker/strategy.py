@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raytrain._compat.lightning import fsdp_strategy_class
+from raytrain._compat.lightning import fsdp_strategy_class, model_parallel_strategy_class
 from raytrain.spec import JobSpec
 
 # strategy.fsdp.sharding → torch's ShardingStrategy names
@@ -21,24 +21,96 @@ SHARDING = {
 }
 
 
-def strategy_problems(spec: JobSpec) -> list[str]:
-    """Problems of ``spec.strategy`` the schema cannot see: FSDP options only come with the
-    FSDP strategy (they would silently do nothing), hybrid sharding needs GPUs. The driver
-    checks them before Ray starts; nothing here imports Lightning."""
-    from raytrain.spec import FsdpSpec
+# Precisions Lightning's ModelParallelStrategy refuses (it accepts 32-true, bf16-mixed,
+# bf16-true and 16-true; "32" and "bf16" are the first two's other names).
+UNSUPPORTED_MP_PRECISION = ("16-mixed", "16", "64-true", "64")
 
-    if spec.strategy.name != "fsdp" and spec.strategy.fsdp != FsdpSpec():
-        return [f"strategy.fsdp: options for the fsdp strategy, but strategy.name is "
-                f"{spec.strategy.name!r}"]  # fmt: skip
-    if spec.strategy.fsdp.sharding == "hybrid" and spec.scaling.use_gpu is False:
+
+def strategy_problems(spec: JobSpec) -> list[str]:
+    """Problems of ``spec.strategy`` the schema cannot see: a strategy's options only come
+    with it (they would silently do nothing), hybrid sharding needs GPUs, a model-parallel
+    mesh must hold every worker. The driver checks them before Ray starts; nothing here
+    imports Lightning."""
+    from raytrain.spec import FsdpSpec, ModelParallelSpec
+
+    name = spec.strategy.name
+    for option, default in (("fsdp", FsdpSpec()), ("model_parallel", ModelParallelSpec())):
+        if name != option and getattr(spec.strategy, option) != default:
+            return [f"strategy.{option}: options for the {option} strategy, but strategy.name "
+                    f"is {name!r}"]  # fmt: skip
+    if name == "fsdp" and spec.strategy.fsdp.sharding == "hybrid" and spec.scaling.use_gpu is False:
         # Lightning builds the hybrid (nodes x workers) device mesh on CUDA devices
         return ["strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true, or "
                 "auto on a cluster with GPUs); on CPU workers use full"]  # fmt: skip
+    if name == "model_parallel":
+        return mesh_problems(spec)
     return []
 
 
+def mesh_problems(spec: JobSpec) -> list[str]:
+    """A model-parallel mesh must hold exactly the workers, at any size the run may take.
+
+    An elastic range is refused: Ray Train restarts at any count in it, most of which a
+    fixed tensor-parallel size does not divide, and a checkpoint written on one mesh is
+    read on another only where torch's DCP reshards it (see ``ARCHITECTURE.md``)."""
+    mp, scaling = spec.strategy.model_parallel, spec.scaling
+    if scaling.elastic:
+        return ["scaling.num_workers: an elastic [min, max] range cannot run strategy "
+                "model_parallel, whose mesh (strategy.model_parallel.data_parallel_size x "
+                "tensor_parallel_size) must hold every worker; give a fixed count"]  # fmt: skip
+    if spec.trainer.precision in UNSUPPORTED_MP_PRECISION:
+        return [f"trainer.precision: {spec.trainer.precision} is not supported by strategy "
+                "model_parallel (Lightning's ModelParallelStrategy): use bf16-mixed, "
+                "bf16-true, 16-true or 32-true"]  # fmt: skip
+    world, tp, dp = scaling.max_workers, mp.tensor_parallel_size, mp.data_parallel_size
+    if dp == "auto":
+        if world % tp:
+            return [f"strategy.model_parallel.tensor_parallel_size: {tp} does not divide "
+                    f"scaling.num_workers ({world}): data_parallel_size auto is their "
+                    "quotient"]  # fmt: skip
+        return []
+    if dp * tp != world:
+        return [f"strategy.model_parallel: data_parallel_size x tensor_parallel_size is "
+                f"{dp} x {tp} = {dp * tp}, but scaling.num_workers is {world}: the mesh must "
+                "hold every worker (data_parallel_size: auto takes the quotient)"]  # fmt: skip
+    return []
+
+
+def tensor_parallel_size(spec: JobSpec) -> int:
+    """Workers that split each layer between them (and read the same rows): 1 but under
+    the model-parallel strategy."""
+    if spec.strategy.name != "model_parallel":
+        return 1
+    return spec.strategy.model_parallel.tensor_parallel_size
+
+
+def needs_configure_model(spec: JobSpec) -> bool:
+    """Whether the strategy leaves sharding the model to its ``configure_model``."""
+    return spec.strategy.name == "model_parallel"
+
+
+def prepare(spec: JobSpec, trainer: Any) -> Any:
+    """``trainer``, checked by Ray's ``prepare_trainer`` where Ray has a class for the
+    strategy. It only checks the strategy is one of Ray's; Ray has none for Lightning's
+    ``ModelParallelStrategy``, which ``_compat.lightning`` adapts as Ray's adapt theirs."""
+    from ray.train.lightning import prepare_trainer
+
+    return trainer if spec.strategy.name == "model_parallel" else prepare_trainer(trainer)
+
+
+def data_rank(spec: JobSpec, rank: int, world_size: int) -> tuple[int, int]:
+    """(rank, world size) the data is sharded by. Ranks of one tensor-parallel group split
+    each layer of one model replica, so they read the same rows: Lightning's mesh is
+    (data_parallel, tensor_parallel) in row-major order, so rank r is replica r // tp."""
+    tp = tensor_parallel_size(spec)
+    return rank // tp, world_size // tp
+
+
 def shards_checkpoints(spec: JobSpec) -> bool:
-    """Whether every rank writes its own shard of a checkpoint (sharded FSDP)."""
+    """Whether every rank writes its own shard of a checkpoint (sharded FSDP, or the
+    model-parallel strategy's DTensors)."""
+    if spec.strategy.name == "model_parallel":
+        return True
     return spec.strategy.name == "fsdp" and spec.strategy.fsdp.state_dict == "sharded"
 
 
@@ -51,6 +123,13 @@ def build_strategy(spec: JobSpec, model: Any = None) -> Any:
         # Every parameter gets a gradient in the models we expect; not searching for unused
         # ones saves a graph traversal per step. Bucket views avoid a gradient copy.
         return RayDDPStrategy(find_unused_parameters=False, gradient_as_bucket_view=True)
+    if spec.strategy.name == "model_parallel":
+        import ray.train
+
+        dp, tp = spec.strategy.model_parallel.sizes(ray.train.get_context().get_world_size())
+        return model_parallel_strategy_class()(
+            data_parallel_size=dp, tensor_parallel_size=tp, save_distributed_checkpoint=True
+        )
     fsdp = spec.strategy.fsdp
     wrap = module_classes(model, fsdp.auto_wrap, "strategy.fsdp.auto_wrap")
     recompute = module_classes(
