@@ -416,6 +416,7 @@ class JobSpec(_Section):
 # how long to train, how many workers, how failures and tracking are handled, what is
 # profiled and logged besides MLflow, and where a run without checkpoints starts.
 RESUMABLE_FIELDS = (
+    "strategy.model_parallel.",  # the mesh: a checkpoint is resharded (DCP) on another
     "trainer.max_epochs",
     "trainer.max_steps",
     "trainer.log_every_n_steps",
