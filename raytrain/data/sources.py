@@ -288,13 +288,13 @@ def _place(
         _check_rows(name, source, found.num_rows, least)
         splits.streamed[name] = found
     else:
-        _check_shardable(spec, name, source)
+        check_shardable(spec, name, source)
         logger.info("%s set: streamed by Ray Data from %s every epoch", name, source.uri)
         splits.ray_data[name] = read_source(source, data.columns, options, data.preprocess,
                                             splits.data_nodes)  # fmt: skip
 
 
-def _check_shardable(spec: JobSpec, name: str, source: SourceSpec) -> None:
+def check_shardable(spec: JobSpec, name: str, source: SourceSpec) -> None:
     """Refuse a split streamed by Ray Data under tensor parallelism: Ray Train splits it
     into one shard per worker, but the ranks of a tensor-parallel group must read the same
     rows (raytrain's own loaders shard by replica, ``worker.strategy.data_rank``)."""

@@ -49,14 +49,18 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(self.norm1(x))  # (b, t, 3 x this rank's heads x head_dim)
+    def attend(self, h: torch.Tensor) -> torch.Tensor:
+        """Causal self-attention of the normalised ``h`` (this rank's heads, projected)."""
+        qkv = self.qkv(h)  # (b, t, 3 x this rank's heads x head_dim)
         b, t, features = qkv.shape  # t: the whole sequence, also under sequence parallelism
         heads = features // (3 * self.head_dim)
         q, k, v = qkv.view(b, t, heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         drop = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, heads * self.head_dim))
+        return self.proj(y.transpose(1, 2).reshape(b, t, heads * self.head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attend(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
 

@@ -62,10 +62,10 @@ def test_tensor_parallel_trains_as_fsdp_does_resumes_reshards_and_exports(
 ) -> None:
     write_splits(str(tmp_path / "text" / "train"), str(tmp_path / "text" / "val"), 60_000)
 
-    tp = raytrain.fit(_spec(tmp_path, tmp_path / "tp", TP2, steps=12, batch=32), progress=False)
-    fsdp = raytrain.fit(_spec(tmp_path, tmp_path / "fsdp", FSDP, steps=12, batch=16), progress=False)
-    (tp_start, tp_end), (fsdp_start, fsdp_end) = _probes(tmp_path / "tp"), _probes(
-        tmp_path / "fsdp")  # fmt: skip
+    tp_out, fsdp_out = tmp_path / "tp", tmp_path / "fsdp"
+    tp = raytrain.fit(_spec(tmp_path, tp_out, TP2, steps=12, batch=32), progress=False)
+    fsdp = raytrain.fit(_spec(tmp_path, fsdp_out, FSDP, steps=12, batch=16), progress=False)
+    (tp_start, tp_end), (fsdp_start, fsdp_end) = _probes(tp_out), _probes(fsdp_out)
     assert tp_start["loss"] == pytest.approx(fsdp_start["loss"], abs=1e-6)  # same weights
     assert tp_end["loss"] < tp_start["loss"] - 0.5  # it learnt
     assert tp_end["step"] == fsdp_end["step"] == 12
@@ -76,9 +76,9 @@ def test_tensor_parallel_trains_as_fsdp_does_resumes_reshards_and_exports(
 
     # the same mesh: the resumed run starts from the weights the first ended with; then
     # another mesh: tp 2 → tp 1 (FSDP2 over 2 replicas), resharded by torch's DCP
-    same = raytrain.fit(_spec(tmp_path, tmp_path / "tp", TP2, steps=16, batch=32), progress=False)
-    other = raytrain.fit(_spec(tmp_path, tmp_path / "tp", TP1, steps=20, batch=32), progress=False)
-    _, _, resumed, ended, resharded, end = _probes(tmp_path / "tp")
+    same = raytrain.fit(_spec(tmp_path, tp_out, TP2, steps=16, batch=32), progress=False)
+    other = raytrain.fit(_spec(tmp_path, tp_out, TP1, steps=20, batch=32), progress=False)
+    _, _, resumed, ended, resharded, end = _probes(tp_out)
     assert (resumed["step"], ended["step"], resharded["step"], end["step"]) == (12, 16, 16, 20)
     assert resumed["loss"] == pytest.approx(tp_end["loss"], abs=1e-6)
     assert resharded["loss"] == pytest.approx(ended["loss"], abs=1e-5)

@@ -16,6 +16,10 @@ import pytest
 from tests.conftest import digits_spec, write_spec
 from tests.fresh_process import run_fresh
 
+_TINYGPT = "model.class_path=raytrain.models.tinygpt:TinyGPT"
+_MP = "strategy.name=model_parallel"
+_TP = "strategy.model_parallel.tensor_parallel_size"
+
 CASES = {
     # name: (overrides, the field path the message must start with)
     "unknown_key": (["trainer.epochs=3"], "trainer.epochs"),
@@ -32,6 +36,23 @@ CASES = {
         ["strategy.name=fsdp", "strategy.fsdp.sharding=hybrid", "scaling.use_gpu=false"],
         "strategy.fsdp.sharding",
     ),
+    # strategy model_parallel (a model with a configure_model, so only the mesh is wrong)
+    "model_parallel_options_without_it": ([f"{_TP}=2"], "strategy.model_parallel"),
+    "mesh_does_not_hold_the_workers": (
+        [_TINYGPT, _MP, f"{_TP}=2", "strategy.model_parallel.data_parallel_size=2"],
+        "strategy.model_parallel",
+    ),
+    "tensor_parallel_does_not_divide_workers": ([_TINYGPT, _MP, f"{_TP}=3"], _TP),
+    "model_parallel_elastic": (
+        [_TINYGPT, _MP, "scaling.num_workers=[1, 2]"],
+        "scaling.num_workers",
+    ),
+    "model_parallel_fp16_mixed": (
+        [_TINYGPT, _MP, "trainer.precision=16-mixed"],
+        "trainer.precision",
+    ),
+    # read from the source: the digits model has none
+    "model_parallel_without_configure_model": ([_MP], "model.class_path"),
     # a LightningCLI config's classes, checked before Ray starts
     "datamodule_missing": (["data={class_path: nosuch_pkg.Data}"], "data.class_path"),
     "datamodule_not_one": (["data={class_path: collections.OrderedDict}"], "data.class_path"),
@@ -208,3 +229,9 @@ def test_a_pytorch_lightning_module_is_told_the_one_line_change(late_outcomes: d
         "change `import pytorch_lightning as pl` to `import lightning.pytorch as pl`"
         in (late_outcomes["older_namespace"]["stderr"])
     )
+
+
+def test_a_model_without_configure_model_is_told_what_it_must_do(outcomes: dict) -> None:
+    says = outcomes["model_parallel_without_configure_model"]["stderr"]
+    assert "defines no configure_model" in says
+    assert "parallelize_module" in says and "fully_shard" in says and "device_mesh" in says

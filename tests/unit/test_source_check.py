@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.driver.source_check import is_lightning_module, top_level_names
+from raytrain.driver.source_check import defines_method, is_lightning_module, top_level_names
 
 MODULES = {
     "pkg/__init__.py": "",
@@ -28,6 +28,17 @@ MODULES = {
         "class Torchy(torch.nn.Module):\n    pass\n"
         "Built = type('Built', (Base,), {})\n"
         "try:\n    from .base import Base as Reexported\nexcept ImportError:\n    pass\n"
+    ),
+    "pkg/parallel.py": (
+        "import lightning.pytorch as pl\n"
+        "from .models import Child\n"
+        "from nosuch_compiled_ext import Mixin\n"
+        "def hook(self):\n    pass\n"
+        "class Own(pl.LightningModule):\n    def configure_model(self):\n        pass\n"
+        "class Inherits(Own):\n    pass\n"
+        "class Assigned(pl.LightningModule):\n    configure_model = hook\n"
+        "class Without(Child):\n    pass\n"
+        "class Unknowable(Mixin, pl.LightningModule):\n    pass\n"
     ),
 }
 
@@ -66,3 +77,22 @@ def test_top_level_names(pkg: Path) -> None:
     assert "Missing" not in names
     (pkg / "star.py").write_text("from os import *\n")
     assert top_level_names(str(pkg / "star.py")) is None  # cannot know
+
+
+@pytest.mark.parametrize(
+    ("name", "defined"),
+    [("Own", True), ("Inherits", True), ("Assigned", True), ("Without", False),
+     ("Unknowable", None)],
+)  # fmt: skip
+def test_a_method_is_found_on_the_class_or_its_bases_short_of_lightnings(
+    pkg: Path, name: str, defined: bool | None
+) -> None:
+    # None: a base the source cannot show (a compiled module); the caller imports to know
+    assert defines_method("pkg.parallel", name, "configure_model") is defined
+    assert "pkg.parallel" not in sys.modules
+
+
+def test_the_bundled_models_configure_model_is_read_from_source() -> None:
+    assert defines_method("raytrain.models.tinygpt", "TinyGPT", "configure_model") is True
+    assert defines_method("tests.integration.models", "ProbedGPT", "configure_model") is True
+    assert defines_method("raytrain.models.digits", "DigitsCNN", "configure_model") is False

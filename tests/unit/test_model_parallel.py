@@ -1,0 +1,162 @@
+"""The model-parallel strategy's parts that need no Ray: the mesh a spec asks for, which
+rows each rank reads, TinyGPT's head-grouped projections (what makes its column shards
+whole heads), gradient clipping over DTensors, and the data paths it refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from raytrain.errors import SpecError
+from raytrain.models.tinygpt import Block, TinyGPT
+from raytrain.spec import load_spec, parse_spec
+from raytrain.worker import grad_clip
+from raytrain.worker.strategy import data_rank, strategy_problems, tensor_parallel_size
+from tests.conftest import digits_spec
+
+
+def test_the_tinygpt_tp_job_asks_for_two_way_tensor_parallelism() -> None:
+    spec = load_spec("jobs/tinygpt-tp.yaml")
+    mp = spec.strategy.model_parallel
+    assert spec.strategy.name == "model_parallel"
+    assert (mp.data_parallel_size, mp.tensor_parallel_size) == ("auto", 2)
+    assert mp.sizes(2) == (1, 2) and mp.sizes(4) == (2, 2)
+    assert strategy_problems(spec) == []
+    assert tensor_parallel_size(spec) == 2
+    assert tensor_parallel_size(load_spec("jobs/tinygpt.yaml")) == 1
+
+
+def test_the_ranks_of_a_tensor_parallel_group_read_one_replicas_rows() -> None:
+    spec = load_spec("jobs/tinygpt-tp.yaml", ["scaling.num_workers=6"])
+    # Lightning's mesh is (data_parallel, tensor_parallel), row-major: ranks 0, 1 are one
+    # replica's tensor-parallel group
+    assert [data_rank(spec, r, 6) for r in range(6)] == [(0, 3), (0, 3), (1, 3), (1, 3),
+                                                         (2, 3), (2, 3)]  # fmt: skip
+    ddp = load_spec("jobs/digits.yaml")
+    assert [data_rank(ddp, r, 2) for r in range(2)] == [(0, 2), (1, 2)]
+
+
+def _shard(block: Block, rank: int, tp: int) -> Block:
+    """Rank ``rank``'s part of ``block`` under ColwiseParallel qkv and mlp.0, RowwiseParallel
+    proj and mlp.2, as plain modules: contiguous row (column-wise) or column (row-wise)
+    slices, biases of row-wise layers only on rank 0 (torch adds them once)."""
+    import copy
+
+    part = copy.deepcopy(block)
+
+    def rows(linear: torch.nn.Linear) -> None:
+        n = linear.out_features // tp
+        linear.weight = torch.nn.Parameter(linear.weight[rank * n : (rank + 1) * n])
+        linear.bias = torch.nn.Parameter(linear.bias[rank * n : (rank + 1) * n])
+
+    def cols(linear: torch.nn.Linear) -> None:
+        n = linear.in_features // tp
+        linear.weight = torch.nn.Parameter(linear.weight[:, rank * n : (rank + 1) * n])
+        linear.bias = torch.nn.Parameter(linear.bias * (rank == 0))
+
+    rows(part.qkv), cols(part.proj), rows(part.mlp[0]), cols(part.mlp[2])
+    return part
+
+
+def test_column_shards_of_qkv_hold_whole_heads() -> None:
+    """The ranks' partial outputs sum to the block's own, at each of the two points where
+    tensor parallelism sums them (after the attention's and the MLP's row-wise layer): each
+    rank's contiguous part of qkv's features is its heads' query, key and value (grouped
+    by head), so it computes those heads' attention alone."""
+    torch.manual_seed(0)
+    block = Block(dim=32, heads=4).eval()
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        whole = block(x)
+        for tp in (2, 4):
+            parts = [_shard(block, r, tp) for r in range(tp)]
+            a = x + sum(p.attend(block.norm1(x)) for p in parts)
+            out = a + sum(p.mlp(block.norm2(a)) for p in parts)
+            torch.testing.assert_close(out, whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def one_rank_mesh() -> Iterator[object]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _grads(mesh: object) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """Parameters with gradients, half DTensors and half plain (as tensor parallelism
+    without FSDP2 leaves them), and plain copies of all."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.manual_seed(1)
+    plain = [torch.nn.Parameter(torch.randn(4, 3)) for _ in range(4)]
+    for p in plain:
+        p.grad = torch.randn_like(p) * 5
+    mixed = []
+    for i, p in enumerate(plain):
+        if i % 2:
+            q = torch.nn.Parameter(p.detach().clone())
+            q.grad = p.grad.clone()
+        else:
+            placement = [Shard(0)] if i == 0 else [Replicate()]
+            q = torch.nn.Parameter(distribute_tensor(p.detach().clone(), mesh, placement))
+            q.grad = distribute_tensor(p.grad.clone(), mesh, placement)
+        mixed.append(q)
+    return mixed, plain
+
+
+def test_clipping_by_norm_over_dtensors_and_tensors_is_torchs(one_rank_mesh: object) -> None:
+    mixed, plain = _grads(one_rank_mesh)
+    with pytest.raises(RuntimeError, match=r"mixed torch\.Tensor and DTensor"):
+        torch.nn.utils.clip_grad_norm_(mixed, 1.0)  # why grad_clip exists
+    expected = torch.nn.utils.clip_grad_norm_(plain, 1.0)
+    got = grad_clip.clip_grad_norm_(mixed, 1.0)
+    torch.testing.assert_close(got, expected)
+    for q, p in zip(mixed, plain, strict=True):
+        torch.testing.assert_close(grad_clip.local_shard(q.grad), p.grad)
+    # under the limit: nothing changes
+    before = [grad_clip.local_shard(q.grad).clone() for q in mixed]
+    grad_clip.clip_grad_norm_(mixed, 1e6)
+    after = [grad_clip.local_shard(q.grad) for q in mixed]
+    assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+def test_clipping_by_value_over_dtensors_and_tensors_is_torchs(one_rank_mesh: object) -> None:
+    mixed, plain = _grads(one_rank_mesh)
+    torch.nn.utils.clip_grad_value_(plain, 0.5)
+    grad_clip.clip_grad_value_(mixed, 0.5)
+    for q, p in zip(mixed, plain, strict=True):
+        torch.testing.assert_close(grad_clip.local_shard(q.grad), p.grad)
+
+
+def test_a_set_ray_data_would_stream_is_refused_under_tensor_parallelism(
+    digits_dir: Path, tmp_path: Path
+) -> None:
+    from raytrain.data.sources import check_shardable
+
+    csv = digits_spec(digits_dir, tmp_path)
+    csv["data"]["train"] = {"uri": str(tmp_path / "train.csv"), "format": "csv"}
+    csv["model"] = {"class_path": "raytrain.models.tinygpt:TinyGPT"}
+    csv["strategy"] = {"name": "model_parallel", "model_parallel": {"tensor_parallel_size": 2}}
+    spec = parse_spec(csv)
+    with pytest.raises(SpecError) as excinfo:
+        check_shardable(spec, "train", spec.files.train)  # type: ignore[union-attr, arg-type]
+    (problem,) = excinfo.value.problems
+    assert problem.startswith("data.train: ") and "tensor_parallel_size 2" in problem
+    csv["strategy"]["model_parallel"]["tensor_parallel_size"] = 1  # FSDP2 alone: any shards
+    one = parse_spec(csv)
+    check_shardable(one, "train", one.files.train)  # type: ignore[union-attr, arg-type]
+
+
+def test_tinygpt_configure_model_does_nothing_without_a_mesh() -> None:
+    model = TinyGPT(layers=1, dim=16, heads=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.configure_model()  # DDP and FSDP call it too
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
