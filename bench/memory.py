@@ -1,12 +1,17 @@
-"""Per-rank model-state memory, DDP against FSDP full sharding: the GPT at 50M+ parameters.
+"""Per-rank model-state memory, DDP against FSDP full sharding and tensor parallelism 2:
+the GPT at 50M+ parameters; and the step time of tensor parallelism against FSDP.
 
-    python bench/memory.py [--dim 768 --layers 8]
+    python bench/memory.py [--dim 768 --layers 8 --steps 8]
 
-Two real 2-worker raytrain runs of ``raytrain.models.tinygpt`` (CPU, gloo), one DDP and one
-FSDP (``sharding: full``, each block its own unit), each trained 2 steps on the stdlib text.
-Just before the second optimizer step every rank measures the bytes of its parameters,
-gradients and optimizer state (``bench.models.MemoryProbeGPT``). Prints a table of the
-per-rank figures (the largest rank) and the FSDP/DDP ratio, and writes JSON.
+Three real 2-worker raytrain runs of ``raytrain.models.tinygpt`` (CPU, gloo): DDP, FSDP
+(``sharding: full``, each block its own unit) and ``model_parallel`` with
+``tensor_parallel_size: 2`` (TinyGPT's plan: both workers hold half of every block, the
+embeddings whole), each trained ``--steps`` steps on the stdlib text on the same 4 rows a
+step (2 per worker under DDP and FSDP, 4 on the one tensor-parallel replica). Just before
+the second optimizer step every rank measures the bytes of its parameters, gradients and
+optimizer state (``bench.models.MemoryProbeGPT``); rank 0 times every step. Prints the
+per-rank figures (the largest rank) with their ratios to DDP, and the median step time of
+the steps after the second, tensor parallel over FSDP; writes JSON.
 """
 
 from __future__ import annotations
@@ -23,22 +28,34 @@ sys.path.insert(0, str(ROOT))
 KINDS = ("parameters", "gradients", "optimizer")
 
 
-def measure(strategy: str, work: Path, gpt: dict) -> dict:
-    """One run's per-rank model-state bytes (the largest rank), and the parameter count."""
+STRATEGIES = {
+    "ddp": ({"name": "ddp"}, 2),
+    "fsdp": ({"name": "fsdp", "fsdp": {"sharding": "full", "auto_wrap": ["Block"]}}, 2),
+    "tp2": ({"name": "model_parallel", "model_parallel": {"tensor_parallel_size": 2}}, 4),
+}
+LABELS = {"ddp": "DDP", "fsdp": "FSDP full", "tp2": "TP 2"}
+
+
+def measure(strategy: str, work: Path, gpt: dict, steps: int) -> dict:
+    """One run's per-rank model-state bytes (the largest rank), the parameter count and the
+    median step time after the second step."""
+    import statistics
+
     import raytrain
 
     out = work / strategy
     out.mkdir()
+    section, batch = STRATEGIES[strategy]
     spec = {
         "name": f"memory-{strategy}",
         "model": {"class_path": "bench.models:MemoryProbeGPT",
                   "init_args": {"out_dir": str(out), **gpt}},
         "data": {"train": {"uri": str(work / "text" / "train")}, "columns": ["tokens"],
-                 "batch_size": 2},
+                 "batch_size": batch},
         "scaling": {"num_workers": 2},
-        "strategy": {"name": strategy} if strategy == "ddp" else {
-            "name": "fsdp", "fsdp": {"sharding": "full", "auto_wrap": ["Block"]}},
-        "trainer": {"max_steps": 2, "max_epochs": 1, "log_every_n_steps": 1},
+        "strategy": section,
+        "trainer": {"max_steps": steps, "max_epochs": 1, "log_every_n_steps": 1,
+                    "precision": "32-true"},
         "checkpoint": {"storage": str(work / "runs"), "every_n_epochs": None, "keep": 1},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
     }  # fmt: skip
@@ -47,6 +64,8 @@ def measure(strategy: str, work: Path, gpt: dict) -> dict:
     worst = {k: max(r[k] for r in ranks) for k in KINDS}
     worst["total"] = max(sum(r[k] for k in KINDS) for r in ranks)
     worst["numel"] = ranks[0]["numel"]
+    times = json.loads((out / "steps.json").read_text())
+    worst["step_s"] = statistics.median(times[2:] or times)
     return worst
 
 
@@ -55,6 +74,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory.json"))
     args = parser.parse_args()
     from raytrain.datasets.text import write_splits
@@ -63,22 +83,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_splits(str(work / "text" / "train"), None, max_bytes=200_000)
-        results = {s: measure(s, work, gpt) for s in ("ddp", "fsdp")}
+        results = {s: measure(s, work, gpt, args.steps) for s in STRATEGIES}
     params = results["ddp"]["numel"]
-    header = f"{'per rank, MB (2 workers)':<26} {'DDP':>10} {'FSDP full':>10} {'ratio':>7}"
     print(
         f"GPT: {params / 1e6:.1f}M parameters (dim {args.dim}, {args.layers} layers), fp32, AdamW"
     )
+    header = f"{'per rank, MB (2 workers)':<26}" + "".join(f"{LABELS[s]:>11}" for s in STRATEGIES)
+    header += "".join(f"{LABELS[s] + ' / DDP':>17}" for s in STRATEGIES if s != "ddp")
     print(header)
     print("-" * len(header))
     for kind in (*KINDS, "total"):
-        ddp, fsdp = results["ddp"][kind], results["fsdp"][kind]
-        print(f"{kind:<26} {ddp / 1e6:>10.1f} {fsdp / 1e6:>10.1f} {fsdp / ddp:>7.2f}")
+        row = f"{kind:<26}" + "".join(f"{results[s][kind] / 1e6:>11.1f}" for s in STRATEGIES)
+        ddp = results["ddp"][kind]
+        row += "".join(f"{results[s][kind] / ddp:>17.2f}" for s in STRATEGIES if s != "ddp")
+        print(row)
+    step = {s: results[s]["step_s"] for s in STRATEGIES}
+    ratio = step["tp2"] / step["fsdp"]
+    print("median step, s: " + ", ".join(f"{LABELS[s]} {t:.3f}" for s, t in step.items()))
+    print(f"TP 2 / FSDP step time: {ratio:.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    ratio = results["fsdp"]["total"] / results["ddp"]["total"]
-    out.write_text(json.dumps({"gpt": gpt, "parameters": params, "bytes": results,
-                               "fsdp_over_ddp_total": ratio}, indent=2))  # fmt: skip
+    out.write_text(json.dumps({
+        "gpt": gpt, "parameters": params, "bytes": results,
+        "fsdp_over_ddp_total": results["fsdp"]["total"] / results["ddp"]["total"],
+        "tp2_over_ddp_total": results["tp2"]["total"] / results["ddp"]["total"],
+        "tp2_over_fsdp_step_time": ratio,
+    }, indent=2))  # fmt: skip
     print(f"wrote {out}")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from raytrain.models.digits import DigitsCNN
@@ -24,14 +26,32 @@ class MemoryProbeGPT(TinyGPT):
     step 2, the optimizer's state all exist), writes this rank's model-state bytes to
     ``out_dir/memory-rank{rank}.json``: parameters, gradients and optimizer state, each the
     sum of the distinct storages its tensors live in (an FSDP parameter is a view of its
-    rank's flat shard; DDP's gradients are views of its buckets)."""
+    rank's flat shard; DDP's gradients are views of its buckets; a DTensor counts its local
+    shard). Rank 0 also writes each step's wall time to ``out_dir/steps.json`` at the end."""
 
     def __init__(self, out_dir: str, at_step: int = 2, **kwargs):
         super().__init__(**kwargs)
         self.out_dir, self.at_step = out_dir, at_step
+        self._step_ends: list[float] = []
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        import time
+
+        self._step_ends.append(time.perf_counter())
+
+    def on_train_end(self) -> None:
+        import json
+
+        if self.global_rank == 0:
+            ends = self._step_ends
+            times = [b - a for a, b in itertools.pairwise(ends)]
+            with open(f"{self.out_dir}/steps.json", "w") as handle:
+                json.dump(times, handle)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         import json
+
+        from raytrain.worker.grad_clip import local_shard
 
         if self.global_step + 1 != self.at_step:
             return
@@ -39,7 +59,7 @@ class MemoryProbeGPT(TinyGPT):
 
         def nbytes(tensors: list[torch.Tensor]) -> int:
             total = 0
-            for tensor in tensors:
+            for tensor in map(local_shard, tensors):
                 storage = tensor.untyped_storage()
                 if storage.data_ptr() not in seen and storage.nbytes():
                     seen.add(storage.data_ptr())
