@@ -60,15 +60,18 @@ def accumulation(target: int, world_size: int) -> int:
 
 
 def global_batch(spec: JobSpec, world_size: int) -> GlobalBatch:
-    """The batching of ``spec`` on ``world_size`` workers. Without
+    """The batching of ``spec`` on ``world_size`` workers (replicas, under tensor
+    parallelism: ``worker.strategy.data_rank``). Without
     ``scaling.keep_global_batch`` it is the spec's accumulation, whatever the global batch;
     with it, the accumulation that keeps the global batch of ``scaling``'s most workers
     (``trainer.accumulate_grad_batches`` there)."""
     from raytrain.spec.data import DataSpec
+    from raytrain.worker.strategy import tensor_parallel_size
 
     batch = spec.data.batch_size if isinstance(spec.data, DataSpec) else None
     accumulate = spec.trainer.accumulate_grad_batches
     if not spec.scaling.keep_global_batch:
         return GlobalBatch(batch, world_size, accumulate, world_size * accumulate)
-    target = spec.scaling.max_workers * accumulate
+    # the most replicas: a tensor-parallel group's workers train one replica's batch
+    target = spec.scaling.max_workers // tensor_parallel_size(spec) * accumulate
     return GlobalBatch(batch, world_size, accumulation(target, world_size), target)

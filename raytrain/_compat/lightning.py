@@ -160,6 +160,26 @@ def fsdp_strategy_class() -> type:
     return RaytrainFSDPStrategy
 
 
+def broadcast_state(module: Any, device: Any) -> None:
+    """Give every rank rank 0's weights and buffers, before ``configure_model`` shards them.
+
+    DDP does this when it wraps a model. Under model parallelism nothing does: torch's
+    ``distribute_tensor`` scatters a tensor-parallel layer's shards from rank 0, but the
+    parts the plan leaves replicated (embeddings, norms) and FSDP2's shards each come from
+    the rank's own initialisation, which differs without ``trainer.seed``. A tensor-parallel
+    group then sums partial results of different weights. Tensors on the meta device (a
+    deferred initialisation) have nothing to send yet."""
+    import torch
+    import torch.distributed as dist
+
+    for tensor in module.state_dict().values():
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+            sent = tensor.to(device)  # NCCL sends from the GPU
+            dist.broadcast(sent, src=0)
+            if sent is not tensor:
+                tensor.copy_(sent)
+
+
 def model_parallel_strategy_class() -> type:
     """Lightning's ``ModelParallelStrategy`` (FSDP2 and tensor parallelism on a
     (data_parallel, tensor_parallel) ``DeviceMesh``) under Ray Train, on CPU (gloo) or GPU.
@@ -168,7 +188,8 @@ def model_parallel_strategy_class() -> type:
     it. Lightning reads a rank's device as ``parallel_devices[local_rank]``, the devices
     ``Trainer(devices="auto")`` found in this process: one CPU under Ray, so local rank 1
     would index past it. Ray's strategies read the device from Ray Train, and so does this
-    one. Lightning's precision plugin clips with ``torch.nn.utils``, which refuses
+    one. Every rank starts from rank 0's weights (``broadcast_state``). Lightning's
+    precision plugin clips with ``torch.nn.utils``, which refuses
     parameters that mix DTensors and plain tensors (a model with tensor parallelism and no
     FSDP2); the strategy clips with ``worker.grad_clip`` instead.
     """
@@ -186,6 +207,10 @@ def model_parallel_strategy_class() -> type:
         @property
         def num_processes(self) -> int:  # processes on this node
             return int(ray.train.get_context().get_local_world_size())
+
+        def setup_environment(self) -> None:
+            super().setup_environment()
+            broadcast_state(self.lightning_module, self.root_device)
 
         def setup(self, trainer: Any) -> None:
             super().setup(trainer)

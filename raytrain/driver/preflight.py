@@ -30,8 +30,11 @@ def check_model_located(spec: JobSpec) -> list[str]:
         return check_model(spec)  # the source does not bind it: confirm by importing
     if needs_configure_model(spec):
         module, _, name = spec.model.class_path.partition(":")
-        if source_check.defines_method(module, name, "configure_model") is False:
+        defined = source_check.defines_method(module, name, "configure_model")
+        if defined is False:
             return [_NO_CONFIGURE_MODEL.format(path=spec.model.class_path)]
+        if defined is None:  # a base the source cannot show: import the class to know
+            return check_model(spec)
     return []
 
 

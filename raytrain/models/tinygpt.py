@@ -33,17 +33,19 @@ VOCAB = 256
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention, then a 4x GELU MLP.
 
-    ``qkv``'s output features are grouped by head (head 0's query, key and value, then head
-    1's, ...), so a column-wise shard of it (tensor parallelism) holds whole heads: a rank
-    computes the attention of its heads alone, and ``forward`` reads the number of heads
-    from the features it got.
+    ``head_qkv``'s output features are grouped by head (head 0's query, key and value, then
+    head 1's, ...), so a column-wise shard of it (tensor parallelism) holds whole heads: a
+    rank computes the attention of its heads alone, and ``attend`` reads the number of heads
+    from the features it got. (It was ``qkv``, features grouped query | key | value: the
+    new name makes a checkpoint of that layout fail to load instead of loading into the
+    other layout unnoticed.)
     """
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0):
         super().__init__()
         self.head_dim = dim // heads
         self.norm1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
+        self.head_qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
@@ -51,7 +53,7 @@ class Block(nn.Module):
 
     def attend(self, h: torch.Tensor) -> torch.Tensor:
         """Causal self-attention of the normalised ``h`` (this rank's heads, projected)."""
-        qkv = self.qkv(h)  # (b, t, 3 x this rank's heads x head_dim)
+        qkv = self.head_qkv(h)  # (b, t, 3 x this rank's heads x head_dim)
         b, t, features = qkv.shape  # t: the whole sequence, also under sequence parallelism
         heads = features // (3 * self.head_dim)
         q, k, v = qkv.view(b, t, heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
@@ -78,7 +80,7 @@ def parallelize(model: TinyGPT, mesh: DeviceMesh, sequence_parallel: bool = True
     """Shard ``model`` over a (``data_parallel``, ``tensor_parallel``) device mesh, as
     Lightning's ``ModelParallelStrategy`` builds it; each part only where its size is > 1.
 
-    Tensor parallelism (Megatron's plan): in every block, ``qkv`` and the MLP's first
+    Tensor parallelism (Megatron's plan): in every block, ``head_qkv`` and the MLP's first
     layer are split column-wise (each rank computes its heads and its share of the hidden
     features, from the whole input), ``proj`` and the MLP's second layer row-wise (each rank
     multiplies its share and the results are summed across the ranks). One all-reduce per
@@ -104,15 +106,22 @@ def parallelize(model: TinyGPT, mesh: DeviceMesh, sequence_parallel: bool = True
     tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
     blocks = list(model.blocks)
     if tp.size() > 1:
-        heads = model.hparams["heads"]
+        heads, block = model.hparams["heads"], model.hparams["block"]
         if heads % tp.size():
             raise ValueError(
-                f"TinyGPT: heads ({heads}) must be a multiple of the tensor-parallel size "
-                f"({tp.size()}): each rank computes whole heads"
+                f"model.init_args.heads: {heads} is not a multiple of strategy.model_parallel."
+                f"tensor_parallel_size ({tp.size()}): each rank computes whole heads"
             )
+        if sequence_parallel and block % tp.size():
+            raise ValueError(
+                f"model.init_args.block: {block} is not a multiple of strategy.model_parallel."
+                f"tensor_parallel_size ({tp.size()}), which sequence parallelism splits it by; "
+                "set model.init_args.sequence_parallel: false"
+            )
+        model.sequence_shards = tp.size() if sequence_parallel else 1
         seq = Shard(1) if sequence_parallel else Replicate()
         plan: dict[str, Any] = {
-            "qkv": ColwiseParallel(input_layouts=seq),
+            "head_qkv": ColwiseParallel(input_layouts=seq),
             "proj": RowwiseParallel(output_layouts=seq),
             "mlp.0": ColwiseParallel(input_layouts=seq),
             "mlp.2": RowwiseParallel(output_layouts=seq),
@@ -128,9 +137,9 @@ def parallelize(model: TinyGPT, mesh: DeviceMesh, sequence_parallel: bool = True
                 use_local_output=True))  # fmt: skip
         for block in blocks:
             parallelize_module(block, tp, plan)
-    if dp.size() > 1:
-        for block in blocks:
-            fully_shard(block, mesh=dp)
+    if dp.size() > 1 or tp.size() == 1:  # alone (a world of 1) too: its state is DTensors,
+        for part in blocks:  # which Lightning's model-parallel restore looks for
+            fully_shard(part, mesh=dp)
         fully_shard(model, mesh=dp)
 
 
@@ -159,6 +168,7 @@ class TinyGPT(pl.LightningModule):
         # Lightning's convention for a model's input: MLflow's signature and input example
         self.example_input_array = torch.zeros(1, block, dtype=torch.long)
         self.apply(_init_weights)
+        self.sequence_shards = 1  # what sequence parallelism splits a sequence into
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy`` (a device mesh): the tensor-parallel plan and
@@ -172,6 +182,11 @@ class TinyGPT(pl.LightningModule):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
+        if t % self.sequence_shards:
+            raise ValueError(
+                f"TinyGPT: a sequence of {t} tokens; under sequence parallelism it must be a "
+                f"multiple of the tensor-parallel size ({self.sequence_shards})"
+            )
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         for block in self.blocks:
             x = block(x)

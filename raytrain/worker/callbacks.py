@@ -45,7 +45,7 @@ from raytrain.worker.reporting import MetricsReporter, Publish
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.spike import RollbackSkip, SpikeGuard
 from raytrain.worker.step_timeline import StepTimeline
-from raytrain.worker.strategy import shards_checkpoints
+from raytrain.worker.strategy import shards_checkpoints, tensor_parallel_size
 from raytrain.worker.system_metrics import SystemMetrics
 
 
@@ -84,6 +84,7 @@ def build_callbacks(
         startup=startup,
         system=system,
         global_batch=batching.samples if batching is not None else None,
+        readers_per_row=tensor_parallel_size(spec),
     )
     checkpoints = CheckpointCallback(
         schedule=schedule,

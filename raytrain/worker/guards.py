@@ -31,12 +31,16 @@ class FiniteGuard(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
-        # this rank's shards of DTensors (model parallelism): a NaN spreads to every rank's
-        grads = [local_shard(p.grad) for p in pl_module.parameters() if p.grad is not None]
-        if not grads:
+        present = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if not present:
             return
-        norms = grad_norms(grads)
-        if bool(torch.isfinite(norms).all()):
+        grads = [local_shard(g) for g in present]  # a DTensor's: this rank's part
+        finite = bool(torch.isfinite(grad_norms(grads)).all())
+        if any(g is not s for g, s in zip(present, grads, strict=True)):
+            # sharded gradients (model parallelism): a NaN in one rank's part is not in the
+            # others', so the ranks agree (one all-reduce of one float) and act together
+            finite = _agreed(finite, grads[0].device)
+        if finite:
             return
         step = trainer.global_step + 1
         raise NonFiniteLossError(
@@ -44,6 +48,15 @@ class FiniteGuard(pl.Callback):
             f"{trainer.current_epoch + 1}); nothing of this step was applied or "
             f"checkpointed, and the run is not retried: a retry would replay the same batches"
         )
+
+
+def _agreed(finite: bool, device: torch.device) -> bool:
+    """Whether every rank's gradients are finite (a MIN all-reduce)."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if finite else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item() == 1.0)
 
 
 class Checkpointer(Protocol):

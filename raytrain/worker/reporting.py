@@ -89,13 +89,15 @@ class MetricsReporter(pl.Callback):
         startup: dict[str, Any] | None = None,
         system: SystemMetrics | None = None,
         global_batch: int | None = None,
+        readers_per_row: int = 1,
     ):
         """``publish`` receives rank 0's metric events; None on the other ranks.
         ``system`` adds its ``system/...`` metrics to each report of training steps.
         ``startup`` holds wall-clock times of the worker's startup phases; they go out with
         the first event, beside the fit's start and the first step's end.
         ``global_batch``: the samples of an optimizer step, reported with the train metrics
-        (None: the user's loaders decide the batch)."""
+        (None: the user's loaders decide the batch). ``readers_per_row``: ranks that read
+        each row (a tensor-parallel group), so throughput counts every row once."""
         self.log_every_n_steps = log_every_n_steps
         self.schedule = schedule
         self.monitor = monitor
@@ -103,6 +105,7 @@ class MetricsReporter(pl.Callback):
         self.publish_to = publish
         self.system = system
         self.global_batch = global_batch
+        self.readers_per_row = readers_per_row
         self._startup: dict[str, Any] | None = dict(startup or {})
         self._blocked_s: float | None = None  # the last checkpoint's hold-up, sent once
         self._last_step = -1
@@ -206,7 +209,8 @@ class MetricsReporter(pl.Callback):
         out: dict[str, Any] = {k: v for k, v in self.logged.items() if k not in values}
         out.update({k: v for k, v in values.items() if k not in self._val_keys})
         self.logged = {}
-        out["samples_per_s"] = self._samples * trainer.world_size / elapsed
+        replicas = trainer.world_size // self.readers_per_row
+        out["samples_per_s"] = self._samples * replicas / elapsed
         if self.global_batch is not None:
             out["global_batch"] = self.global_batch
         if self.system is not None:

@@ -9,7 +9,10 @@ worker processes, pinning) sampled by raytrain's ``EpochSchedule`` instead of it
 sampler. Every sample is then trained once per epoch, by one rank, in a (seed, epoch) order
 when the loader shuffled (``shuffle=True``) and in the dataset's order when it did not; and
 a restore resumes mid-epoch exactly, at any world size. A loader over an iterable dataset
-is left as it is: each rank iterates its own copy.
+is left as it is: each rank iterates its own copy. Under tensor parallelism the ranks of a
+group must read the same rows: ranks and world size here are replicas
+(``worker.strategy.data_rank``), and an iterable dataset, which shards itself by whatever
+it reads, is refused.
 """
 
 from __future__ import annotations
@@ -84,11 +87,21 @@ class _ScheduleSampler:
         return len(self.schedule)
 
 
-def shard(loader: Any, *, rank: int, world_size: int, seed: int, where: str) -> Any:
+def shard(
+    loader: Any, *, rank: int, world_size: int, seed: int, where: str, tensor_parallel: int = 1
+) -> Any:
     """``loader`` as this rank's share: a ``ShardedLoader`` for a DataLoader over a
-    map-style dataset; anything else as it is. ``where`` names the loader in errors
+    map-style dataset; anything else as it is, but not under ``tensor_parallel`` > 1 (see
+    the module docstring). ``where`` names the loader in errors
     (``MyData.train_dataloader``)."""
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        if tensor_parallel > 1:
+            raise ValueError(
+                f"{where}: not a DataLoader over a map-style dataset, which each worker would "
+                "iterate as it is; with strategy.model_parallel.tensor_parallel_size "
+                f"{tensor_parallel} the workers of a tensor-parallel group must read the same "
+                "rows, which raytrain gives them from a map-style dataset (or from data files)"
+            )
         return loader
     if isinstance(loader, ShardedLoader):
         return loader
@@ -126,7 +139,9 @@ class UserData:
     Lightning asks by hook name (``train_dataloader()``), so the hooks are wrapped on this
     instance: its class, and with it everything Lightning reads of it, is the user's."""
 
-    def __init__(self, source: Any, *, rank: int, world_size: int, seed: int):
+    def __init__(
+        self, source: Any, *, rank: int, world_size: int, seed: int, tensor_parallel: int = 1
+    ):
         self.source = source
         self.train_loader: Any = None
         owner = type(source).__name__
@@ -136,7 +151,8 @@ class UserData:
             @functools.wraps(original)
             def sharded(original: Any = original, hook: str = hook) -> Any:
                 loader = shard(original(), rank=rank, world_size=world_size, seed=seed,
-                               where=f"{owner}.{hook}")  # fmt: skip
+                               where=f"{owner}.{hook}",
+                               tensor_parallel=tensor_parallel)  # fmt: skip
                 if hook == "train_dataloader":
                     self.train_loader = loader
                 return loader
@@ -147,17 +163,21 @@ class UserData:
 def worker_data(
     spec: JobSpec, work: WorkerConfig, model: Any, rank: int, world_size: int
 ) -> tuple[Callable[[], Any], dict[str, Any]]:
-    """This worker's data for ``trainer.fit``: a function returning the train loader (for
+    """This worker's data for ``trainer.fit`` (``rank`` and ``world_size``: its replica's,
+    ``worker.strategy.data_rank``): a function returning the train loader (for
     ``LoaderPosition``; a DataModule's exists only once fit asks for it) and ``fit``'s
     data arguments: file loaders, the DataModule, or none (the model's own loaders)."""
     if isinstance(spec.data, DataSpec):
         train, val = worker_loaders(spec.data, work.cached, work.streamed, work.mixed,
                                     spec.storage, rank, world_size)  # fmt: skip
         return (lambda: train), {"train_dataloaders": train, "val_dataloaders": val}
+    from raytrain.worker.strategy import tensor_parallel_size
+
     seed = 0 if spec.trainer.seed is None else spec.trainer.seed
+    tp = tensor_parallel_size(spec)
     if spec.data is None:
-        user = UserData(model, rank=rank, world_size=world_size, seed=seed)
+        user = UserData(model, rank=rank, world_size=world_size, seed=seed, tensor_parallel=tp)
         return (lambda: user.train_loader), {}
     datamodule = import_object(spec.data.class_path)(**spec.data.init_args)
-    user = UserData(datamodule, rank=rank, world_size=world_size, seed=seed)
+    user = UserData(datamodule, rank=rank, world_size=world_size, seed=seed, tensor_parallel=tp)
     return (lambda: user.train_loader), {"datamodule": datamodule}

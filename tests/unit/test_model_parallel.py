@@ -40,7 +40,7 @@ def test_the_ranks_of_a_tensor_parallel_group_read_one_replicas_rows() -> None:
 
 
 def _shard(block: Block, rank: int, tp: int) -> Block:
-    """Rank ``rank``'s part of ``block`` under ColwiseParallel qkv and mlp.0, RowwiseParallel
+    """Rank ``rank``'s part of ``block`` under ColwiseParallel head_qkv and mlp.0, RowwiseParallel
     proj and mlp.2, as plain modules: contiguous row (column-wise) or column (row-wise)
     slices, biases of row-wise layers only on rank 0 (torch adds them once)."""
     import copy
@@ -57,14 +57,14 @@ def _shard(block: Block, rank: int, tp: int) -> Block:
         linear.weight = torch.nn.Parameter(linear.weight[:, rank * n : (rank + 1) * n])
         linear.bias = torch.nn.Parameter(linear.bias * (rank == 0))
 
-    rows(part.qkv), cols(part.proj), rows(part.mlp[0]), cols(part.mlp[2])
+    rows(part.head_qkv), cols(part.proj), rows(part.mlp[0]), cols(part.mlp[2])
     return part
 
 
-def test_column_shards_of_qkv_hold_whole_heads() -> None:
+def test_column_shards_of_head_qkv_hold_whole_heads() -> None:
     """The ranks' partial outputs sum to the block's own, at each of the two points where
     tensor parallelism sums them (after the attention's and the MLP's row-wise layer): each
-    rank's contiguous part of qkv's features is its heads' query, key and value (grouped
+    rank's contiguous part of head_qkv's features is its heads' query, key and value (grouped
     by head), so it computes those heads' attention alone."""
     torch.manual_seed(0)
     block = Block(dim=32, heads=4).eval()
@@ -160,3 +160,129 @@ def test_tinygpt_configure_model_does_nothing_without_a_mesh() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.configure_model()  # DDP and FSDP call it too
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# -- two processes (gloo): what the ranks of one run must agree on ----------------------------
+
+
+def _two_ranks(rank: int, store_path: str, out: str) -> None:
+    """Rank ``rank`` of 2: a module initialised from its own seed, then ``broadcast_state``;
+    then gradients finite on rank 0 and NaN in rank 1's shard, through ``FiniteGuard``."""
+    import json
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from raytrain._compat.lightning import broadcast_state
+    from raytrain.errors import NonFiniteLossError
+    from raytrain.worker.guards import FiniteGuard
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    try:
+        torch.manual_seed(rank)  # no trainer.seed: every rank its own initialisation
+        module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        broadcast_state(module, torch.device("cpu"))
+        weights = [t.tolist() for t in module.state_dict().values()]
+
+        mesh = init_device_mesh("cpu", (2,))
+        param = torch.nn.Parameter(distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]))
+        grad = torch.ones(4, 2)
+        grad[3, 0] = float("nan")  # row 3: rank 1's shard only
+        param.grad = distribute_tensor(grad, mesh, [Shard(0)])
+        model = SimpleNamespace(parameters=lambda: [param])
+        try:
+            FiniteGuard().on_before_optimizer_step(
+                SimpleNamespace(global_step=0, current_epoch=0),
+                model,
+                None,  # type: ignore[arg-type]
+            )
+            raised = False
+        except NonFiniteLossError:
+            raised = True
+        with open(f"{out}/rank{rank}.json", "w") as handle:
+            json.dump({"weights": weights, "raised": raised}, handle)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_start_from_rank_0s_weights_and_stop_together_on_a_nan(tmp_path: Path) -> None:
+    """Without these a tensor-parallel group would sum partial results of different
+    weights (no seed), and a NaN in one rank's shard would stop that rank alone while the
+    other waited in its next collective."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_two_ranks, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+    torch.manual_seed(0)
+    rank0 = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    assert ranks[0]["weights"] == [t.tolist() for t in rank0.state_dict().values()]
+    assert [r["raised"] for r in ranks] == [True, True]
+
+
+def test_a_loader_each_rank_iterates_itself_is_refused_under_tensor_parallelism() -> None:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from raytrain.worker.user_data import shard
+
+    class Stream(IterableDataset):
+        def __iter__(self) -> Iterator[int]:
+            yield from range(8)
+
+    loader = DataLoader(Stream(), batch_size=2)
+    assert shard(loader, rank=0, world_size=2, seed=0, where="M.train_dataloader") is loader
+    with pytest.raises(ValueError, match=r"^M\.train_dataloader: .*tensor_parallel_size 2"):
+        shard(loader, rank=0, world_size=1, seed=0, where="M.train_dataloader", tensor_parallel=2)
+
+
+def test_a_replica_not_a_worker_is_what_batches_and_throughput_count() -> None:
+    from types import SimpleNamespace
+
+    from raytrain.global_batch import global_batch
+    from raytrain.worker.reporting import MetricsReporter
+    from raytrain.worker.schedule import CheckpointSchedule
+
+    spec = load_spec("jobs/tinygpt-tp.yaml", ["scaling.keep_global_batch=true"])
+    batching = global_batch(spec, 1)  # 2 workers, tp 2: one replica
+    assert (batching.accumulate, batching.samples) == (1, 64)
+    reporter = MetricsReporter(log_every_n_steps=1, schedule=CheckpointSchedule(None, None),
+                               readers_per_row=2)  # fmt: skip
+    import time
+
+    reporter._samples = 64  # one step's rows on each rank of the group: the same 64
+    reporter._window_start = time.perf_counter() - 2.0  # a window of 2 s (and a little)
+    trainer = SimpleNamespace(world_size=2, global_step=1)
+    out = reporter._train_window(trainer, {})  # type: ignore[arg-type]
+    assert out["samples_per_s"] == pytest.approx(32, rel=0.05)  # not 64: one replica's rows
+
+
+def test_sequence_parallelism_refuses_a_sequence_it_cannot_split_evenly() -> None:
+    model = TinyGPT(block=16, layers=1, dim=16, heads=2)
+    model.sequence_shards = 2  # as parallelize sets it under sequence parallelism
+    assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 256)
+    with pytest.raises(ValueError, match="a sequence of 7 tokens"):
+        model(torch.zeros(1, 7, dtype=torch.long))
+
+
+def test_a_configure_model_the_source_cannot_show_is_checked_by_importing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digits_dir: Path
+) -> None:
+    from raytrain.driver.preflight import check_model_located
+
+    (tmp_path / "runtime_base.py").write_text(
+        "import lightning.pytorch as pl\n"
+        "def make():\n    return type('Base', (pl.LightningModule,), {})\n"
+        "Base = make()\n"
+        "class Model(Base):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = digits_spec(digits_dir, tmp_path)
+    raw["model"] = {"class_path": "runtime_base:Model"}
+    raw["strategy"] = {"name": "model_parallel"}
+    problems = check_model_located(parse_spec(raw))
+    assert len(problems) == 1 and problems[0].startswith("model.class_path: runtime_base:Model")
+    assert "defines no configure_model" in problems[0]
