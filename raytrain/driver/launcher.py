@@ -135,10 +135,13 @@ def run_job(
     verbose: bool = False,
     listeners: Sequence[Callable[[dict[str, Any]], None]] = (),
     start: float | None = None,
+    close_on_failure: bool = True,
 ) -> FitResult:
     """``fit`` after the checks that need no Ray (``check_before_ray``): a sweep's trial
     runs this, its spec checked once for the whole sweep. ``listeners`` get rank 0's
-    events (``training.train``)."""
+    events (``training.train``). ``close_on_failure`` False leaves a failed run's MLflow
+    record open for the caller to close: a sweep's trial, whose failure may be its own
+    actor ending after the scheduler stopped it, and whose driver alone knows which."""
     start = time.time() if start is None else start
     timings: dict[str, float] = {}
 
@@ -176,7 +179,7 @@ def run_job(
         if status is not None:
             status.finish("failed", error=str(exc) or type(exc).__name__,
                           failure=failure_kind(exc))  # fmt: skip
-        if record is not None:
+        if record is not None and close_on_failure:
             killed = isinstance(exc, KeyboardInterrupt)
             record.finish("KILLED" if killed else "FAILED", error=str(exc))
         if held is not None:

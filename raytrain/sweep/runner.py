@@ -5,7 +5,7 @@ spec without ``tune``, and every bound of the search space against the spec's va
 starts or joins Ray, and opens the sweep's parent MLflow run. Ray Tune then runs the trials
 (``sweep.trial``), as many at once as the cluster holds; ASHA stops the poorer ones at its
 rungs, which ends their trial actors and with them their Ray Train workers. When Tune is
-done the driver closes each stopped trial's MLflow run with the reason, writes the best
+done the driver closes each unfinished trial's MLflow run with the reason, writes the best
 trial's spec as a plain spec (``best.yaml``), and records the best trial and a plot of the
 metric against each sampled field on the parent run.
 
@@ -112,7 +112,7 @@ def tune(
         timings["trials_done"] = round(time.time() - start, 3)
         metric_error = _metric_error(grid)
         rows = [_row(result, plan) for result in grid]
-        _close_stopped(rows, tracking_uri, sweep)
+        _close_trials(rows, tracking_uri, sweep)
         if metric_error is not None:
             parent.finish("FAILED", error=metric_error)
             raise SpecError(metric_error)
@@ -341,15 +341,21 @@ def _row(result: Any, plan: TrialPlan) -> TrialRow:
     )  # fmt: skip
 
 
-def _close_stopped(rows: list[TrialRow], tracking_uri: str, sweep: TuneSpec) -> None:
-    """End the MLflow run of each trial the scheduler stopped (its actor ended mid-run),
-    FINISHED, with the reason in ``raytrain.stopped``."""
+def _close_trials(rows: list[TrialRow], tracking_uri: str, sweep: TuneSpec) -> None:
+    """End the MLflow run of each trial that did not finish, once Tune has ended them all:
+    a trial the scheduler stopped FINISHED, with the reason in ``raytrain.stopped``; one
+    that failed FAILED, with its error. The driver alone closes these (a trial leaves its
+    run open when it fails, ``run_job(close_on_failure=False)``): a stopped trial's actor
+    can fail while it ends, and a status it wrote after this one would win."""
     from raytrain.tracking.mlflow_tracker import MlflowTracker
 
     for row in rows:
-        if row.status != "stopped" or row.mlflow_run_id is None:
+        if row.status == "finished" or row.mlflow_run_id is None:
             continue
         tracker = MlflowTracker.attach(tracking_uri, row.mlflow_run_id)
+        if row.status == "error":
+            tracker.finish("FAILED", error=row.error or "the trial failed")
+            continue
         score = row.score(sweep.metric)
         shown = f"{sweep.metric} {score:.4g}" if score is not None else f"no {sweep.metric}"
         tracker.set_tags({"raytrain.stopped": f"{sweep.scheduler.name}: stopped after "

@@ -81,7 +81,9 @@ class TuneReporter:
     end's result is reported once the run is done (``run_trial``). The first validation's
     report that lacks the metric (``MONITOR_MISSING``: the trial ranks checkpoints by the
     sweep's metric) ends the trial with an error naming ``tune.metric`` and what is
-    reported."""
+    reported. A report made after the scheduler stopped the trial raises ``SystemExit``
+    in Tune's ``report``; here that would only end the report thread while training went
+    on, so it ends the run instead (``TrialStopped``)."""
 
     def __init__(self, metric: str, report: Any, time_attr: str = "epoch", end: int = 0):
         self.metric = metric
@@ -101,7 +103,15 @@ class TuneReporter:
             return
         self.latest = tune_result(event)
         if not self.end or self.latest[self.time_attr] < self.end:
-            self.report(self.latest)
+            try:
+                self.report(self.latest)
+            except SystemExit:
+                raise StopRun(TrialStopped("the sweep's scheduler stopped this trial")) from None
+
+
+class TrialStopped(Exception):
+    """The sweep's scheduler stopped this trial: its run ends, and the sweep's driver
+    closes its MLflow run with the reason (``runner``)."""
 
 
 def tune_result(event: dict[str, Any]) -> dict[str, Any]:
@@ -131,7 +141,9 @@ def run_trial(config: dict[str, Any], plan: TrialPlan) -> None:
     spec = trial_spec(plan.base, trial_values(plan, config, name), name)
     end = spec.trainer.max_epochs if plan.time_attr == "epoch" else spec.trainer.max_steps
     reporter = TuneReporter(plan.metric, tune.report, plan.time_attr, max(end or 0, 0))
-    result = run_job(spec, progress=False, listeners=[reporter])
+    # A failed trial's MLflow run is closed by the driver once Tune has ended the trial: a
+    # stopped trial's actor may fail while it ends, after the driver closed its run.
+    result = run_job(spec, progress=False, listeners=[reporter], close_on_failure=False)
     # A trial already complete (a resumed sweep's) trained nothing now: its last checkpoint's.
     committed = None if reporter.latest else latest_committed(run_dir(spec), spec.storage)
     final = reporter.latest or tune_result(committed[1] if committed else result.metrics)

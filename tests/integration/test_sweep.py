@@ -74,7 +74,8 @@ def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
     assert sorted(r.data.tags["raytrain.trial"] for r in children) == sorted(
         t.name for t in result.trials
     )
-    assert all(r.info.status == "FINISHED" for r in children)
+    statuses = {r.data.tags["raytrain.trial"]: r.info.status for r in children}
+    assert statuses == dict.fromkeys(statuses, "FINISHED"), (statuses, result.table())
     by_trial = {r.data.tags["raytrain.trial"]: r for r in children}
     for trial in stopped:
         assert by_trial[trial.name].data.tags["raytrain.stopped"].startswith("asha: stopped")

@@ -14,7 +14,13 @@ from raytrain.errors import SpecError
 from raytrain.spec import load_spec
 from raytrain.sweep.results import TrialRow, best_of, rank_key
 from raytrain.sweep.space import base_tree, check_space, trial_spec
-from raytrain.sweep.trial import TrialPlan, TuneReporter, trial_name, trial_values
+from raytrain.sweep.trial import (
+    TrialPlan,
+    TrialStopped,
+    TuneReporter,
+    trial_name,
+    trial_values,
+)
 from tests.conftest import digits_spec
 
 SPACE = {"model.init_args.lr": {"loguniform": [1e-4, 1e-1]}}
@@ -136,6 +142,51 @@ def test_a_metric_no_trial_reports_stops_the_trial_naming_what_is_reported() -> 
     assert isinstance(error, SpecError)
     assert str(error) == ("tune.metric: 'val_accuracy' is not reported by the trials (they "
                           "report: val_acc, val_loss)")  # fmt: skip
+
+
+def test_a_report_after_the_scheduler_stopped_the_trial_ends_the_run() -> None:
+    # Tune's report raises SystemExit once the trial is stopped; in the report thread that
+    # would end only the thread while training went on.
+    def stopped(result: dict[str, Any]) -> None:
+        raise SystemExit(0)
+
+    reporter = TuneReporter("val_acc", stopped, "epoch", end=3)
+    with pytest.raises(StopRun) as caught:
+        reporter({"step": 23, "epoch": 0, "kind": "epoch", "val_acc": 0.5})
+    assert isinstance(caught.value.error, TrialStopped)
+
+
+def test_the_driver_closes_each_unfinished_trials_run_with_how_it_ended(
+    digits_dir: Path, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from raytrain.sweep.runner import _close_trials
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("sweep")
+    ids = {name: client.create_run(experiment).info.run_id for name in ("done", "asha", "bad")}
+    client.set_terminated(ids["done"], "FINISHED")
+    rows = [
+        TrialRow(name="done", status="finished", values={}, metrics={"val_acc": 0.9},
+                 epochs=3, mlflow_run_id=ids["done"]),
+        TrialRow(name="asha", status="stopped", values={}, metrics={"val_acc": 0.4},
+                 epochs=1, mlflow_run_id=ids["asha"]),
+        TrialRow(name="bad", status="error", values={}, metrics={}, epochs=0,
+                 mlflow_run_id=ids["bad"], error="ValueError: lr"),
+        TrialRow(name="never", status="error", values={}, metrics={}, epochs=0),
+    ]  # fmt: skip
+    sweep = load_spec(_sweep(digits_dir, tmp_path, scheduler={"name": "asha"})).tune
+    assert sweep is not None
+    _close_trials(rows, uri, sweep)
+    runs = {name: client.get_run(run_id) for name, run_id in ids.items()}
+    assert {name: run.info.status for name, run in runs.items()} == {
+        "done": "FINISHED", "asha": "FINISHED", "bad": "FAILED"}  # fmt: skip
+    assert runs["asha"].data.tags["raytrain.stopped"].startswith("asha: stopped after 1 epoch")
+    assert "val_acc 0.4" in runs["asha"].data.tags["raytrain.stopped"]
+    assert "ValueError: lr" in runs["bad"].data.tags["raytrain.error"]
+    assert "raytrain.stopped" not in runs["done"].data.tags
 
 
 def _row(name: str, value: float | None, status: str = "finished") -> TrialRow:
