@@ -14,6 +14,10 @@
   ``loops.fit_loop.state_dict.combined_loader`` (the train loaders' saved states, which the
   fit loop loads into them before it first iterates them) and
   ``loops.fit_loop["epoch_loop.batch_progress"].is_last_batch``.
+- ``epoch_cut_short``, ``epoch_in_progress`` and ``uncount_cut_epoch``:
+  ``fit_loop.epoch_progress`` (``current`` and ``total``),
+  ``fit_loop.epoch_loop._num_ready_batches_reached`` and a checkpoint's
+  ``loops.fit_loop.epoch_progress`` and ``epoch``: an epoch that ``max_steps`` ended early.
 - ``fsdp_strategy_class``: Ray's ``RayFSDPStrategy`` with ``_setup_model`` overridden
   (CPU sharding, clipping by the root module), using
   ``lightning.pytorch.strategies.fsdp._move_torchmetrics_to_device`` and
@@ -112,6 +116,43 @@ def checkpoint_at_epoch_end(checkpoint: dict[str, Any]) -> bool:
     """Whether a Lightning checkpoint was taken after its epoch's last batch."""
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
     return bool(progress and progress.get("is_last_batch"))
+
+
+def epoch_cut_short(trainer: Any) -> bool:
+    """Whether the fit loop has counted an epoch whose batches did not all run.
+
+    When ``max_steps`` (or a stop) ends training mid-epoch, Lightning's fit loop still runs
+    the epoch's end (``on_advance_end``): it counts the epoch processed before
+    ``on_train_epoch_end`` and completed before ``on_train_end``. A checkpoint taken from
+    then on would resume at the next epoch, the rest of this one never trained; each such
+    stop would count one epoch more, until a resume trained nothing."""
+    loop = trainer.fit_loop
+    progress = loop.epoch_progress.current
+    return bool(
+        progress.started > 0
+        and progress.processed == progress.started
+        and not loop.epoch_loop._num_ready_batches_reached()
+    )
+
+
+def epoch_in_progress(trainer: Any) -> int:
+    """``trainer.current_epoch`` as a checkpoint of this moment resumes it: the epochs done,
+    an epoch cut short (``epoch_cut_short``) not among them."""
+    if epoch_cut_short(trainer):
+        return int(trainer.fit_loop.epoch_progress.current.started) - 1
+    return int(trainer.current_epoch)
+
+
+def uncount_cut_epoch(checkpoint: dict[str, Any]) -> None:
+    """Make a Lightning checkpoint taken after an epoch was cut short (``epoch_cut_short``)
+    resume that epoch after its last batch run: its fit loop's epoch progress, current and
+    total, back to mid-epoch (processed and completed one less than started, what the fit
+    loop restores as ``RESTARTED_MID_EPOCH``), and its ``epoch`` the epochs done. The
+    epoch loop's own state (the batch count) is already where that epoch stopped."""
+    progress = checkpoint["loops"]["fit_loop"]["epoch_progress"]
+    for counts in (progress["current"], progress["total"]):
+        counts["processed"] = counts["completed"] = counts["started"] - 1
+    checkpoint["epoch"] = progress["current"]["completed"]
 
 
 def fsdp_strategy_class() -> type:

@@ -12,7 +12,9 @@ A train loader that keeps no position (``loader_position.keeps_position``: a use
 loader over an iterable dataset) cannot be resumed mid-epoch exactly, so it is checkpointed
 only where an epoch ends: a step checkpoint (or a preemption's) due within an epoch is
 taken at that epoch's end instead, and a restore starts the next epoch with nothing
-trained twice. The end of training is checkpointed wherever it falls.
+trained twice. The end of training is checkpointed wherever it falls; where ``max_steps``
+ended it mid-epoch, that epoch is saved as unfinished (Lightning counts it done), so that
+a resume with more steps trains the rest of it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
+from raytrain._compat.lightning import epoch_cut_short, uncount_cut_epoch
 from raytrain.checkpoints.layout import CHECKPOINT_KEY, CKPT_FILE, META_FILE
 from raytrain.worker.loader_position import keeps_position
 from raytrain.worker.reporting import MetricsReporter
@@ -75,6 +78,8 @@ class CheckpointCallback(pl.Callback):
             self._checkpoint(trainer, "step")
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if epoch_cut_short(trainer):  # max_steps ended it: not an epoch's end, the run's
+            return
         if self.schedule.at_epoch(trainer.current_epoch + 1) or self._deferred:
             self._deferred = False
             self._checkpoint(trainer, "epoch")
@@ -95,6 +100,14 @@ class CheckpointCallback(pl.Callback):
             )
         self._deferred = True
         return True
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Lightning counts an epoch that max_steps cut short as done: a checkpoint of it
+        # would resume at the next epoch, the rest of this one never trained.
+        if epoch_cut_short(trainer):
+            uncount_cut_epoch(checkpoint)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Whatever was trained since the last checkpoint is saved, so a finished run can be

@@ -21,6 +21,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger
 
+from raytrain._compat.lightning import epoch_cut_short, epoch_in_progress
 from raytrain.checkpoints.layout import MONITOR_MISSING, SCORE_KEY, STOPPED_KEY
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.system_metrics import SystemMetrics
@@ -157,6 +158,8 @@ class MetricsReporter(pl.Callback):
         self._val_fresh = self._validated = True
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if epoch_cut_short(trainer):  # not an epoch's end: the run's end reports it
+            return
         if not self.schedule.at_epoch(trainer.current_epoch + 1):
             self.publish(self.collect(trainer, "epoch"))
 
@@ -164,7 +167,7 @@ class MetricsReporter(pl.Callback):
         why = stop_reason(trainer)
         if why is not None:
             self.publish({STOPPED_KEY: why, "step": trainer.global_step,
-                          "epoch": trainer.current_epoch, "kind": "stopped"})  # fmt: skip
+                          "epoch": epoch_in_progress(trainer), "kind": "stopped"})  # fmt: skip
 
     # -- reports ---------------------------------------------------------------------------
 
@@ -195,7 +198,7 @@ class MetricsReporter(pl.Callback):
             self._startup = None
         metrics.update(
             step=trainer.global_step,
-            epoch=trainer.current_epoch,
+            epoch=epoch_in_progress(trainer),
             kind=kind,
             world_size=trainer.world_size,
         )

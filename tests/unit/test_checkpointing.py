@@ -1,0 +1,90 @@
+"""``worker.checkpointing.CheckpointCallback`` on a real Trainer, each checkpoint saved to a
+local file where Ray's report would take it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from raytrain.data.loaders import EpochSchedule
+from raytrain.worker.checkpointing import CheckpointCallback
+from raytrain.worker.loader_position import LoaderPosition
+from raytrain.worker.reporting import MetricsReporter
+from raytrain.worker.schedule import CheckpointSchedule
+
+ROWS = 10
+
+
+class _Rows(EpochSchedule):
+    """A cached set's schedule, its rows as the batch."""
+
+    def __iter__(self) -> Any:
+        for rows in self.index_batches():
+            yield torch.tensor(rows, dtype=torch.float32).unsqueeze(1)
+
+
+class _LocalCheckpoints(CheckpointCallback):
+    """The callback, each checkpoint saved to ``folder`` instead of reported to Ray."""
+
+    def __init__(self, folder: Path, schedule: CheckpointSchedule):
+        super().__init__(
+            schedule=schedule, reporter=MetricsReporter(log_every_n_steps=50, schedule=schedule)
+        )
+        self.folder = folder
+        self.saved: list[tuple[str, int, int]] = []  # (kind, step, the report's epoch)
+
+    def _checkpoint(self, trainer: pl.Trainer, kind: str, upload: str | None = None) -> None:
+        metrics = self.reporter.collect(trainer, kind)
+        trainer.save_checkpoint(self.folder / f"{trainer.global_step}.ckpt")
+        self.saved.append((kind, trainer.global_step, metrics["epoch"]))
+        self._last_ckpt_step = trainer.global_step
+
+
+def _fit(folder: Path, max_steps: int, trained: list[tuple[int, int]], ckpt: Path | None) -> Any:
+    """Up to 3 epochs of ``ROWS`` one-row batches, or ``max_steps``; each row trained goes
+    into ``trained`` as (epoch, row)."""
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: Any, idx: int) -> Any:
+            trained.extend((self.current_epoch, int(v)) for v in batch[:, 0])
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    loader = _Rows(ROWS, 1, rank=0, world_size=1)
+    checkpoints = _LocalCheckpoints(folder, CheckpointSchedule(every_n_epochs=1))
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=3, max_steps=max_steps, logger=False,
+        callbacks=[LoaderPosition(lambda: loader), checkpoints], enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(Model(), loader, ckpt_path=ckpt, weights_only=False)
+    return checkpoints.saved
+
+
+def test_runs_ended_by_max_steps_mid_epoch_resume_each_row_once(tmp_path: Path) -> None:
+    # Lightning counts an epoch that max_steps ends as done; saved so, a resume with more
+    # steps started the next epoch (the rest of this one never trained), and each such stop
+    # counted one epoch more until a resume trained nothing.
+    trained: list[tuple[int, int]] = []
+    saved = [_fit(tmp_path, 4, trained, None)]
+    saved.append(_fit(tmp_path, 7, trained, tmp_path / "4.ckpt"))
+    saved.append(_fit(tmp_path, -1, trained, tmp_path / "7.ckpt"))
+    assert trained == [(epoch, row) for epoch in range(3) for row in range(ROWS)]
+    # An epoch cut short is no epoch's end: no epoch checkpoint, and the end's report counts
+    # only the epochs done.
+    assert saved == [
+        [("end", 4, 0)],
+        [("end", 7, 0)],
+        [("epoch", 10, 0), ("epoch", 20, 1), ("epoch", 30, 2)],
+    ]
+    final = torch.load(tmp_path / "30.ckpt", weights_only=False)
+    assert (final["global_step"], final["epoch"]) == (30, 2)
