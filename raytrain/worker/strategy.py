@@ -7,6 +7,7 @@ worker's rank and world size.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from raytrain._compat.lightning import fsdp_strategy_class, model_parallel_strategy_class
@@ -126,7 +127,9 @@ def build_strategy(spec: JobSpec, model: Any = None) -> Any:
     if spec.strategy.name == "model_parallel":
         import ray.train
 
-        dp, tp = spec.strategy.model_parallel.sizes(ray.train.get_context().get_world_size())
+        context = ray.train.get_context()
+        dp, tp = spec.strategy.model_parallel.sizes(context.get_world_size())
+        _warn_if_tensor_group_spans_nodes(context, tp)
         return model_parallel_strategy_class()(
             data_parallel_size=dp, tensor_parallel_size=tp, save_distributed_checkpoint=True
         )
@@ -148,6 +151,32 @@ def build_strategy(spec: JobSpec, model: Any = None) -> Any:
         use_orig_params=True,
         **kwargs,
     )
+
+
+def tensor_group_spans_nodes(world_rank: int, local_rank: int, tp: int) -> bool:
+    """Whether this rank's node begins inside a tensor-parallel group, which then spans
+    two nodes.
+
+    Ray Train numbers ranks node by node (a node's ranks are consecutive, the first of
+    local rank 0), and Lightning's (data_parallel, tensor_parallel) mesh puts ranks
+    g*tp .. g*tp + tp - 1 in group g. A group spans nodes exactly where a node's first rank
+    is not a multiple of tp, so each node's first worker can tell, with no collective."""
+    return local_rank == 0 and world_rank % tp != 0
+
+
+def _warn_if_tensor_group_spans_nodes(context: Any, tp: int) -> None:
+    """Say so on the first worker of a node that begins inside a tensor-parallel group: the
+    run works, but the group's collectives go over the network."""
+    rank = context.get_world_rank()
+    if not tensor_group_spans_nodes(rank, context.get_local_rank(), tp):
+        return
+    first = rank - rank % tp
+    print(f"raytrain: warning: the tensor-parallel group of ranks {first}-{first + tp - 1} "
+          f"spans more than one node (rank {rank} begins a node): its collectives, several "
+          "per layer, go over the network. Choose a "
+          "strategy.model_parallel.tensor_parallel_size that divides the workers of every "
+          f"node ({context.get_local_world_size()} on this one).",
+          file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _hybrid_mesh() -> tuple[int, int]:

@@ -4,6 +4,7 @@ whole heads), gradient clipping over DTensors, and the data paths it refuses."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,12 @@ from raytrain.errors import SpecError
 from raytrain.models.tinygpt import Block, TinyGPT
 from raytrain.spec import load_spec, parse_spec
 from raytrain.worker import grad_clip
-from raytrain.worker.strategy import data_rank, strategy_problems, tensor_parallel_size
+from raytrain.worker.strategy import (
+    data_rank,
+    strategy_problems,
+    tensor_group_spans_nodes,
+    tensor_parallel_size,
+)
 from tests.conftest import digits_spec
 
 
@@ -286,3 +292,49 @@ def test_a_configure_model_the_source_cannot_show_is_checked_by_importing(
     problems = check_model_located(parse_spec(raw))
     assert len(problems) == 1 and problems[0].startswith("model.class_path: runtime_base:Model")
     assert "defines no configure_model" in problems[0]
+
+
+def _compositions(total: int) -> Iterator[list[int]]:
+    """Every way ``total`` workers split over nodes, in node order."""
+    for cuts in itertools.product([False, True], repeat=total - 1):
+        sizes, size = [], 1
+        for cut in cuts:
+            if cut:
+                sizes.append(size)
+                size = 0
+            size += 1
+        yield [*sizes, size]
+
+
+def test_a_tensor_group_across_nodes_is_told_by_a_nodes_first_worker() -> None:
+    # Over every layout of up to 8 workers (ranks numbered node by node, as Ray Train does)
+    # and every tensor-parallel size dividing the world: the groups the nodes' first
+    # workers flag are exactly those whose ranks sit on more than one node.
+    for world in range(1, 9):
+        for sizes in _compositions(world):
+            node_of = [n for n, size in enumerate(sizes) for _ in range(size)]
+            local = [r - node_of.index(node_of[r]) for r in range(world)]
+            for tp in (t for t in range(1, world + 1) if world % t == 0):
+                spanning = {r // tp for r in range(world)
+                            if len(set(node_of[r - r % tp : r - r % tp + tp])) > 1}  # fmt: skip
+                flagged = {r // tp for r in range(world)
+                           if tensor_group_spans_nodes(r, local[r], tp)}  # fmt: skip
+                assert flagged == spanning, (sizes, tp)
+
+
+def test_the_first_worker_of_a_node_inside_a_group_warns_naming_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from types import SimpleNamespace
+
+    from raytrain.worker.strategy import _warn_if_tensor_group_spans_nodes
+
+    def context(rank: int, local: int, per_node: int) -> SimpleNamespace:
+        return SimpleNamespace(get_world_rank=lambda: rank, get_local_rank=lambda: local,
+                               get_local_world_size=lambda: per_node)  # fmt: skip
+
+    _warn_if_tensor_group_spans_nodes(context(4, 0, 2), tp=4)  # nodes of 2 start at 0, 2, 4
+    _warn_if_tensor_group_spans_nodes(context(2, 0, 2), tp=4)
+    out = capsys.readouterr().err
+    assert out.count("warning") == 1 and "ranks 0-3 spans more than one node" in out
+    assert "rank 2 begins a node" in out and "(2 on this one)" in out
