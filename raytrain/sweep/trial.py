@@ -78,18 +78,21 @@ class TuneReporter:
     to Tune, with ``epoch`` as epochs completed and ``step``, except the one at the trial's
     end (``end``, counted in ``time_attr``): a scheduler may stop a trial at any result it
     gets, and one stopped there would lose its last checkpoint and MLflow records, so the
-    end's result is reported once the run is done (``run_trial``). The first validation's
-    report that lacks the metric (``MONITOR_MISSING``: the trial ranks checkpoints by the
-    sweep's metric) ends the trial with an error naming ``tune.metric`` and what is
-    reported. A report made after the scheduler stopped the trial raises ``SystemExit``
-    in Tune's ``report``; here that would only end the report thread while training went
-    on, so it ends the run instead (``TrialStopped``)."""
+    end's result (a report of ``kind: end``, or one at ``end``: ``max_steps`` may end a
+    trial within its last epoch) is reported once the run is done (``run_trial``). The
+    first validation's report that lacks the metric (``MONITOR_MISSING``: the trial ranks
+    checkpoints by the sweep's metric) ends the trial with an error naming ``tune.metric``
+    and what is reported. A report made after the scheduler stopped the trial raises
+    ``SystemExit`` in Tune's ``report``; here that would only end the report thread while
+    training went on, so it ends the run instead (``TrialStopped``), and nothing more is
+    reported (Tune raises once; another report would wait for it forever)."""
 
     def __init__(self, metric: str, report: Any, time_attr: str = "epoch", end: int = 0):
         self.metric = metric
         self.report = report
         self.time_attr, self.end = time_attr, end
         self.latest: dict[str, Any] = {}  # the latest result, reported or not
+        self.stopped = False  # by the scheduler: nothing more is reported
 
     def __call__(self, event: dict[str, Any]) -> None:
         from raytrain.driver.progress import StopRun
@@ -102,10 +105,14 @@ class TuneReporter:
         if not isinstance(value, int | float) or not math.isfinite(value):
             return
         self.latest = tune_result(event)
+        if self.stopped or event.get("kind") == "end":
+            return
         if not self.end or self.latest[self.time_attr] < self.end:
             try:
                 self.report(self.latest)
             except SystemExit:
+                # Tune raises it once; a later report would wait for Tune without end
+                self.stopped = True
                 raise StopRun(TrialStopped("the sweep's scheduler stopped this trial")) from None
 
 

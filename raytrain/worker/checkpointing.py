@@ -14,7 +14,8 @@ only where an epoch ends: a step checkpoint (or a preemption's) due within an ep
 taken at that epoch's end instead, and a restore starts the next epoch with nothing
 trained twice. The end of training is checkpointed wherever it falls; where ``max_steps``
 ended it mid-epoch, that epoch is saved as unfinished (Lightning counts it done), so that
-a resume with more steps trains the rest of it.
+a resume with more steps trains the rest of it (a loader that keeps no position resumes at
+the next epoch, as it does from any of its checkpoints).
 """
 
 from __future__ import annotations
@@ -105,8 +106,10 @@ class CheckpointCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         # Lightning counts an epoch that max_steps cut short as done: a checkpoint of it
-        # would resume at the next epoch, the rest of this one never trained.
-        if epoch_cut_short(trainer):
+        # would resume at the next epoch, the rest of this one never trained. A loader that
+        # keeps no position would start the epoch over, training its first rows twice: it
+        # resumes at the next epoch, as from any checkpoint it has.
+        if epoch_cut_short(trainer) and keeps_position(self.train_loader()):
             uncount_cut_epoch(checkpoint)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -114,6 +117,8 @@ class CheckpointCallback(pl.Callback):
         # resumed (e.g. with more epochs) without losing its last steps.
         if trainer.global_step != self._last_ckpt_step:
             self._checkpoint(trainer, "end")
+        elif epoch_cut_short(trainer):  # a validation after this step's checkpoint
+            self.reporter.publish_unreported_validation(trainer, "end")
 
     def checkpoint_now(self, trainer: pl.Trainer, kind: str) -> None:
         """Checkpoint this step (unless it just was), and return once Ray Train's controller

@@ -29,23 +29,28 @@ class _Rows(EpochSchedule):
 class _LocalCheckpoints(CheckpointCallback):
     """The callback, each checkpoint saved to ``folder`` instead of reported to Ray."""
 
-    def __init__(self, folder: Path, schedule: CheckpointSchedule):
-        super().__init__(
-            schedule=schedule, reporter=MetricsReporter(log_every_n_steps=50, schedule=schedule)
-        )
+    def __init__(self, folder: Path, schedule: CheckpointSchedule, loader: Any, publish: Any):
+        reporter = MetricsReporter(log_every_n_steps=50, schedule=schedule, publish=publish)
+        super().__init__(schedule=schedule, reporter=reporter, train_loader=lambda: loader)
         self.folder = folder
         self.saved: list[tuple[str, int, int]] = []  # (kind, step, the report's epoch)
 
     def _checkpoint(self, trainer: pl.Trainer, kind: str, upload: str | None = None) -> None:
         metrics = self.reporter.collect(trainer, kind)
+        self.reporter.publish(metrics)
         trainer.save_checkpoint(self.folder / f"{trainer.global_step}.ckpt")
         self.saved.append((kind, trainer.global_step, metrics["epoch"]))
         self._last_ckpt_step = trainer.global_step
 
 
-def _fit(folder: Path, max_steps: int, trained: list[tuple[int, int]], ckpt: Path | None) -> Any:
-    """Up to 3 epochs of ``ROWS`` one-row batches, or ``max_steps``; each row trained goes
-    into ``trained`` as (epoch, row)."""
+def _fit(
+    folder: Path, max_steps: int, trained: list[tuple[int, int]], ckpt: Path | None, *,
+    loader: Any = None, every_n_steps: int | None = None, events: list[Any] | None = None,
+) -> Any:  # fmt: skip
+    """Up to 3 epochs of ``ROWS`` one-row batches (a resumable loader unless ``loader``), or
+    ``max_steps``; each row trained goes into ``trained`` as (epoch, row). With
+    ``every_n_steps``, a checkpoint and a validation every that many steps, and rank 0's
+    events into ``events``."""
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:
@@ -56,17 +61,25 @@ def _fit(folder: Path, max_steps: int, trained: list[tuple[int, int]], ckpt: Pat
             trained.extend((self.current_epoch, int(v)) for v in batch[:, 0])
             return self.layer(batch).sum()
 
+        def validation_step(self, batch: Any, idx: int) -> None:
+            self.log("val_loss", self.layer(batch).sum())
+
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    loader = _Rows(ROWS, 1, rank=0, world_size=1)
-    checkpoints = _LocalCheckpoints(folder, CheckpointSchedule(every_n_epochs=1))
+    loader = loader if loader is not None else _Rows(ROWS, 1, rank=0, world_size=1)
+    schedule = CheckpointSchedule(every_n_steps=every_n_steps, every_n_epochs=1)
+    publish = None if events is None else events.append
+    checkpoints = _LocalCheckpoints(folder, schedule, loader, publish)
+    val = torch.utils.data.DataLoader(torch.ones(2, 1), batch_size=1) if every_n_steps else None
     trainer = pl.Trainer(
         accelerator="cpu", max_epochs=3, max_steps=max_steps, logger=False,
-        callbacks=[LoaderPosition(lambda: loader), checkpoints], enable_checkpointing=False,
+        callbacks=[LoaderPosition(lambda: loader), checkpoints.reporter, checkpoints],
+        enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        val_check_interval=every_n_steps, limit_val_batches=2 if val else 0,
     )  # fmt: skip
-    trainer.fit(Model(), loader, ckpt_path=ckpt, weights_only=False)
+    trainer.fit(Model(), loader, val, ckpt_path=ckpt, weights_only=False)
     return checkpoints.saved
 
 
@@ -88,3 +101,26 @@ def test_runs_ended_by_max_steps_mid_epoch_resume_each_row_once(tmp_path: Path) 
     ]
     final = torch.load(tmp_path / "30.ckpt", weights_only=False)
     assert (final["global_step"], final["epoch"]) == (30, 2)
+
+
+def test_a_loader_that_keeps_no_position_resumes_a_cut_epoch_at_the_next(tmp_path: Path) -> None:
+    # Lightning would start such a loader over mid-epoch, training its first rows twice:
+    # as from any of its checkpoints, the resume starts the next epoch.
+    rows = torch.arange(ROWS, dtype=torch.float32).unsqueeze(1)
+    trained: list[tuple[int, int]] = []
+    for steps, ckpt in ((4, None), (7, tmp_path / "4.ckpt")):
+        loader = torch.utils.data.DataLoader(rows, batch_size=1)
+        _fit(tmp_path, steps, trained, ckpt, loader=loader)
+    assert trained == [(0, r) for r in range(4)] + [(1, r) for r in range(3)]
+
+
+def test_a_validation_after_the_last_steps_checkpoint_is_reported_at_the_end(
+    tmp_path: Path,
+) -> None:
+    # max_steps 4 ends epoch 0 at a step checkpoint, and a validation runs after it on
+    # that batch: the cut epoch reports no epoch end, so the run's end reports it.
+    events: list[dict[str, Any]] = []
+    saved = _fit(tmp_path, 4, [], None, every_n_steps=2, events=events)
+    assert saved == [("step", 2, 0), ("step", 4, 0)]
+    last = events[-1]
+    assert (last["kind"], last["step"], last["epoch"]) == ("end", 4, 0) and "val_loss" in last

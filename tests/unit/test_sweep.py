@@ -130,6 +130,10 @@ def test_the_reporter_sends_the_metric_with_epochs_done_and_holds_the_end_back()
     reporter({"step": 46, "epoch": 1, "kind": "epoch", "val_acc": 0.7, "kind2": "x"})
     reporter({"step": 69, "epoch": 2, "kind": "epoch", "val_acc": 0.8})  # the end: held
     assert [(r["epoch"], r["step"], r["val_acc"]) for r in sent] == [(1, 23, 0.5), (2, 46, 0.7)]
+    # max_steps ending the trial within its last epoch: held too, though short of the end
+    cut = TuneReporter("val_acc", sent.append, "epoch", end=3)
+    cut({"step": 60, "epoch": 2, "kind": "end", "val_acc": 0.8})
+    assert len(sent) == 2 and cut.latest["step"] == 60
     assert "_score" not in sent[0] and "kind2" not in sent[1]
     assert reporter.latest["epoch"] == 3  # what run_trial reports once the run is done
 
@@ -154,6 +158,10 @@ def test_a_report_after_the_scheduler_stopped_the_trial_ends_the_run() -> None:
     with pytest.raises(StopRun) as caught:
         reporter({"step": 23, "epoch": 0, "kind": "epoch", "val_acc": 0.5})
     assert isinstance(caught.value.error, TrialStopped)
+    # Tune raises once; another report would wait for it forever: none is made
+    reporter.report = lambda result: pytest.fail("reported after the stop")
+    reporter({"step": 46, "epoch": 1, "kind": "epoch", "val_acc": 0.6})
+    assert reporter.latest["step"] == 46
 
 
 def test_the_driver_closes_each_unfinished_trials_run_with_how_it_ended(
