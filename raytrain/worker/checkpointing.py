@@ -118,7 +118,7 @@ class CheckpointCallback(pl.Callback):
         if trainer.global_step != self._last_ckpt_step:
             self._checkpoint(trainer, "end")
         elif epoch_cut_short(trainer):  # a validation after this step's checkpoint
-            self.reporter.publish_unreported_validation(trainer, "end")
+            self.reporter.publish_unreported_validation(trainer)
 
     def checkpoint_now(self, trainer: pl.Trainer, kind: str) -> None:
         """Checkpoint this step (unless it just was), and return once Ray Train's controller

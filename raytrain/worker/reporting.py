@@ -175,12 +175,12 @@ class MetricsReporter(pl.Callback):
         """How long the last checkpoint held training up; sent with the next report."""
         self._blocked_s = seconds
 
-    def publish_unreported_validation(self, trainer: pl.Trainer, kind: str) -> None:
-        """Publish a report if the last validation is in none yet: one run after the step's
-        checkpoint, on the batch that ended an epoch ``max_steps`` cut short (which reports
-        no epoch end)."""
+    def publish_unreported_validation(self, trainer: pl.Trainer) -> None:
+        """Publish the run's end if the last validation is in no report yet: one run after
+        the step's checkpoint, on the batch that ended an epoch ``max_steps`` cut short
+        (which reports no epoch end)."""
         if self._val_fresh:
-            self.publish(self.collect(trainer, kind))
+            self.publish(self.collect(trainer, "end"))
 
     def publish(self, metrics: dict[str, Any]) -> None:
         """Send ``metrics`` to the driver (rank 0 only; a no-op elsewhere)."""

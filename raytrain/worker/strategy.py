@@ -155,7 +155,7 @@ def build_strategy(spec: JobSpec, model: Any = None) -> Any:
 
 def tensor_group_spans_nodes(world_rank: int, local_rank: int, tp: int) -> bool:
     """Whether this rank's node begins inside a tensor-parallel group, which then spans
-    two nodes.
+    more than one node.
 
     Ray Train numbers ranks node by node (a node's ranks are consecutive, the first of
     local rank 0), and Lightning's (data_parallel, tensor_parallel) mesh puts ranks

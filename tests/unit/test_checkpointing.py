@@ -9,21 +9,13 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from raytrain.data.loaders import EpochSchedule
 from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.loader_position import LoaderPosition
 from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
+from tests.unit.row_loaders import RowIndices
 
 ROWS = 10
-
-
-class _Rows(EpochSchedule):
-    """A cached set's schedule, its rows as the batch."""
-
-    def __iter__(self) -> Any:
-        for rows in self.index_batches():
-            yield torch.tensor(rows, dtype=torch.float32).unsqueeze(1)
 
 
 class _LocalCheckpoints(CheckpointCallback):
@@ -67,7 +59,7 @@ def _fit(
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    loader = loader if loader is not None else _Rows(ROWS, 1, rank=0, world_size=1)
+    loader = loader if loader is not None else RowIndices(ROWS, 1, rank=0, world_size=1)
     schedule = CheckpointSchedule(every_n_steps=every_n_steps, every_n_epochs=1)
     publish = None if events is None else events.append
     checkpoints = _LocalCheckpoints(folder, schedule, loader, publish)

@@ -18,6 +18,7 @@ from raytrain.errors import LossSpikeError, LossSpikeLimitError
 from raytrain.rollback_record import read_rollbacks
 from raytrain.spec import SpikeSpec
 from raytrain.worker.spike import SpikeGuard, _progress
+from tests.unit.row_loaders import RowIndices
 
 
 def _rows(schedule: Any) -> list[int]:
@@ -96,14 +97,6 @@ def test_a_spike_is_recorded_then_stops_the_attempt_and_a_spent_budget_stops_the
 ROWS, BATCH, POISON = 64, 2, 30
 
 
-class _Rows(EpochSchedule):
-    """A cached set's schedule, its rows as the batch."""
-
-    def __iter__(self) -> Any:
-        for rows in self.index_batches():
-            yield torch.tensor(rows, dtype=torch.float32).unsqueeze(1)
-
-
 class _Stream(StreamSchedule):
     """A streamed set's schedule, planned at its first batch as ``ParquetStream`` is."""
 
@@ -126,7 +119,7 @@ class _Shard:
 
 def _loader(kind: str) -> Any:
     if kind == "cached":
-        return _Rows(ROWS, BATCH, rank=0, world_size=1)
+        return RowIndices(ROWS, BATCH, rank=0, world_size=1)
     if kind == "streamed":
         return _Stream(ROWS, BATCH, rank=0, world_size=1)
     return ShardBatches(_Shard(), BATCH)
