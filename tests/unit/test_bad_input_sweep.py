@@ -124,6 +124,30 @@ OVERRIDES: dict[str, tuple[list[str], str]] = {
     "override_no_equals": (["trainer.max_epochs"], "override 'trainer.max_epochs'"),
 }
 
+# issue 33 (names, numbers): names that become metric keys, file names or labels, and sizes
+# past their bounds; each also through `raytrain validate` (validate_<name>)
+_MIX = "data.train=[{uri: /d/a, weight: 1}, {uri: /d/b, weight: 1}]"
+NAMES_AND_SIZES: dict[str, tuple[list[str], str]] = {
+    "mix_source_named_dots": (["data.train=[{uri: /d/a, weight: 1, name: ..}]"],
+                              "data.train.0.name"),
+    "mix_source_named_dot": (["data.train=[{uri: /d/a, weight: 1, name: .}]"],
+                             "data.train.0.name"),
+    "mix_uri_ending_dots": (["data.train=[{uri: /d/a/.., weight: 1}]"], "data.train.0.uri"),
+    "mix_weights_overflow": (["data.train=[{uri: /d/a, weight: 1.0e+308}, "
+                              "{uri: /d/b, weight: 1.0e+308}]"], "data.train.1.weight"),
+    "mix_epoch_rows_petabyte": ([_MIX, "data.epoch_rows=1000000000000000"], "data.epoch_rows"),
+    "elastic_billion_keep_batch": (["scaling.num_workers=[1, 1000000000]",
+                                    "scaling.keep_global_batch=true"], "scaling.num_workers"),
+    "elastic_accumulates_past_limit": (["scaling.num_workers=[1, 5000]",
+                                        "scaling.keep_global_batch=true"],
+                                       "scaling.num_workers: [1, 5000] with"),
+    "accumulate_million": (["trainer.accumulate_grad_batches=1000000"],
+                           "trainer.accumulate_grad_batches"),
+    "tag_key_traversal": (["tracking.mlflow.tags={../x: y}"], "tracking.mlflow.tags"),
+    "register_as_slash": (["tracking.mlflow.register_as=a/b"], "tracking.mlflow.register_as"),
+}  # fmt: skip
+OVERRIDES |= NAMES_AND_SIZES
+
 
 @pytest.fixture(scope="module")
 def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -135,6 +159,7 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     argvs |= {f"override_{k}": ["run", job, *v[0]] for k, v in OVERRIDES.items()}
     argvs["validate_3000_parts"] = ["validate", job, "model.init_args." + "a." * 3000 + "a=1"]
     argvs["validate_nan"] = ["validate", job, "scaling.resources_per_worker={CPU: .nan}"]
+    argvs |= {f"validate_{k}": ["validate", job, *v[0]] for k, v in NAMES_AND_SIZES.items()}
 
     # data whose columns cannot become tensors
     strings = work / "strings"
@@ -253,6 +278,7 @@ FIELD_CASES: dict[str, str] = {
     "data_timestamp_column": "data.train.uri: column 'when'",
     "report_default_store": "--tracking-uri: no MLflow store",
     **{f"override_{k}": v[1] for k, v in OVERRIDES.items()},
+    **{f"validate_{k}": v[1] for k, v in NAMES_AND_SIZES.items()},
 }
 CASES = sorted({*EXPECTED, *FIELD_CASES})
 
