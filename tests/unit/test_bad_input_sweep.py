@@ -228,6 +228,24 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     torch.save({"state_dict": {"w": torch.zeros(2)}}, good / "checkpoint.ckpt")
     argvs["export_out_is_a_folder"] = ["export", str(good), str(work / "out_folder")]
 
+    # issue 33: a sharded (DCP) checkpoint whose shard paths lead out of its folder
+    import dataclasses
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    for case, where in (("dcp_shard_outside", "../../outside.bin"), ("dcp_shard_absolute", "")):
+        shards = work / case / "checkpoint.ckpt"
+        dcp.save({"model": {"w": torch.zeros(2)}}, checkpoint_id=str(shards), no_dist=True)
+        (shard,) = shards.glob("*.distcp")
+        (work / "outside.bin").write_bytes(shard.read_bytes())
+        metadata = pickle.loads((shards / ".metadata").read_bytes())
+        path = where or str(work / "outside.bin")
+        metadata.storage_data = {k: dataclasses.replace(v, relative_path=path)
+                                 for k, v in metadata.storage_data.items()}  # fmt: skip
+        (shards / ".metadata").write_bytes(pickle.dumps(metadata))
+        argvs[f"export_{case}"] = ["export", str(work / case), str(work / f"{case}.pt")]
+
     before = _tree(work), _tree(digits_dir)
     result = run_fresh(_DRIVER, argvs, work, pythonpath=os.getcwd(), timeout=600)
     return {"results": result, "argvs": argvs, "before": before,
@@ -270,6 +288,11 @@ EXPECTED: dict[str, str] = {
     "export_not_a_checkpoint": "notes.txt",
     "export_no_state_dict": "ckpt_no_state_dict",
     "export_out_is_a_folder": "out_folder",
+    # issue 33: DCP shard paths confined to the checkpoint
+    "export_dcp_shard_outside": "dcp_shard_outside/checkpoint.ckpt (entry model.w): its "
+    "shard path '../../outside.bin' leads out of the checkpoint folder",
+    "export_dcp_shard_absolute": "dcp_shard_absolute/checkpoint.ckpt (entry model.w): its "
+    "shard path '/",
 }
 FIELD_CASES: dict[str, str] = {
     "validate_3000_parts": "override model.init_args.a.a.",
