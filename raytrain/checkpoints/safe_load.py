@@ -232,7 +232,7 @@ def check_shards(folder: str, metadata: Any, label: str) -> None:
     from raytrain._compat.torch import dcp_storage_entries
 
     root = os.path.realpath(folder)
-    kinds = metadata.state_dict_metadata
+    kinds = getattr(metadata, "state_dict_metadata", None)
     try:
         if not isinstance(kinds, dict):
             raise TypeError(f"state_dict_metadata is a {type(kinds).__name__}")
@@ -242,7 +242,7 @@ def check_shards(folder: str, metadata: Any, label: str) -> None:
     sizes: dict[str, int] = {}
     for fqn, path, offset, length, transforms in entries:
         where = f"{label} (entry {fqn})"
-        if not isinstance(path, str) or os.path.isabs(path):
+        if not isinstance(path, str) or os.path.isabs(path) or "\x00" in path:
             raise StorageError(f"{where}: its shard path {path!r} is not a path relative to "
                                "the checkpoint folder")  # fmt: skip
         real = os.path.realpath(os.path.join(root, path))

@@ -257,6 +257,10 @@ def test_shards_that_are_links_out_devices_or_overlong_are_refused(tmp_path: Pat
     _rewrite_shards(shards / ".metadata", offset=0, length=safe_load.MAX_BYTES_ENTRY + 1)
     with pytest.raises(StorageError, match=r"entry loops\.step\): a non-tensor entry of"):
         safe_load.verify_dcp(str(shards))
+    shards, _ = sharded("nul")
+    _rewrite_shards(shards / ".metadata", relative_path="a\x00b")
+    with pytest.raises(StorageError, match="is not a path relative to the checkpoint folder"):
+        safe_load.verify_dcp(str(shards))
     shards, _ = sharded("metadata_fifo")
     (shards / ".metadata").unlink()
     os.mkfifo(shards / ".metadata")
