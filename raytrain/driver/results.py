@@ -6,7 +6,6 @@ of the kept checkpoints (``best_of``), the workers' own errors.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from raytrain.checkpoints.layout import (
     PRECISION_KEY,
     SCORE_KEY,
     STOPPED_KEY,
+    is_scored,
     latest_committed,
 )
 from raytrain.driver import runstate
@@ -125,7 +125,7 @@ def best_of(entries: list[tuple[Any, dict[str, Any]]], monitor: str | None, mode
         return best
     for checkpoint, metrics in entries:
         score = metrics.get(SCORE_KEY)
-        if not isinstance(score, int | float) or not math.isfinite(score):
+        if not is_scored(score):
             continue
         if best_score is None or sign * score >= sign * best_score:
             best, best_score = checkpoint, score
