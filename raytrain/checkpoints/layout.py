@@ -75,11 +75,14 @@ def checkpoint_score(value: Any, mode: str) -> float:
     return number_
 
 
-def is_scored(value: Any) -> bool:
-    """Whether a reported ``SCORE_KEY`` value is a real score (not ``UNSCORED``, nor the
-    infinity an earlier raytrain reported, nor the null Ray's snapshot made of it)."""
+def real_score(value: Any) -> float | None:
+    """A reported ``SCORE_KEY`` value as a float when it is a real score; None for
+    ``UNSCORED``, the infinity an earlier raytrain reported, and the null Ray's snapshot
+    made of it."""
     number_ = number(value)
-    return number_ is not None and math.isfinite(number_) and abs(number_) < sys.float_info.max
+    if number_ is None or not math.isfinite(number_) or abs(number_) >= sys.float_info.max:
+        return None
+    return number_
 
 
 def lightning_checkpoint(location: str, label: str | None = None) -> tuple[str, str]:

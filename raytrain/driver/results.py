@@ -16,8 +16,8 @@ from raytrain.checkpoints.layout import (
     PRECISION_KEY,
     SCORE_KEY,
     STOPPED_KEY,
-    is_scored,
     latest_committed,
+    real_score,
 )
 from raytrain.driver import runstate
 from raytrain.errors import root_cause
@@ -124,8 +124,8 @@ def best_of(entries: list[tuple[Any, dict[str, Any]]], monitor: str | None, mode
     if not monitor:
         return best
     for checkpoint, metrics in entries:
-        score = metrics.get(SCORE_KEY)
-        if not is_scored(score):
+        score = real_score(metrics.get(SCORE_KEY))
+        if score is None:
             continue
         if best_score is None or sign * score >= sign * best_score:
             best, best_score = checkpoint, score

@@ -321,7 +321,7 @@ def test_an_unscored_checkpoint_survives_ray_s_snapshot_as_a_number() -> None:
     is the worst finite one, which the same round trip keeps."""
     from pydantic import BaseModel
 
-    from raytrain.checkpoints.layout import UNSCORED, checkpoint_score, is_scored
+    from raytrain.checkpoints.layout import UNSCORED, checkpoint_score, real_score
     from raytrain.worker.reporting import MetricsReporter
     from raytrain.worker.schedule import CheckpointSchedule
 
@@ -336,7 +336,7 @@ def test_an_unscored_checkpoint_survives_ray_s_snapshot_as_a_number() -> None:
         for ranked in (before_validation, nan):
             back = json.loads(Result(metrics=ranked).model_dump_json())["metrics"]
             assert back[SCORE_KEY] == UNSCORED[mode]
-            assert not is_scored(back[SCORE_KEY])
+            assert real_score(back[SCORE_KEY]) is None
         scored = reporter._ranking({"val_acc": 0.5}, {"val_acc": 0.5})
         assert json.loads(Result(metrics=scored).model_dump_json())["metrics"][SCORE_KEY] == 0.5
     # every value, finite or not, ranks below every real score, in its mode
