@@ -141,13 +141,14 @@ class MlflowTracker:
         return cls(MlflowClient(tracking_uri=tracking_uri), run_id, tracking_uri)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        """Log params not yet on the run; values that changed since are noted in a tag."""
+        """Log params not yet on the run, credentials masked (``redaction``, whoever
+        logs them); values that changed since are noted in a tag."""
         from mlflow.entities import Param
 
         existing = self.client.get_run(self.run_id).data.params
         fresh, changed = [], {}
         for key, value in params.items():
-            text = str(value)[:_PARAM_MAX_CHARS]
+            text = str(redact_value(key, value))[:_PARAM_MAX_CHARS]
             if key not in existing:
                 fresh.append(Param(key, text))
             elif existing[key] != text:
