@@ -20,6 +20,9 @@ from raytrain.spec import JobSpec
 
 _PARAM_BATCH = 100
 _PARAM_MAX_CHARS = 6000
+# MLflow prints a link to each run it ends on a tracking server, its host written as the
+# tracking URI has it: user info and all.
+_NO_LINKS_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
 def default_tracking_uri() -> str:
@@ -96,6 +99,8 @@ class MlflowTracker:
         self.run_id = run_id
         self.tracking_uri = tracking_uri
         self._last_step = last_steps(client, run_id)
+        if redact(tracking_uri) != tracking_uri:  # its links would print the credentials
+            os.environ[_NO_LINKS_ENV] = "true"
 
     @classmethod
     def open(
