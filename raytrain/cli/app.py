@@ -1,7 +1,7 @@
 """The ``raytrain`` command line: argument parsing only; the work is in the public API.
 
     raytrain run SPEC [a.b=value ...] [--fresh] [--resume-anyway] [--force] [--verbose]
-    raytrain tune SPEC [a.b=value ...] [--fresh] [--json]   (a spec with a tune section)
+    raytrain tune SPEC [a.b=value ...] [--fresh] [--force] [--json]   (a spec with tune)
     raytrain validate SPEC [a.b=value ...]
     raytrain export CHECKPOINT OUT
     raytrain report RUN_ID... [--tracking-uri URI] [--out report.png] [--html report.html]
@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("spec", help="path to a job spec with a tune section (YAML)")
     sweep.add_argument("overrides", nargs="*", help="dotted overrides: tune.num_samples=8")
     sweep.add_argument("--fresh", action="store_true", help="delete the sweep's folder first")
+    sweep.add_argument(
+        "--force", action="store_true", help="take the sweep over from a live sweep holding it"
+    )
     sweep.add_argument("--verbose", action="store_true", help="show Ray's and workers' output")
     sweep.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
@@ -202,7 +205,8 @@ def _tune(args: argparse.Namespace) -> int:
 
     from raytrain.sweep.runner import tune
 
-    result = tune(args.spec, args.overrides, fresh=args.fresh, verbose=args.verbose)
+    result = tune(args.spec, args.overrides, fresh=args.fresh, force=args.force,
+                  verbose=args.verbose)  # fmt: skip
     if args.json:
         print(json.dumps(asdict(result), default=str))
         return EXIT_OK

@@ -1,4 +1,5 @@
-"""One live run per run folder: a lease file with its owner and a heartbeat.
+"""One live run per run folder: a lease file with its owner and a heartbeat. A sweep's
+driver holds the same lease on its sweep folder (``kind="sweep"``), by the same rules.
 
 Two drivers of the same ``name`` and ``checkpoint.storage`` would overwrite each other's
 run state and Ray Train's checkpoint snapshot, and one's clean-up of uncommitted folders
@@ -114,17 +115,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def check_free(run_dir: str, options: StorageSpec | None = None, *, force: bool = False) -> None:
-    """Refuse (``RunStateError``) when a live run holds ``run_dir``; writes nothing. Run
-    before anything starts, so a second run is refused in a second, not after Ray starts."""
-    _check_folder(run_dir)
+def check_free(
+    run_dir: str, options: StorageSpec | None = None, *, force: bool = False, kind: str = "run"
+) -> None:
+    """Refuse (``RunStateError``) when a live ``kind`` (run or sweep) holds ``run_dir``;
+    writes nothing. Run before anything starts, so a second run is refused in a second, not
+    after Ray starts."""
+    _check_folder(run_dir, kind)
     holder = read_holder(run_dir, options)
     now = time.time()
     if holder is not None and not force and not is_stale(holder, now):
-        raise _in_use(run_dir, holder, now)
+        raise _in_use(run_dir, holder, now, kind)
 
 
-def _check_folder(run_dir: str) -> None:
+def _check_folder(run_dir: str, kind: str = "run") -> None:
     """Refuse (``RunStateError``) a local run folder that is a file, or is under one: the
     lease could not be made there, after Ray had started."""
     if storage.is_uri(run_dir):
@@ -135,25 +139,26 @@ def _check_folder(run_dir: str) -> None:
     if path and not os.path.isdir(path):
         where = "is a file" if path == folder else f"would be under {path}, a file"
         raise RunStateError(
-            f"name: {run_dir}: the run's folder {where}, not a folder; move it, or choose "
-            "another name or checkpoint.storage"
+            f"name: {run_dir}: the {kind}'s folder {where}, not a folder; move it, or "
+            "choose another name or checkpoint.storage"
         )
 
 
-def _in_use(run_dir: str, holder: Holder, now: float) -> RunStateError:
+def _in_use(run_dir: str, holder: Holder, now: float, kind: str) -> RunStateError:
     return RunStateError(
-        f"name: {run_dir} is in use by another run: {holder.describe(now)}. Wait for it to "
-        f"end; if it is gone, its lease is taken over once it has had no heartbeat for "
+        f"name: {run_dir} is in use by another {kind}: {holder.describe(now)}. Wait for it "
+        f"to end; if it is gone, its lease is taken over once it has had no heartbeat for "
         f"{STALE_S:.0f} s, or now with --force"
     )
 
 
 class Lease:
-    """This driver's hold on a run folder (see module docstring)."""
+    """This driver's hold on a run folder, or a sweep's (see module docstring)."""
 
-    def __init__(self, run_dir: str, options: StorageSpec | None = None):
+    def __init__(self, run_dir: str, options: StorageSpec | None = None, kind: str = "run"):
         self.run_dir = run_dir
         self.options = options
+        self.kind = kind
         self.path = storage.join(run_dir, LEASE_FILE)
         self.holder = Holder(
             host=socket.gethostname(),
@@ -180,7 +185,7 @@ class Lease:
         holder = read_holder(self.run_dir, self.options)
         if holder is not None and not is_stale(holder, now):
             if not force:
-                raise _in_use(self.run_dir, holder, now)
+                raise _in_use(self.run_dir, holder, now, self.kind)
             self.displaced = holder
             print(
                 f"raytrain: warning: --force: taking over {self.path} from {holder.describe(now)}",
@@ -199,7 +204,7 @@ class Lease:
         always False on object stores (the caller then reads and writes)."""
         if storage.is_uri(self.path):
             return False
-        _check_folder(self.run_dir)
+        _check_folder(self.run_dir, self.kind)
         path = storage.resolve(self.path)
         self._made_folder = not os.path.exists(os.path.dirname(path))
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -218,7 +223,7 @@ class Lease:
         storage.write_text(self.path, self._text(), self.options)
 
     def rewrite(self) -> None:
-        """Write the lease again (after ``--fresh`` emptied the run folder)."""
+        """Write the lease again (after ``--fresh`` emptied the folder)."""
         self._write()
 
     def start_heartbeat(self) -> None:

@@ -2,10 +2,13 @@
 checkpoints.
 
 A rerun of a name continues the run recorded in its folder, or is refused before anything
-starts: a changed spec, an unreadable state or snapshot, another live run holding the lease.
-A run already trained to its limits returns at once. Before training, checkpoint folders Ray
-never committed that are provably partial uploads are deleted; a run resumes only from a
-committed checkpoint.
+starts: a changed spec, an unreadable state or snapshot, another live run holding the lease,
+a sweep's folder (a run and a sweep of one name and storage would share it). A run already
+trained to its limits returns at once. Before training, checkpoint folders Ray never
+committed that are provably partial uploads are deleted; a run resumes only from a
+committed checkpoint. ``--fresh`` deletes only a folder that is provably the run's own: it
+holds the run's record (``check_kind``, ``delete_own``); a sweep's driver keeps its folder
+by the same two functions.
 """
 
 from __future__ import annotations
@@ -29,7 +32,35 @@ from raytrain.driver.lease import Lease, check_free
 from raytrain.driver.results import FitResult
 from raytrain.errors import RunStateError
 from raytrain.redaction import redact
-from raytrain.spec import JobSpec
+from raytrain.spec import JobSpec, StorageSpec
+
+# What makes a folder provably a run's or a sweep's: the record each writes first.
+SWEEP_RECORD = "raytrain-sweep.json"
+RECORDS = {"run": runstate.STATE_FILE, "sweep": SWEEP_RECORD}
+
+
+def check_kind(folder: str, options: StorageSpec | None, kind: str) -> bool:
+    """Whether ``folder`` holds ``kind``'s record (``RECORDS``: a run's or a sweep's), so
+    that ``--fresh`` may delete it. A folder that holds the other kind's record is refused
+    (``RunStateError``, exit 2), before anything is written: a run and a sweep of one name
+    and storage would share it, and the ``--fresh`` of one would delete the other."""
+    for other, record in RECORDS.items():
+        if other != kind and storage.exists(storage.join(folder, record), options):
+            raise RunStateError(
+                f"name: {folder} holds a {other} ({record}), not a {kind}: a {kind} of this "
+                f"name and checkpoint.storage would write into it, and --fresh would delete "
+                "it; choose another name or checkpoint.storage"
+            )
+    return storage.exists(storage.join(folder, RECORDS[kind]), options)
+
+
+def delete_own(folder: str, options: StorageSpec | None, kind: str, held: Lease) -> None:
+    """``--fresh``: delete ``folder``, which ``check_kind`` found to hold ``kind``'s record,
+    write the lease it held again, and say what was deleted."""
+    storage.delete_dir(folder, options)
+    held.rewrite()
+    print(f"raytrain: --fresh: deleted {redact(folder)}, the {kind}'s folder (with its "
+          f"{RECORDS[kind]})", file=sys.stderr)  # fmt: skip
 
 
 def check_resumable(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstate.RunState | None:
@@ -49,7 +80,9 @@ def check_resumable(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstate
 
 def check_run_folder(spec: JobSpec, fresh: bool, force: bool) -> None:
     """Refuse, before anything starts, a run folder that another live run holds (see
-    ``lease``), or whose checkpoint snapshot cannot be read (unless ``fresh`` deletes it)."""
+    ``lease``), that is a sweep's (``check_kind``), or whose checkpoint snapshot cannot be
+    read (unless ``fresh`` deletes it)."""
+    check_kind(runstate.run_dir(spec), spec.storage, "run")
     check_free(runstate.run_dir(spec), spec.storage, force=force)
     if not fresh:
         read_snapshot(runstate.run_dir(spec), spec.storage)
@@ -58,12 +91,10 @@ def check_run_folder(spec: JobSpec, fresh: bool, force: bool) -> None:
 def open_run(
     spec: JobSpec, state: runstate.RunState | None, fresh: bool, held: Lease
 ) -> runstate.RunState | None:
-    """The run's recorded ``state`` to continue; with ``fresh``, its folder is deleted (and
-    the lease, which it held, written again)."""
+    """The run's recorded ``state`` to continue; with ``fresh``, its folder is deleted when
+    it holds the run's record (``delete_own``; a state means it does)."""
     if state is not None and fresh:
-        storage.delete_dir(runstate.run_dir(spec), spec.storage)
-        held.rewrite()
-        print(f"raytrain: --fresh: deleted {runstate.run_dir(spec)}", file=sys.stderr)
+        delete_own(runstate.run_dir(spec), spec.storage, "run", held)
         return None
     return state
 

@@ -26,8 +26,11 @@ from raytrain.spec import JobSpec
 
 def spec_yaml(job: JobSpec) -> str:
     """The resolved spec as the run's ``spec.yaml`` artifact holds it: credentials masked
-    (a credential-like field keeps its name, its value is ``***``)."""
-    return yaml.safe_dump(redact_tree(job.model_dump(mode="json")), sort_keys=False)
+    (a credential-like field keeps its name, its value is ``***``); no ``tune`` key unless
+    it sweeps (as ``dump_spec``)."""
+    exclude = {"tune"} if job.tune is None else None
+    return yaml.safe_dump(redact_tree(job.model_dump(mode="json", exclude=exclude)),
+                          sort_keys=False)  # fmt: skip
 
 
 def tracking_error(tracking_uri: str, exc: BaseException) -> TrackingError:

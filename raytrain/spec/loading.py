@@ -86,9 +86,16 @@ def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
             got = item.get("input")
             # a value refused for holding credentials is not echoed into a log
             secret = _CREDENTIALS_REFUSED in item["msg"]
-            shown = "" if secret or isinstance(got, dict | list) else f", got {got!r}"
+            # a section's own check (a model validator) gets the section, not one value
+            shown = "" if secret or isinstance(got, dict | list | BaseModel) else f", got {got!r}"
             lines.append(f"{path}: {item['msg']}{shown}")
     return lines
+
+
+def validation_problems(error: ValidationError) -> list[str]:
+    """The problem lines of a ``JobSpec``'s ``ValidationError``, made by parsing or by
+    assigning a section (a sweep checks each value of a field so)."""
+    return _format_errors(error, JobSpec)
 
 
 # The tags of discriminated unions (``data``: files or a DataModule), and their sections.

@@ -11,15 +11,24 @@ metric against each sampled field on the parent run.
 
 Where things are: ``{checkpoint.storage}/{name}/`` is the sweep's folder: ``trials/`` the
 trials' run folders (``{name}-000``, ...), ``tune/`` Ray Tune's experiment state,
-``raytrain-sweep.json`` the parent run's id, ``best.yaml`` the best spec. The same command
-again continues an interrupted sweep: Tune restores its experiment, finished trials are not
-rerun, and a trial that was running resumes from its last committed checkpoint (its run
-folder), or returns at once when it had reached its end.
+``raytrain-sweep.json`` the parent run's id (the record that makes the folder a sweep's:
+a run's folder is refused, and only a sweep's is deleted by ``--fresh``),
+``raytrain-lease.json`` the lease the driver holds while it runs (``driver.lease``, as a
+run's), ``best.yaml`` the best spec. The same command again continues an interrupted sweep:
+Tune restores its experiment, finished trials are not rerun, and a trial that was running
+resumes from its last committed checkpoint (its run folder), or returns at once when it had
+reached its end.
+
+What a sweep writes and prints holds no credential: its params, tags, artifacts, rows,
+lines and ``best.yaml`` pass through ``raytrain.redaction``; Ray Tune gets listed values as
+indices (``space.param_space``), names each trial's folder by the trial's name, and runs
+without its per-trial loggers, so no sampled value reaches Tune's files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -30,12 +39,21 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from raytrain import storage
-from raytrain.driver import preflight, ray_runtime
-from raytrain.errors import SpecError
-from raytrain.spec import JobSpec, dump_spec, load_spec
+from raytrain.driver import preflight, ray_runtime, run_folder
+from raytrain.driver.lease import Lease, check_free
+from raytrain.errors import RunStateError, SpecError
+from raytrain.redaction import masked_fields, redact, redact_value
+from raytrain.spec import JobSpec, load_spec
 from raytrain.spec.tune import TuneSpec
 from raytrain.sweep.results import SweepResult, TrialRow, best_of
-from raytrain.sweep.space import base_tree, check_space, param_space, trial_spec
+from raytrain.sweep.space import (
+    base_tree,
+    check_space,
+    listed_values,
+    param_space,
+    trial_spec,
+    values_of,
+)
 from raytrain.sweep.trial import (
     BEST_CHECKPOINT,
     MLFLOW_RUN,
@@ -44,10 +62,15 @@ from raytrain.sweep.trial import (
     run_trial,
     trial_name,
     trial_values,
+    tune_trial_name,
 )
 
-SWEEP_FILE = "raytrain-sweep.json"
-_NEW_OUTPUT_ENV = "RAY_AIR_NEW_OUTPUT"
+SWEEP_FILE = run_folder.SWEEP_RECORD
+# Ray Tune's settings while it runs the sweep: its own tables and banners off (its legacy
+# reporter at verbose 0 prints nothing; the sweep prints a line per trial and its summary),
+# and its per-trial loggers off (result.json, params.json and .pkl, progress.csv, TensorBoard
+# events: MLflow is the sweep's record, and each is one more file a value could land in).
+_TUNE_ENV = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
 BEST_SPEC = "best.yaml"
 TRIALS = "trials"
 TUNE_DIR = "tune"
@@ -68,74 +91,132 @@ def tune(
     overrides: Iterable[str] = (),
     *,
     fresh: bool = False,
+    force: bool = False,
     progress: bool = True,
     verbose: bool = False,
 ) -> SweepResult:
-    """Run the sweep the spec's ``tune`` section describes (see the module docstring)."""
-    from raytrain.driver.launcher import check_before_ray, prepare_data
-    from raytrain.tracking.mlflow_tracker import attempt_tags
-
+    """Run the sweep the spec's ``tune`` section describes (see the module docstring).
+    Everything is checked before anything is written; the sweep's folder is held by a
+    lease (``driver.lease``, as a run's) from then to the end: a second live sweep of the
+    name is refused (``force`` takes it over), and one that takes this sweep's over stops
+    it. ``fresh`` deletes the folder first when it holds this sweep's record."""
     start = time.time()
-    timings: dict[str, float] = {}
-    job = load_spec(spec, overrides)
-    if job.tune is None:
-        raise SpecError("tune: missing: a sweep needs a tune section (search_space, metric, "
-                        "mode); `raytrain run` trains a spec without one")  # fmt: skip
-    sweep = job.tune
-    base_job = check_before_ray(job.model_copy(update={"tune": None}))
-    preflight.raise_if(check_space(job) + _search_alg_problems(sweep))
+    job, base_job = _checked(spec, overrides)
     folder = sweep_dir(job)
+    owned = run_folder.check_kind(folder, job.storage, "sweep")
+    check_free(folder, job.storage, force=force, kind="sweep")
     state = None if fresh else _load_state(folder, job)
-    if fresh and storage.exists(folder, job.storage):
-        storage.delete_dir(folder, job.storage)
-        print(f"raytrain: --fresh: deleted {folder}", file=sys.stderr)
-    timings["validated"] = round(time.time() - start, 3)
-    ray_handle = _start_ray(base_job, sweep)
+    timings = {"validated": round(time.time() - start, 3)}
+    held = Lease(folder, job.storage, kind="sweep").acquire(force=force)
     try:
-        prepare_data(base_job)  # once, here: trials running side by side would race on it
-        concurrency = _concurrency(base_job, sweep, ray_handle.resources())
-        parent, tracking_uri, experiment = _open_parent(base_job, sweep, state)
-        state = {"name": job.name, "digest": _digest(job), "parent_run_id": parent.run_id}
-        storage.write_text(storage.join(folder, SWEEP_FILE), json.dumps(state), job.storage)
-        plan = TrialPlan(
-            base=base_tree(base_job), sweep=job.name,
-            trials_storage=storage.join(folder, TRIALS), tracking_uri=tracking_uri,
-            experiment=experiment, parent_run_id=parent.run_id, metric=sweep.metric,
-            mode=sweep.mode, time_attr=sweep.scheduler.time_attr, cwd=os.getcwd(),
-            tags=attempt_tags(),  # a submitted sweep's job id: its trials' actors lack it
-            embedded_env=ray_handle.embedded_env,
-        )  # fmt: skip
-        print(f"raytrain: sweep {job.name}: {sweep.num_samples} sample(s), up to "
-              f"{concurrency} trial(s) at once, in {folder}", file=sys.stderr)  # fmt: skip
-        with _tune_output_off():
-            grid = _tuner(job, sweep, plan, folder, concurrency, progress).fit()
-        timings["trials_done"] = round(time.time() - start, 3)
-        metric_error = _metric_error(grid)
-        rows = [_row(result, plan) for result in grid]
-        _close_trials(rows, tracking_uri, sweep)
-        if metric_error is not None:
-            parent.finish("FAILED", error=metric_error)
-            raise SpecError(metric_error)
-        result = _finish(job, base_job, plan, rows, parent, folder)
+        if fresh and owned:
+            run_folder.delete_own(folder, job.storage, "sweep", held)
+        from raytrain.sweep.tune_callbacks import LOST_LEASES
+
+        held.on_lost = lambda holder: LOST_LEASES.add(folder)
+        held.start_heartbeat()
+        result = _sweep(job, base_job, folder, state, held, progress, (start, timings))
     finally:
-        ray_handle.shutdown()
+        held.release()
     result.timings = {**timings, "total": round(time.time() - start, 3)}
     return result
 
 
+def _checked(
+    spec: str | os.PathLike[str] | Mapping[str, Any] | JobSpec, overrides: Iterable[str]
+) -> tuple[JobSpec, JobSpec]:
+    """The sweep's spec and its trials' base spec, every check made that needs no Ray."""
+    from raytrain.driver.launcher import check_before_ray
+
+    job = load_spec(spec, overrides)
+    if job.tune is None:
+        raise SpecError("tune: missing: a sweep needs a tune section (search_space, metric, "
+                        "mode); `raytrain run` trains a spec without one")  # fmt: skip
+    base_job = check_before_ray(job.model_copy(update={"tune": None}))
+    preflight.raise_if(check_space(job) + _search_alg_problems(job.tune))
+    return job, base_job
+
+
+def _sweep(
+    job: JobSpec, base_job: JobSpec, folder: str, state: dict[str, Any] | None, held: Lease,
+    progress: bool, clock: tuple[float, dict[str, float]],
+) -> SweepResult:  # fmt: skip
+    """Ray started or joined, the parent MLflow run opened, Tune's trials run, the sweep
+    recorded; the parent run ends FAILED (KILLED on Ctrl-C) when anything fails."""
+    from raytrain.driver.launcher import prepare_data
+
+    assert job.tune is not None
+    sweep, (start, timings) = job.tune, clock
+    ray_handle = _start_ray(base_job, sweep)
+    parent = None
+    try:
+        prepare_data(base_job)  # once, here: trials running side by side would race on it
+        concurrency = _concurrency(base_job, sweep, ray_handle.resources())
+        parent, tracking_uri, experiment = _open_parent(base_job, sweep, state)
+        write_record(folder, job, parent.run_id)
+        plan = _plan(job, base_job, folder, parent.run_id, tracking_uri, experiment, ray_handle)
+        print(f"raytrain: sweep {job.name}: {sweep.num_samples} sample(s), up to "
+              f"{concurrency} trial(s) at once, in {redact(folder)}", file=sys.stderr)  # fmt: skip
+        with _tune_output_off():
+            grid = _tuner(job, sweep, plan, folder, concurrency, progress).fit()
+        timings["trials_done"] = round(time.time() - start, 3)
+        rows, values = _rows(grid, plan)
+        _close_trials(rows, tracking_uri, sweep)
+        _raise_if_stopped(grid, held)
+        return _finish(job, base_job, plan, rows, values, parent, folder)
+    except BaseException as exc:
+        if parent is not None:
+            with contextlib.suppress(Exception):  # the sweep's own error is the one to raise
+                parent.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED",
+                              error=str(exc) or type(exc).__name__)  # fmt: skip
+        raise
+    finally:
+        ray_handle.shutdown()
+
+
+def _plan(
+    job: JobSpec, base_job: JobSpec, folder: str, parent_run_id: str, tracking_uri: str,
+    experiment: str, ray_handle: ray_runtime.RayHandle,
+) -> TrialPlan:  # fmt: skip
+    """What every trial gets (``TrialPlan``)."""
+    from raytrain.tracking.mlflow_tracker import attempt_tags
+
+    assert job.tune is not None
+    return TrialPlan(
+        base=base_tree(base_job), sweep=job.name,
+        trials_storage=storage.join(folder, TRIALS), tracking_uri=tracking_uri,
+        experiment=experiment, parent_run_id=parent_run_id, metric=job.tune.metric,
+        mode=job.tune.mode, time_attr=job.tune.scheduler.time_attr, cwd=os.getcwd(),
+        tags=attempt_tags(),  # a submitted sweep's job id: its trials' actors lack it
+        embedded_env=ray_handle.embedded_env, listed=listed_values(job.tune),
+    )  # fmt: skip
+
+
+def _raise_if_stopped(grid: Any, held: Lease) -> None:
+    """The sweep's end when Tune stopped it: a trial's missing metric (exit 2), or another
+    sweep that took its folder's lease over."""
+    metric_error = _metric_error(grid)
+    if metric_error is not None:
+        raise SpecError(metric_error)
+    if held.lost_to is not None:
+        raise RunStateError(f"name: {held.path} was taken over by another sweep "
+                            f"({held.lost_to.describe(time.time())}); this sweep "
+                            "stopped")  # fmt: skip
+
+
 @contextlib.contextmanager
 def _tune_output_off() -> Iterator[None]:
-    """Ray Tune's own tables and banners off (its legacy reporter at verbose 0 prints
-    nothing): the sweep prints a line per trial and its summary instead."""
-    before = os.environ.get(_NEW_OUTPUT_ENV)
-    os.environ[_NEW_OUTPUT_ENV] = "0"
+    """``_TUNE_ENV`` set while Tune runs, what was there before restored after."""
+    before = {name: os.environ.get(name) for name in _TUNE_ENV}
+    os.environ.update(_TUNE_ENV)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(_NEW_OUTPUT_ENV, None)
-        else:
-            os.environ[_NEW_OUTPUT_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _search_alg_problems(sweep: TuneSpec) -> list[str]:
@@ -153,6 +234,13 @@ def _digest(job: JobSpec) -> str:
     text = json.dumps([job.model_copy(update={"tune": None}).digest(),
                        job.tune.model_dump(mode="json")], sort_keys=True)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_record(folder: str, job: JobSpec, parent_run_id: str) -> None:
+    """The sweep's record, ``raytrain-sweep.json``: its name, its digest (``_digest``) and
+    its parent MLflow run. It makes the folder provably a sweep's (``run_folder.RECORDS``)."""
+    state = {"name": job.name, "digest": _digest(job), "parent_run_id": parent_run_id}
+    storage.write_text(storage.join(folder, SWEEP_FILE), json.dumps(state), job.storage)
 
 
 def _load_state(folder: str, job: JobSpec) -> dict[str, Any] | None:
@@ -221,7 +309,7 @@ def _open_parent(
             base_job, tracking_uri, state["parent_run_id"] if state else None
         )
         parent.set_tags({"raytrain.sweep": base_job.name, "raytrain.sweep.role": "parent"})
-        space = {f"tune.search_space.{k}": f"{d.kind} {getattr(d, d.kind)}"
+        space = {f"tune.search_space.{k}": f"{d.kind} {redact_value(k, getattr(d, d.kind))}"
                  for k, d in sweep.search_space.items()}  # fmt: skip
         settings = sweep.model_dump(mode="json", exclude={"search_space"})
         parent.log_params({**space, **{f"tune.{k}": v for k, v in _flat(settings).items()}})
@@ -253,8 +341,9 @@ def _tuner(
     experiment = f"{path.rstrip('/')}/{TUNE_DIR}"
     from raytrain.sweep.tune_callbacks import MetricGate, TrialLines
 
-    gate = MetricGate()
-    callbacks = [gate, *([TrialLines(plan.sweep, sweep.metric)] if progress else [])]
+    gate = MetricGate(folder)
+    lines = TrialLines(plan.sweep, sweep.metric, _shown(plan.listed))
+    callbacks = [gate, *([lines] if progress else [])]
     run_config = tune.RunConfig(
         name=TUNE_DIR, storage_path=path, storage_filesystem=fs, stop=gate,
         callbacks=callbacks, verbose=0,
@@ -275,9 +364,18 @@ def _tuner(
             max_concurrent_trials=concurrency if sweep.search_alg != "random" else None,
             scheduler=_scheduler(job, sweep),
             search_alg=search_alg(sweep, concurrency),
+            # short names: Tune's default puts the sampled values into each trial's folder
+            trial_name_creator=functools.partial(tune_trial_name, plan.sweep),
+            trial_dirname_creator=functools.partial(tune_trial_name, plan.sweep),
         ),
         run_config=run_config,
     )
+
+
+def _shown(listed: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The listed values as the trial lines show them: redacted (Tune keeps its callbacks
+    with its experiment, so they hold nothing else)."""
+    return {key: [redact_value(key, v) for v in values] for key, values in listed.items()}
 
 
 def _scheduler(job: JobSpec, sweep: TuneSpec) -> Any:
@@ -287,7 +385,7 @@ def _scheduler(job: JobSpec, sweep: TuneSpec) -> Any:
     if chosen.name == "fifo":
         return FIFOScheduler()
     limit = job.trainer.max_epochs if chosen.time_attr == "epoch" else job.trainer.max_steps
-    max_t = chosen.max_t or (limit if limit and limit > 0 else 100)
+    max_t = chosen.resolved_max_t(limit)  # checked against grace_period: space.schedule_problems
     return ASHAScheduler(time_attr=chosen.time_attr, max_t=max_t,
                          grace_period=chosen.grace_period,
                          reduction_factor=chosen.reduction_factor)  # fmt: skip
@@ -311,8 +409,20 @@ def _metric_error(grid: Any) -> str | None:
     return next((e for r in grid if (e := metric_error(r.error)) is not None), None)
 
 
+def _rows(grid: Any, plan: TrialPlan) -> tuple[list[TrialRow], dict[str, dict[str, Any]]]:
+    """A row per trial, its values as they may be shown and written (``redaction``), and
+    each trial's values as they are, by trial name (the best one's make ``best.yaml``)."""
+    rows, values = [], {}
+    for result in grid:
+        row = _row(result, plan)
+        rows.append(row)
+        values[row.name] = values_of(dict(result.config or {}), plan.listed)
+    return rows, values
+
+
 def _row(result: Any, plan: TrialPlan) -> TrialRow:
-    """A trial's row from its Tune result, and its MLflow run from its run folder."""
+    """A trial's row from its Tune result (its values redacted), and its MLflow run from
+    its run folder."""
     from raytrain.driver import runstate
 
     metrics = dict(result.metrics or {})
@@ -333,10 +443,11 @@ def _row(result: Any, plan: TrialPlan) -> TrialRow:
     else:
         status = "stopped"
     reported = {k: v for k, v in metrics.items() if k not in _TUNE_KEYS}
+    values = {k: redact_value(k, v) for k, v in values_of(config, plan.listed).items()}
     return TrialRow(
-        name=name, status=status, values=config, metrics=reported,
+        name=name, status=status, values=values, metrics=reported,
         epochs=int(metrics.get("epoch", 0) or 0), mlflow_run_id=run_id,
-        error=None if result.error is None else str(result.error).splitlines()[0][:500],
+        error=None if result.error is None else redact(str(result.error).splitlines()[0][:500]),
         checkpoint=metrics.get(BEST_CHECKPOINT) or None,
     )  # fmt: skip
 
@@ -365,10 +476,12 @@ def _close_trials(rows: list[TrialRow], tracking_uri: str, sweep: TuneSpec) -> N
 
 
 def _finish(
-    job: JobSpec, base_job: JobSpec, plan: TrialPlan, rows: list[TrialRow], parent: Any,
-    folder: str,
+    job: JobSpec, base_job: JobSpec, plan: TrialPlan, rows: list[TrialRow],
+    values: dict[str, dict[str, Any]], parent: Any, folder: str,
 ) -> SweepResult:  # fmt: skip
-    """The best trial's spec written out, the parent run's record of the sweep."""
+    """The best trial's spec written out, the parent run's record of the sweep. Everything
+    written or returned holds redacted values (``rows``); only ``best.yaml``'s spec is made
+    from the best trial's own ``values``, and written redacted."""
     from raytrain.sweep.plot import plot_sweep
 
     assert job.tune is not None
@@ -376,9 +489,9 @@ def _finish(
     best = best_of(rows, sweep.metric, sweep.mode)
     best_path = best_checkpoint = None
     if best is not None:
-        best_spec = trial_spec(base_tree(base_job), best.values, f"{job.name}-best")
+        best_spec = trial_spec(base_tree(base_job), values[best.name], f"{job.name}-best")
         best_path = storage.join(folder, BEST_SPEC)
-        storage.write_text(best_path, dump_spec(best_spec), job.storage)
+        storage.write_text(best_path, best_spec_yaml(best_spec), job.storage)
         parent.log_metrics({f"best.{k}": v for k, v in best.metrics.items()}, step=0)
         sampled = {f"raytrain.best.{k}": str(v) for k, v in best.values.items()}
         parent.set_tags({"raytrain.best_trial": best.name,
@@ -397,8 +510,20 @@ def _finish(
     return SweepResult(
         name=job.name, metric=sweep.metric, mode=sweep.mode, best=best,
         best_spec_path=best_path, best_checkpoint_uri=best_checkpoint, trials=rows,
-        mlflow_run_id=parent.run_id, tracking_uri=plan.tracking_uri, sweep_dir=folder,
+        mlflow_run_id=parent.run_id, tracking_uri=redact(plan.tracking_uri), sweep_dir=folder,
     )  # fmt: skip
+
+
+def best_spec_yaml(spec: JobSpec) -> str:
+    """``best.yaml``: the best trial's spec, its credentials masked as in a run's
+    ``spec.yaml`` artifact (``run_record.spec_yaml``), a comment naming the masked fields
+    (give them again, as overrides, to run it)."""
+    from raytrain.driver.run_record import spec_yaml
+
+    masked = masked_fields(spec.flat())
+    head = (f"# credentials masked (***): {', '.join(masked)}; give them again to run this "
+            "spec (overrides: FIELD=VALUE)\n" if masked else "")  # fmt: skip
+    return head + spec_yaml(spec)
 
 
 def _best_checkpoint(plan: TrialPlan, best: TrialRow) -> str | None:

@@ -43,6 +43,9 @@ class TrialPlan:
     # The environment of the embedded cluster the sweep's driver started; None when the
     # sweep joined a cluster.
     embedded_env: dict[str, str] | None = None
+    # Each choice and grid field's values: Tune's config holds indices into them
+    # (``space.param_space``), so that no listed value lands in Tune's files.
+    listed: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def trial_name(sweep: str, trial_id: str) -> str:
@@ -50,10 +53,20 @@ def trial_name(sweep: str, trial_id: str) -> str:
     return f"{sweep}-{int(trial_id.rsplit('_', 1)[-1]):03d}"
 
 
+def tune_trial_name(sweep: str, trial: Any) -> str:
+    """A trial's name and folder name in Ray Tune (``TuneConfig``'s creators): its
+    raytrain name. Tune's default holds the sampled values."""
+    return trial_name(sweep, trial.trial_id)
+
+
 def trial_values(plan: TrialPlan, config: dict[str, Any], name: str) -> dict[str, Any]:
-    """The fields a trial sets in the base spec: its sampled values, then where it keeps
-    its checkpoints, the sweep's metric as its checkpoints' ranking, and its MLflow run's
-    place under the sweep's."""
+    """The fields a trial sets in the base spec: its sampled values (from Tune's
+    ``config``: ``space.values_of``), then where it keeps its checkpoints, the sweep's
+    metric as its checkpoints' ranking, and its MLflow run's place under the sweep's
+    (``spec.tune.RESERVED_FIELDS``: a sweep may not sample these)."""
+    from raytrain.sweep.space import values_of
+
+    config = values_of(config, plan.listed)
     tags = {
         **plan.base.get("tracking", {}).get("mlflow", {}).get("tags", {}),
         **plan.tags,

@@ -6,9 +6,15 @@ from typing import Any
 
 from ray.tune import Callback, Stopper
 
+from raytrain.redaction import redact_value
+from raytrain.sweep.space import values_of
 from raytrain.sweep.trial import TRIAL_NAME, trial_name
 
 METRIC_PREFIX = "tune.metric: "
+# The sweep folders whose lease another sweep took over, in this driver: their gate stops
+# Tune. A set, not the lease: Tune keeps its stopper with its experiment, and a restored
+# sweep's gate is that copy.
+LOST_LEASES: set[str] = set()
 
 
 def metric_error(error: Any) -> str | None:
@@ -21,10 +27,12 @@ def metric_error(error: Any) -> str | None:
 
 class MetricGate(Callback, Stopper):
     """Stops the whole sweep once a trial ended because the sweep's metric is not among
-    what it reports: every trial would report alike."""
+    what it reports (every trial would report alike), or once another sweep took the
+    folder's lease over (``LOST_LEASES``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: str = "") -> None:
         self.error: str | None = None
+        self.folder = folder
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         if self.error is None:
@@ -34,14 +42,15 @@ class MetricGate(Callback, Stopper):
         return False
 
     def stop_all(self) -> bool:
-        return self.error is not None
+        return self.error is not None or self.folder in LOST_LEASES
 
 
 class TrialLines(Callback):
-    """One line on stderr as each trial ends: how, after how many epochs, its metric."""
+    """One line on stderr as each trial ends: how, after how many epochs, its metric, its
+    values; ``shown``: the listed values as they may be shown (redacted), by field."""
 
-    def __init__(self, sweep: str, metric: str):
-        self.sweep, self.metric = sweep, metric
+    def __init__(self, sweep: str, metric: str, shown: dict[str, list[Any]] | None = None):
+        self.sweep, self.metric, self.shown = sweep, metric, shown or {}
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._say(trial, "finished" if (trial.last_result or {}).get(TRIAL_NAME) else "stopped")
@@ -55,8 +64,9 @@ class TrialLines(Callback):
         result = trial.last_result or {}
         value = result.get(self.metric)
         shown = f"{self.metric} {value:.4g}" if isinstance(value, float) else "no metric"
+        config = {k: redact_value(k, v) for k, v in values_of(trial.config, self.shown).items()}
         values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in trial.config.items())  # fmt: skip
+                           for k, v in config.items())  # fmt: skip
         name = trial_name(self.sweep, trial.trial_id)
         epochs = result.get("epoch", 0)
         print(f"raytrain: trial {name} {how} after {epochs} epoch(s): {shown} ({values})",

@@ -23,6 +23,9 @@ _PARAM_MAX_CHARS = 6000
 _METRIC_BATCH = 1000  # MLflow's most metrics in one log_batch
 # What MLflow answers a key (or value) it refuses: a name that is no key, too long...
 _REFUSED = "INVALID_PARAMETER_VALUE"
+# MLflow prints a link to each run it ends on a tracking server, its host written as the
+# tracking URI has it: user info and all.
+_NO_LINKS_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
 def default_tracking_uri() -> str:
@@ -107,6 +110,8 @@ class MlflowTracker:
         self._had_metrics = bool(self._last_step)  # from earlier attempts
         self.refused: dict[str, str] = {}  # metric key -> MLflow's reason
         self.metrics_logged = 0  # metric values recorded by this tracker
+        if redact(tracking_uri) != tracking_uri:  # its links would print the credentials
+            os.environ[_NO_LINKS_ENV] = "true"
 
     @classmethod
     def open(
@@ -152,13 +157,14 @@ class MlflowTracker:
         return cls(MlflowClient(tracking_uri=tracking_uri), run_id, tracking_uri)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        """Log params not yet on the run; values that changed since are noted in a tag."""
+        """Log params not yet on the run, credentials masked (``redaction``, whoever
+        logs them); values that changed since are noted in a tag."""
         from mlflow.entities import Param
 
         existing = self.client.get_run(self.run_id).data.params
         fresh, changed = [], {}
         for key, value in params.items():
-            text = str(value)[:_PARAM_MAX_CHARS]
+            text = str(redact_value(key, value))[:_PARAM_MAX_CHARS]
             if key not in existing:
                 fresh.append(Param(key, text))
             elif existing[key] != text:

@@ -35,6 +35,17 @@ class PlainCNN(DigitsCNN):
         self.example_input_array = None
 
 
+class HubCNN(PlainCNN):
+    """``PlainCNN`` taking a model hub's token, as a model that logs in to a hub while it is
+    built would. It keeps the token neither in its hyperparameters (Lightning saves those
+    into every checkpoint) nor on itself (a pickled model would carry it): what a model
+    writes into its own checkpoints is the model's."""
+
+    def __init__(self, hub_token: str, **kwargs):
+        super().__init__(**kwargs)
+        self.save_hyperparameters(ignore=["hub_token"])
+
+
 class WideLinear(pl.LightningModule):
     """A linear classifier over a wide float vector ``x`` with labels ``y``: data-bound."""
 

@@ -9,6 +9,8 @@ password hash check, which made the run that records everything take 87 s instea
 
 from __future__ import annotations
 
+import secrets
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ import pytest
 
 import raytrain
 from tests.conftest import digits_spec
+from tests.integration.leaks import files_holding, mlflow_holding
 from tests.integration.mlflow_server import MlflowServer, mlflow_server
 from tests.integration.s3_server import s3_client
 from tests.integration.test_worker_failure import STEPS_PER_EPOCH
@@ -52,7 +55,7 @@ def _git_head() -> str | None:
 
 def test_a_run_records_everything_on_the_server(
     ray_cluster: None, server: MlflowServer, client, digits_dir: Path, tmp_path: Path,
-    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     import mlflow
     import mlflow.pytorch
@@ -63,21 +66,39 @@ def test_a_run_records_everything_on_the_server(
     from raytrain.spec import load_spec
 
     monkeypatch.chdir(ROOT)  # a git checkout: the run records its commit
+    # Secrets in every field that can carry one, made now (a secret written in this file
+    # would be in the tests package the logged model carries): the tracking URI's user info
+    # (the server ignores it: it still works), a tag, a model's argument, the train set's
+    # URI (a presigned URL's signature, in a local folder's name: a path with a query)
+    password, tag, arg, signature = (secrets.token_hex(16) for _ in range(4))
+    planted = [password, f"hf_{tag}", f"hf_{arg}", signature]
+    credentialed = server.uri.replace("http://", f"http://raytrain:{password}@")
+    signed = tmp_path / f"train?X-Amz-Signature={signature}"
+    shutil.copytree(digits_dir / "train", signed)
     # a module without example_input_array: MLflow's input example comes from the data
     spec = digits_spec(digits_dir, tmp_path, name="on-server",
-                       model={"class_path": "tests.integration.models:PlainCNN"},
+                       model={"class_path": "tests.integration.models:HubCNN",
+                              "init_args": {"lr": 0.003, "hub_token": f"hf_{arg}"}},
                        trainer={"max_epochs": 2, "log_every_n_steps": 5},
                        checkpoint={"monitor": "val_acc", "mode": "max"},
-                       tracking={"mlflow": {"tracking_uri": server.uri,
-                                            "register_as": "digits-on-server"}})  # fmt: skip
+                       tracking={"mlflow": {"tracking_uri": credentialed,
+                                            "register_as": "digits-on-server",
+                                            "tags": {"hub": f"hf_{tag}"}}})  # fmt: skip
+    spec["data"]["train"]["uri"] = str(signed)
     result = raytrain.fit(spec, progress=False)
+    printed = capfd.readouterr()
     run = client.get_run(result.mlflow_run_id)
     assert run.info.status == "FINISHED"
 
-    # params: the whole flattened spec, as run: scaling.use_gpu's auto decided (no GPUs here)
+    # params: the whole flattened spec, as run: scaling.use_gpu's auto decided (no GPUs here),
+    # each credential masked
     job = load_spec(spec)
     job = job.model_copy(update={"scaling": job.scaling.with_cluster_gpus(0)[0]})
-    assert run.data.params == {k: str(v) for k, v in job.flat().items()}
+    masked = {"tracking.mlflow.tracking_uri": server.uri.replace("http://", "http://***@"),
+              "tracking.mlflow.tags.hub": "***", "model.init_args.hub_token": "***",
+              "data.train.uri": f"{tmp_path}/train?X-Amz-Signature=***"}  # fmt: skip
+    expected = {**{k: str(v) for k, v in job.flat().items()}, **masked}
+    assert run.data.params == expected
 
     # per-step and per-epoch metrics at their global steps, each step once
     last = 2 * STEPS_PER_EPOCH
@@ -112,7 +133,7 @@ def test_a_run_records_everything_on_the_server(
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "spec.yaml" in artifacts
     spec_text = Path(client.download_artifacts(run.info.run_id, "spec.yaml", str(tmp_path)))
-    assert load_spec(spec_text).model_dump() == job.model_dump()
+    assert {k: str(v) for k, v in load_spec(spec_text).flat().items()} == expected
     keys = [o["Key"] for o in s3_client(s3_endpoint).list_objects_v2(Bucket=BUCKET)["Contents"]]
     assert any(k.endswith(f"{run.info.run_id}/artifacts/spec.yaml") for k in keys)
     assert any(k.endswith("MLmodel") for k in keys)
@@ -138,6 +159,13 @@ def test_a_run_records_everything_on_the_server(
         assert torch.equal(served(pixels).argmax(1), trained(pixels).argmax(1))
         assert torch.allclose(served(pixels), trained(pixels), atol=1e-6)
     assert result.model_uri and tags["raytrain.model_uri"] == result.model_uri
+
+    # No planted secret in anything the run wrote or printed: every file under its folder,
+    # every MLflow value and artifact (the model's too), its result, its lines
+    assert not files_holding(planted, [Path(result.run_dir)])
+    assert not mlflow_holding(planted, server.uri, tmp_path / "artifacts")
+    shown = [printed.out, printed.err, repr(result.__dict__)]
+    assert not [s for s in planted for text in shown if s in text]
 
 
 def test_raytrain_report_draws_and_tabulates_runs(

@@ -1,11 +1,14 @@
 """Sweeps on Ray Tune, for real: trials that are whole raytrain runs on the session's Ray
 cluster, ASHA stopping the poorer ones, MLflow's parent and child runs, the best spec run by
-``raytrain run``; a sweep's metric that no trial reports; and a sweep whose driver (with its
-embedded Ray) is SIGKILLed after its first trial finished, continued by the same command."""
+``raytrain run``, and no planted secret in anything the sweep and the runs wrote; a sweep's
+metric that no trial reports; and a sweep whose driver (with its embedded Ray) is SIGKILLed
+after its first trial finished, continued by the same command."""
 
 from __future__ import annotations
 
 import json
+import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,6 +22,7 @@ import yaml
 import raytrain
 from tests.conftest import digits_spec
 from tests.integration.cli_runs import cli_env
+from tests.integration.leaks import files_holding, mlflow_holding
 from tests.integration.ray_head import kill_tree
 
 pytestmark = pytest.mark.integration
@@ -45,12 +49,38 @@ def _sweep_spec(digits_dir: Path, work: Path, name: str, **tune: Any) -> dict[st
                        tune=section)  # fmt: skip
 
 
+def _plant(spec: dict[str, Any], digits_dir: Path, work: Path) -> tuple[list[str], str]:
+    """Secrets in every field a spec can carry one: a tag (a hub token), a model's argument
+    (another), the train set's URI (a presigned URL's signature, in a local folder's name:
+    a path with a query), and sampled values (a third token, the signed URI), each a grid of
+    one value so that the seeded draws of lr stay the same. Returns the secrets and the
+    signed URI. Each made now: a secret written in this file would be found in the copy of
+    the tests package a logged model carries."""
+    tag, arg, sampled = (f"hf_{secrets.token_hex(16)}" for _ in range(3))
+    signature = secrets.token_hex(16)
+    signed = work / f"train?X-Amz-Signature={signature}"
+    shutil.copytree(digits_dir / "train", signed)
+    spec["model"] = {"class_path": "tests.integration.models:HubCNN",
+                     "init_args": {"lr": 0.003, "hub_token": arg}}  # fmt: skip
+    spec["data"]["train"]["uri"] = str(signed)
+    spec["tracking"]["mlflow"]["tags"] = {"hub": tag}
+    spec["tune"]["search_space"] |= {"model.init_args.hub_token": {"grid": [sampled]},
+                                     "data.train.uri": {"grid": [str(signed)]}}  # fmt: skip
+    return [tag, arg, sampled, signature], str(signed)
+
+
 def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
-    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
-) -> None:
+    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None,
+    capfd: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from dataclasses import asdict
+
     from mlflow.tracking import MlflowClient
 
-    result = raytrain.tune(_sweep_spec(digits_dir, tmp_path, "lr-sweep"), progress=False)
+    spec = _sweep_spec(digits_dir, tmp_path, "lr-sweep")
+    planted, signed = _plant(spec, digits_dir, tmp_path)
+    result = raytrain.tune(spec)
+    printed = capfd.readouterr()
 
     assert len(result.trials) == 4
     stopped = [t for t in result.trials if t.status == "stopped"]
@@ -66,6 +96,8 @@ def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["raytrain.best_trial"] == result.best.name
     assert parent.data.params["tune.search_space.model.init_args.lr"].startswith("loguniform")
+    assert parent.data.params["tune.search_space.data.train.uri"] == (
+        f"grid ['{tmp_path}/train?X-Amz-Signature=***']")  # fmt: skip
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")} == {
         "sweep/sweep.png", "sweep/trials.json"}  # fmt: skip
     children = client.search_runs(
@@ -83,6 +115,8 @@ def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
     assert best_run.data.tags["raytrain.sampled.model.init_args.lr"] == str(
         result.best.values["model.init_args.lr"]
     )
+    assert best_run.data.tags["raytrain.sampled.model.init_args.hub_token"] == "***"
+    assert result.best.values["model.init_args.hub_token"] == "***"
 
     # `raytrain report` of the parent: the trials' curves, a row per trial best first
     from raytrain.tracking.report import build_report
@@ -93,17 +127,35 @@ def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
     assert {row[1] for row in report.rows if row[0] in {t.name for t in stopped}} == {"stopped"}
     assert len(report.panels["val_acc"]) == 4 and report.png.startswith(b"\x89PNG")
 
-    # The best trial's spec, written out, is a plain spec that `raytrain run` trains
+    # The best trial's spec, written out, is a plain spec that `raytrain run` trains, given
+    # again what it masks (the first line names those fields)
     assert result.best_spec_path is not None
-    best = yaml.safe_load(Path(result.best_spec_path).read_text())
+    text = Path(result.best_spec_path).read_text()
+    assert text.splitlines()[0] == (
+        "# credentials masked (***): data.train.uri, model.init_args.hub_token, "
+        "tracking.mlflow.tags.hub; give them again to run this spec (overrides: FIELD=VALUE)"
+    )
+    best = yaml.safe_load(text)
     assert "tune" not in best and best["model"]["init_args"]["lr"] == result.best.values[
         "model.init_args.lr"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "raytrain", "run", result.best_spec_path, "trainer.max_epochs=1",
-         "--json"], capture_output=True, text=True, env=cli_env(), cwd=tmp_path, timeout=600,
+         f"data.train.uri={signed}", "--json"], capture_output=True, text=True, env=cli_env(),
+        cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["name"] == "lr-sweep-best"
+
+    # No planted secret in anything the sweep, its trials and the best run wrote or printed:
+    # every file under the sweep's and the run's folders (Tune's included), every MLflow
+    # value and artifact, the result, the lines
+    assert not files_holding(planted, [tmp_path / "runs" / "lr-sweep",
+                                       tmp_path / "runs" / "lr-sweep-best"])  # fmt: skip
+    assert not mlflow_holding(planted, result.tracking_uri, tmp_path / "artifacts")
+    shown = [printed.out, printed.err, proc.stdout, proc.stderr, json.dumps(asdict(result))]
+    assert not [s for s in planted for text in shown if s in text]
+    tune_dir = tmp_path / "runs" / "lr-sweep" / "tune"
+    assert {t.name for t in result.trials} <= {p.name for p in tune_dir.iterdir()}
 
     # A metric no trial reports stops the sweep at the first validation, naming what is
     with pytest.raises(raytrain.SpecError) as caught:
@@ -155,6 +207,8 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(
     again = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), cwd=tmp_path,
                            timeout=600)  # fmt: skip
     assert again.returncode == 0, again.stdout + again.stderr
+    # the killed driver's lease on the sweep's folder: its pid is gone, so taken over at once
+    assert "raytrain: taking over the stale lease " in again.stderr
     assert f"raytrain: sweep kill-sweep: continuing from {tmp_path / 'runs' / 'kill-sweep'}" in (
         again.stderr)  # fmt: skip
     result = json.loads(again.stdout.strip().splitlines()[-1])

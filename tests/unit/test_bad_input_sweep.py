@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from tests.conftest import digits_spec, write_spec
 from tests.fresh_process import run_fresh
@@ -149,6 +152,134 @@ NAMES_AND_SIZES: dict[str, tuple[list[str], str]] = {
 OVERRIDES |= NAMES_AND_SIZES
 
 
+# --- issue 33, sweeps (`raytrain tune`): its settings against Ray Tune's rules, the keys a
+# sweep may not sample, and the folders a run and a sweep of one name would share ---
+# name: (overrides to sweep.yaml, text the one error line must start with after "error: ")
+TUNE_OVERRIDES: dict[str, tuple[list[str], str]] = {
+    "tune_grace_above_max_t": (["tune.scheduler={name: asha, grace_period: 5, max_t: 3}"],
+                               "tune.scheduler: Value error, grace_period (5) is above max_t"),
+    "tune_grace_above_max_epochs": (["tune.scheduler={name: asha, grace_period: 5}"],
+                                    "tune.scheduler.grace_period: 5 is above max_t (2, "),
+    "tune_max_t_above_max_epochs": (["tune.scheduler={name: asha, max_t: 10}"],
+                                    "tune.scheduler.max_t: 10 is above trainer.max_epochs"),
+    "tune_reduction_factor_tiny": (["tune.scheduler={name: asha, reduction_factor: 1.0000001}"],
+                                   "tune.scheduler.reduction_factor: Value error, 1.0000001 is "
+                                   "below 1.5"),
+    "tune_rungs_many": (["trainer.max_steps=1000000000", "tune.scheduler={name: asha, "
+                         "time_attr: step, reduction_factor: 1.5, max_t: 1000000000}"],
+                        "tune.scheduler.reduction_factor: 1.5 makes 52 rungs"),
+    "tune_uniform_overflow": (["tune.search_space={model.init_args.lr: {uniform: [-1e308, "
+                               "1e308]}}"], "tune.search_space.model.init_args.lr: Value error, "
+                              "uniform: [-1e+308, 1e+308] is wider than a float"),
+    "tune_choice_nan": (["tune.search_space={model.init_args.lr: {choice: [.nan, .inf]}}"],
+                        "tune.search_space.model.init_args.lr: Value error, choice: nan is not"),
+    "tune_grid_inside_inf": (["tune.search_space={model.init_args: {grid: [{lr: .inf}]}}"],
+                             "tune.search_space.model.init_args: Value error, grid: {'lr': inf}"),
+    "tune_randint_past_int64": (["tune.search_space={trainer.seed: {randint: [0, "
+                                 "100000000000000000000]}}"],
+                                "tune.search_space.trainer.seed: Value error, randint: "),
+    "tune_grids_past_the_cap": (["tune.num_samples=10000", "tune.search_space={a: {grid: "
+                                 f"{list(range(100))}}}, b: {{grid: {list(range(100))}}}, "
+                                 f"c: {{grid: {list(range(100))}}}}}"],
+                                "tune: Value error, num_samples: 10000 x the grids' 100 x 100 "
+                                "x 100 combinations is 10,000,000,000 trials"),
+    "tune_sample_checkpoint": (["tune.search_space={checkpoint.storage: {choice: [/etc]}}"],
+                               "tune.search_space: Value error, 'checkpoint.storage': a sweep "
+                               "may not sample it"),
+    "tune_sample_checkpoint_section": (["tune.search_space={checkpoint: {choice: [{keep: 1}]}}"],
+                                       "tune.search_space: Value error, 'checkpoint': a sweep"),
+    "tune_sample_tracking_uri": (["tune.search_space={tracking.mlflow.tracking_uri: {choice: "
+                                  "[sqlite:///x.db]}}"], "tune.search_space: Value error, "
+                                 "'tracking.mlflow.tracking_uri': a sweep may not sample it"),
+    "tune_sample_experiment": (["tune.search_space={tracking.mlflow.experiment: {choice: [a]}}"],
+                               "tune.search_space: Value error, 'tracking.mlflow.experiment'"),
+    "tune_sample_tags": (["tune.search_space={tracking.mlflow.tags: {choice: [{a: b}]}}"],
+                         "tune.search_space: Value error, 'tracking.mlflow.tags'"),
+    "tune_sample_mlflow_section": (["tune.search_space={tracking.mlflow: {choice: [{}]}}"],
+                                   "tune.search_space: Value error, 'tracking.mlflow': a sweep "
+                                   "may not sample it (it holds tracking.mlflow.tracking_uri)"),
+    "tune_sample_bare_tune": (["tune.search_space={tune: {choice: [1]}}"],
+                              "tune.search_space: Value error, 'tune': a sweep may not sample"),
+    "tune_sample_name": (["tune.search_space={name: {choice: [a]}}"],
+                         "tune.search_space: Value error, 'name': a sweep may not sample it"),
+    "tune_101_fields": (["tune.search_space={" + ", ".join(f"model.init_args.a{i}: {{choice: "
+                                                             "[1]}" for i in range(101)) + "}"],
+                        "tune.search_space: Dictionary should have at most 100 items"),
+}  # fmt: skip
+TUNE_EXPECTED: dict[str, str] = {
+    "tune_grid_90000": "tune.search_space.data.batch_size: Value error, grid: 90,000 values, "
+    "more than the limit of 10,000",
+    "tune_choice_10000_last_bad": "tune.search_space.data.train.uri: 'file://host/9999' is not "
+    "a value the spec takes: data.train.uri: Value error, a file:// URI with a host part",
+    "tune_fresh_on_a_runs_folder": "holds a run (raytrain-run.json), not a sweep",
+    "tune_on_a_runs_folder": "holds a run (raytrain-run.json), not a sweep",
+    "run_on_a_sweeps_folder": "holds a sweep (raytrain-sweep.json), not a run",
+    "run_fresh_on_a_sweeps_folder": "holds a sweep (raytrain-sweep.json), not a run",
+    "tune_a_live_sweeps_folder": "is in use by another sweep: pid ",
+    "tune_fresh_a_live_sweeps_folder": "is in use by another sweep: pid ",
+    "tune_folder_is_a_file": "the sweep's folder is a file, not a folder",
+}
+
+
+def _tune_files(work: Path, digits_dir: Path) -> dict[str, list[str]]:
+    """The sweep cases: a valid sweep (its space over no class's arguments: checking those
+    imports the model, and so Lightning) and the folders and files the cases need."""
+    from raytrain.driver import lease, runstate
+    from raytrain.spec import load_spec
+    from raytrain.sweep.runner import write_record
+
+    section = {"search_space": {"data.batch_size": {"choice": [16, 32]}}, "metric": "val_acc",
+               "mode": "max"}  # fmt: skip
+    tree = digits_spec(digits_dir, work, tune=section)
+    spec = str(write_spec(work / "sweep.yaml", tree))
+    argvs = {name: ["tune", spec, *v[0]] for name, v in TUNE_OVERRIDES.items()}
+
+    def space_file(name: str, space: dict[str, Any]) -> str:
+        """A sweep over ``space``, its lists in YAML's flow style (within the size limit)."""
+        path = work / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**tree, "tune": {**section, "search_space": space}},
+                                       default_flow_style=None, width=2**20))  # fmt: skip
+        return str(path)
+
+    grid = space_file("grid_90000", {"data.batch_size": {"grid": list(range(1, 90_001))}})
+    argvs["tune_grid_90000"] = ["tune", grid]
+    uris = [f"/data/train-{i}" for i in range(9_999)] + ["file://host/9999"]  # the last bad
+    argvs["tune_choice_10000_last_bad"] = ["tune", space_file(
+        "choice_10000", {"data.train.uri": {"choice": uris}})]  # fmt: skip
+
+    # a run's folder, its record written as a run writes it; a sweep's, as a sweep does
+    run_store, sweep_store = work / "a_runs_store", work / "a_sweeps_store"
+    job = load_spec(tree, [f"checkpoint.storage={run_store}"]).model_copy(update={"tune": None})
+    runstate.save(job, runstate.new_state(job))
+    swept = load_spec(tree, [f"checkpoint.storage={sweep_store}"])
+    write_record(str(sweep_store / swept.name), swept, "0123456789abcdef")
+    argvs["tune_fresh_on_a_runs_folder"] = ["tune", spec, f"checkpoint.storage={run_store}",
+                                            "--fresh"]  # fmt: skip
+    argvs["tune_on_a_runs_folder"] = ["tune", spec, f"checkpoint.storage={run_store}"]
+    job_yaml = str(work / "job.yaml")
+    argvs["run_on_a_sweeps_folder"] = ["run", job_yaml, f"checkpoint.storage={sweep_store}"]
+    argvs["run_fresh_on_a_sweeps_folder"] = ["run", job_yaml, f"checkpoint.storage={sweep_store}",
+                                             "--fresh"]  # fmt: skip
+
+    # a live sweep's lease (its heartbeat an hour ahead: live however long the cases take)
+    live = work / "a_live_store" / "digits-test"
+    live.mkdir(parents=True)
+    now = time.time()
+    holder = lease.Holder(host=socket.gethostname(), pid=os.getpid(), started_at=now,
+                          heartbeat_at=now + 3600, token="live")  # fmt: skip
+    (live / lease.LEASE_FILE).write_text(json.dumps(holder.__dict__))
+    for name, flags in (("tune_a_live_sweeps_folder", []), ("tune_fresh_a_live_sweeps_folder",
+                                                            ["--fresh"])):  # fmt: skip
+        argvs[name] = ["tune", spec, f"checkpoint.storage={live.parent}", *flags]
+    (work / "a_file_store").mkdir()
+    (work / "a_file_store" / "digits-test").write_text("a file where the sweep's folder goes\n")
+    argvs["tune_folder_is_a_file"] = ["tune", spec, f"checkpoint.storage={work / 'a_file_store'}"]
+    return argvs
+
+
+# --- end of issue 33's sweep cases ---
+
+
 @pytest.fixture(scope="module")
 def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import torch
@@ -214,6 +345,8 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     argvs["report_missing_sqlite"] = [
         "report", "abc", "--tracking-uri", f"sqlite:///{work / 'nowhere.db'}",
     ]  # fmt: skip
+
+    argvs |= _tune_files(work, digits_dir)  # issue 33's sweep cases (above)
 
     # raytrain export of things that are not checkpoints
     (work / "ckpt_no_state_dict").mkdir()
@@ -293,6 +426,7 @@ EXPECTED: dict[str, str] = {
     "shard path '../../outside.bin' leads out of the checkpoint folder",
     "export_dcp_shard_absolute": "dcp_shard_absolute/checkpoint.ckpt (entry model.w): its "
     "shard path '/",
+    **TUNE_EXPECTED,
 }
 FIELD_CASES: dict[str, str] = {
     "validate_3000_parts": "override model.init_args.a.a.",
@@ -302,6 +436,7 @@ FIELD_CASES: dict[str, str] = {
     "report_default_store": "--tracking-uri: no MLflow store",
     **{f"override_{k}": v[1] for k, v in OVERRIDES.items()},
     **{f"validate_{k}": v[1] for k, v in NAMES_AND_SIZES.items()},
+    **{k: v[1] for k, v in TUNE_OVERRIDES.items()},
 }
 CASES = sorted({*EXPECTED, *FIELD_CASES})
 
