@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from raytrain import storage
 from raytrain.errors import EXIT_OK, RaytrainError, RunStateError
 from raytrain.run_status import RunStatus, describe, read_status, status_path
+from raytrain.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.spec import JobSpec
@@ -73,7 +74,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     if status.mlflow_run_id is not None:
         parts, tags = run_facts(uri or default_tracking_uri(), status.mlflow_run_id)
     for line in describe(diagnose(parts, status, tags), status.name):
-        print(line)
+        print(printable(line))
     return EXIT_OK
 
 
@@ -83,7 +84,7 @@ def show(status: RunStatus, as_json: bool, indent: str = "") -> None:
         print(status.to_json())
         return
     for line in describe(status):
-        print(indent + line)
+        print(indent + printable(line))
 
 
 def show_job_run(handle: JobHandle) -> None:
@@ -91,10 +92,10 @@ def show_job_run(handle: JobHandle) -> None:
     try:
         status = handle.progress()
     except RaytrainError as exc:
-        print(f"  run: {exc.problems[0]}")
+        print(f"  run: {printable(exc.problems[0])}")
         return
     except Exception as exc:  # the store cannot be reached from here
-        print(f"  run: the status record cannot be read ({storage.describe(exc)})")
+        print(printable(f"  run: the status record cannot be read ({storage.describe(exc)})"))
         return
     if status is None:
         print("  run: no status record yet (the driver is starting)")

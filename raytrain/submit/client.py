@@ -46,6 +46,7 @@ from raytrain.submit.connection import (
     resolve_address,
 )
 from raytrain.submit.uploads import upload_excludes
+from raytrain.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.spec import JobSpec
@@ -264,8 +265,8 @@ def _working_dir_env(
     spec_path = _spec_in_working_dir(spec, root)
     excludes, left_out = upload_excludes(root, include)
     if left_out:  # by name only: what they hold is never read
-        print(f"raytrain: left out of the upload (secret-shaped; --include PATTERN sends "
-              f"one): {', '.join(left_out)}", file=sys.stderr)  # fmt: skip
+        print(printable(f"raytrain: left out of the upload (secret-shaped; --include PATTERN "
+                        f"sends one): {', '.join(left_out)}"), file=sys.stderr)  # fmt: skip
     return {"working_dir": str(root), "excludes": excludes}, spec_path
 
 
@@ -340,7 +341,7 @@ def submit(
                           include=include)  # fmt: skip
 
         first = again(False)
-        print(f"raytrain: supervising job {first.job_id} on {first.server.address}",
+        print(printable(f"raytrain: supervising job {first.job_id} on {first.server.address}"),
               file=sys.stderr, flush=True)  # fmt: skip
         story = Supervisor(again, policy).run(first)
         assert story.handle is not None
@@ -360,7 +361,7 @@ def submit(
     job = load_spec(spec, overrides) if working_dir is not None or Path(spec).is_file() else None
     if job is not None and warn:
         for line in _warnings(job, env, overrides):
-            print(f"raytrain: warning: {line}", file=sys.stderr)
+            print(f"raytrain: warning: {printable(line)}", file=sys.stderr)
     runtime_env.update(_job_env(env, pip, working_dir))
     sweep = job is not None and job.tune is not None  # the job runs `raytrain tune`
     if sweep and (resume_anyway or force):

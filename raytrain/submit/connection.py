@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from raytrain.errors import EXIT_BAD_INPUT, RaytrainError
+from raytrain.terminal import printable
 
 # Where a job server is found when no address is given: Ray's own variables for its CLI.
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
@@ -113,8 +114,8 @@ def check_transport(address: str, token: str | None, insecure: bool = False) -> 
     if not token or parsed.scheme != "http" or _loopback(parsed.hostname):
         return
     if insecure:
-        print(f"raytrain: warning: --insecure: the cluster's token goes to {address} in clear "
-              "over http", file=sys.stderr)  # fmt: skip
+        print(printable(f"raytrain: warning: --insecure: the cluster's token goes to {address} "
+                        "in clear over http"), file=sys.stderr)  # fmt: skip
         return
     raise JobsError(
         f"--address {address}: the cluster's token would travel in clear over http to "

@@ -18,6 +18,8 @@ import io
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytrain.terminal import printable
+
 # Keys that are bookkeeping, not curves: the step counters and checkpoint timing.
 _NOT_CURVES = ("epoch", "world_size", "checkpoint_blocked_s", "step")
 THROUGHPUT = "samples_per_s"
@@ -109,9 +111,11 @@ def plot(curves: dict[str, list[Curve]]) -> bytes:
 
 
 def text_table(columns: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [columns, *rows]) for i in range(len(columns))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
-             for row in [columns, *rows]]  # fmt: skip
+    """The columns and rows as aligned text, every cell ``printable`` (a run's name, a param,
+    a tag is MLflow's data, for a terminal)."""
+    cells = [[printable(cell) for cell in row] for row in [columns, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines) + "\n"
 
 
