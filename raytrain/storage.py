@@ -30,6 +30,7 @@ import functools
 import os
 import posixpath
 import re
+import stat
 import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -47,6 +48,9 @@ AZURE_SCHEMES = ("abfs", "abfss", "az")
 # A connection that cannot be made in this time counts as a failed attempt.
 CONNECT_TIMEOUT_S = 5.0
 GCS_SECONDS_PER_ATTEMPT = 3.0
+# The largest record ``read_text`` reads: far above any raytrain writes (a snapshot of
+# thousands of checkpoints is a few MB), and a bound on what a damaged or hostile one costs.
+RECORD_MAX_BYTES = 64 * 1024 * 1024
 
 
 def is_uri(location: str) -> bool:
@@ -270,13 +274,76 @@ def list_dir(location: str, options: StorageSpec | None = None) -> list[pafs.Fil
     return fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
 
 
-def read_text(location: str, options: StorageSpec | None = None) -> str | None:
-    """The text of the file at ``location``, or None when there is none."""
+def read_text(
+    location: str, options: StorageSpec | None = None, max_bytes: int = RECORD_MAX_BYTES
+) -> str | None:
+    """The text of the file at ``location``, or None when there is none: the one reader of
+    raytrain's records (run state, status record, lease, Ray's snapshot, a sweep's record,
+    a hang's stacks), which may have been edited, damaged or replaced.
+
+    Whatever is there, the read is bounded and ends: a folder, a FIFO, a socket or a device
+    (a link to ``/dev/zero``) is refused by its type before it is opened; a file is read up
+    to ``max_bytes`` + 1 bytes, and one larger is refused. Text that is not UTF-8 and a
+    store's failure (unreachable, denied) are ``StorageError``s naming ``location`` too."""
     fs, path = filesystem(location, options)
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+    try:
+        if isinstance(fs, pafs.LocalFileSystem):
+            data = _read_local(location, path, max_bytes)
+        else:
+            data = _read_stored(location, fs, path, max_bytes)
+    except OSError as exc:
+        raise StorageError(f"{location}: cannot read it: {describe(exc)}") from None
+    if data is None:
         return None
+    if len(data) > max_bytes:
+        raise _too_large(location, max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StorageError(f"{location}: not UTF-8 text (byte {exc.start} is not)") from None
+
+
+def _read_local(location: str, path: str, limit: int) -> bytes | None:
+    """At most ``limit`` + 1 bytes of the regular file at ``path``; None when there is
+    none. Its type is checked before it is opened (a FIFO's open would wait for a writer),
+    and again on what was opened, in case it was swapped in between."""
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    _regular(location, info.st_mode)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    with open(os.open(path, flags), "rb") as handle:
+        _regular(location, os.fstat(handle.fileno()).st_mode)
+        return handle.read(limit + 1)
+
+
+def _regular(location: str, mode: int) -> None:
+    """Refuse anything but a regular file, naming what it is."""
+    if stat.S_ISREG(mode):
+        return
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))  # fmt: skip
+    kind = next((name for test, name in kinds if test(mode)), "not a file")
+    raise StorageError(f"{location}: is {kind}, not a regular file; a raytrain record is one")
+
+
+def _too_large(location: str, limit: int) -> StorageError:
+    return StorageError(f"{location}: larger than {limit:,} bytes, the limit of a raytrain "
+                        "record; it is not one")  # fmt: skip
+
+
+def _read_stored(location: str, fs: pafs.FileSystem, path: str, limit: int) -> bytes | None:
+    """At most ``limit`` + 1 bytes of the object at ``path``; None when there is none."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return None
+    if info.type != pafs.FileType.File:
+        raise StorageError(f"{location}: is a folder, not a file; a raytrain record is one")
+    if info.size is not None and info.size > limit:
+        raise _too_large(location, limit)  # without reading it
     with fs.open_input_stream(path) as stream:
-        return stream.read().decode("utf-8")
+        return stream.read(limit + 1)
 
 
 def write_text(location: str, text: str, options: StorageSpec | None = None) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
-from raytrain.errors import EXIT_OK, RaytrainError, RunStateError
+from raytrain.errors import EXIT_OK, RaytrainError, RunStateError, SpecError
 from raytrain.run_status import RunStatus, describe, read_status, status_path
 from raytrain.terminal import printable
 
@@ -37,6 +37,12 @@ def located(args: argparse.Namespace) -> tuple[RunStatus, JobSpec | None]:
     the spec when one was given; a run without a record is a ``RunStateError`` (exit 2)."""
     job = None
     if args.storage is not None:
+        from raytrain.spec.sections import run_name_problem
+
+        problem = run_name_problem(args.target)
+        if problem is not None:  # it names a folder under --storage, never one elsewhere
+            raise SpecError(f"NAME {args.target[:200]!r}: {problem}; with --storage, NAME is "
+                            "a run's name (a spec's rule), its folder there")  # fmt: skip
         where = storage.join(storage.resolve(args.storage), args.target)
         status = read_status(where)
     else:

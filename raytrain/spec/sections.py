@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -443,3 +443,18 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[path] = value
     return out
+
+
+def run_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a run's name, or None: ``JobSpec.name``'s own rule (its
+    field's pattern and length, no ``..``), for a name given without a spec (``raytrain
+    status NAME --storage``), which becomes a folder under the storage as the spec's does:
+    ``../x`` or ``/etc`` would name one outside it."""
+    from pydantic import AfterValidator, TypeAdapter, ValidationError
+
+    rule = TypeAdapter(Annotated[str, JobSpec.model_fields["name"], AfterValidator(_no_parent)])
+    try:
+        rule.validate_python(name)
+    except ValidationError as exc:
+        return str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+    return None

@@ -184,6 +184,8 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     argvs["status_bad_record"] = ["status", "digits-test", "--storage", str(work / "status_bad")]
     argvs["doctor_no_record"] = ["doctor", job]
 
+    argvs |= _issue33_b_cases(work, job)  # status, doctor, report, job commands (issue 33)
+
     # raytrain report of runs in a store that does not exist: not created by reading it
     argvs["report_default_store"] = ["report", "0123456789abcdef", "--out", str(work / "r.png")]
     argvs["report_missing_sqlite"] = [
@@ -207,6 +209,49 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     result = run_fresh(_DRIVER, argvs, work, pythonpath=os.getcwd(), timeout=600)
     return {"results": result, "argvs": argvs, "before": before,
             "after": (_tree(work), _tree(digits_dir))}  # fmt: skip
+
+
+# --- issue 33 (status, doctor, report, job ids, submit flags): records read through the one
+# reader, run names confined to --storage. ---
+def _issue33_b_cases(work: Path, job: str) -> dict[str, list[str]]:
+    """Records that are not files, or not text; names that lead out of ``--storage``."""
+    argvs: dict[str, list[str]] = {}
+    records = work / "records33"
+    for name in ("fifo", "dev_zero", "folder", "not_utf8"):
+        (records / name).mkdir(parents=True)
+    os.mkfifo(records / "fifo" / "raytrain-status.json")
+    (records / "dev_zero" / "raytrain-status.json").symlink_to("/dev/zero")
+    (records / "folder" / "raytrain-status.json").mkdir()
+    (records / "not_utf8" / "raytrain-status.json").write_bytes(b'{"name": "\xff"}')
+    for name in ("fifo", "dev_zero", "folder", "not_utf8"):
+        argvs[f"status_record_{name}"] = ["status", name, "--storage", str(records)]
+    argvs["doctor_record_fifo"] = ["doctor", "fifo", "--storage", str(records)]
+    argvs["status_name_parent"] = ["status", "../status_bad/digits-test", "--storage",
+                                   str(records)]  # fmt: skip
+    argvs["status_name_absolute"] = ["status", str(work / "status_bad" / "digits-test"),
+                                     "--storage", str(records)]  # fmt: skip
+    argvs["doctor_name_parent"] = ["doctor", "../x", "--storage", str(records)]
+    state = work / "state_fifo" / "digits-test"
+    state.mkdir(parents=True)
+    os.mkfifo(state / "raytrain-run.json")
+    argvs["state_fifo"] = ["run", job, f"checkpoint.storage={work / 'state_fifo'}"]
+    return argvs
+
+
+EXPECTED_ISSUE33_B: dict[str, str] = {
+    "status_record_fifo": "fifo/raytrain-status.json: is a FIFO, not a regular file",
+    "status_record_dev_zero": "dev_zero/raytrain-status.json: is a device, not a regular file",
+    "status_record_folder": "folder/raytrain-status.json: is a folder, not a regular file",
+    "status_record_not_utf8": "not_utf8/raytrain-status.json: not UTF-8 text",
+    "doctor_record_fifo": "fifo/raytrain-status.json: is a FIFO",
+    "state_fifo": "raytrain-run.json: is a FIFO",
+}
+FIELD_CASES_ISSUE33_B: dict[str, str] = {
+    "status_name_parent": "NAME '../status_bad/digits-test': ",
+    "status_name_absolute": "NAME '/",
+    "doctor_name_parent": "NAME '../x': ",
+}
+# --- end of issue 33 (status, doctor, report, job ids, submit flags) ---
 
 
 # Each case: text its one error line must hold: a file's name, or (FIELD_CASES) the field
@@ -234,7 +279,7 @@ EXPECTED: dict[str, str] = {
     "state_unknown_key": "raytrain-run.json: the run's state file cannot be read",
     "state_a_list": "raytrain-run.json: the run's state file cannot be read",
     "state_wrong_type": "raytrain-run.json: the run's state file cannot be read",
-    "state_not_utf8": "raytrain-run.json: the run's state file cannot be read",
+    "state_not_utf8": "raytrain-run.json: not UTF-8 text",
     "state_deep": "raytrain-run.json: the run's state file cannot be read",
     "snapshot_truncated": "checkpoint_manager_snapshot.json",
     "status_spec_no_record": "raytrain-status.json: no status record",
@@ -254,6 +299,8 @@ FIELD_CASES: dict[str, str] = {
     "report_default_store": "--tracking-uri: no MLflow store",
     **{f"override_{k}": v[1] for k, v in OVERRIDES.items()},
 }
+EXPECTED |= EXPECTED_ISSUE33_B
+FIELD_CASES |= FIELD_CASES_ISSUE33_B
 CASES = sorted({*EXPECTED, *FIELD_CASES})
 
 
