@@ -79,6 +79,13 @@ class ModelNotRegistered(RaytrainError):
     exit_code = EXIT_FAILED
 
 
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` (an error, a server's answer) as one line of at most ``limit`` characters:
+    a 414 page or a traceback in it must not become the user's screenful."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
 def causes(error: BaseException | None, limit: int = 10) -> Iterator[BaseException]:
     """``error`` and the errors it wraps, outermost first: a Ray task error's ``cause`` (the
     worker's own exception), else ``__cause__``. At most ``limit`` deep, and never round a

@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from raytrain.errors import StorageError
+from raytrain.errors import StorageError, one_line
 
 if TYPE_CHECKING:
     from raytrain.spec import StorageSpec
@@ -248,9 +248,7 @@ def cause(exc: BaseException) -> str | None:
 
 def describe(exc: BaseException) -> str:
     """A storage error as one line: its cause, if known, and the store's own words."""
-    detail = " ".join(str(exc).split())
-    if len(detail) > 300:
-        detail = detail[:300] + "..."
+    detail = one_line(exc)
     meaning = cause(exc)
     return f"{meaning} ({detail})" if meaning else detail
 

@@ -14,6 +14,7 @@ from typing import Any
 from raytrain.errors import EXIT_FAILED, EXIT_OK, RunStateError
 from raytrain.redaction import redact
 from raytrain.submit import client as jobs_client
+from raytrain.submit.connection import check_job_id
 from raytrain.terminal import JOB_OUTPUT, printable
 
 EXIT_INTERRUPTED = 130
@@ -89,6 +90,8 @@ def run_job_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )  # fmt: skip
         return _follow(handle) if args.follow else EXIT_OK
+    if args.command != "list":  # before any request: it becomes part of a URL
+        check_job_id(args.job_id)
     server = jobs_client.JobServer(args.address, insecure=args.insecure)
     if args.command == "list":
         print(f"{'JOB ID':<34} {'STATUS':<10} {'STARTED':<19}  JOB")
@@ -167,7 +170,7 @@ def _status(handle: jobs_client.JobHandle, as_json: bool) -> int:
     print(printable(info.status.value))
     if info.message:
         print(f"  {printable(redact(info.message))}")
-    if (info.metadata or {}).get("raytrain_sweep"):
+    if jobs_client.JobMetadata.of(handle.job_id, info.metadata).raytrain_sweep:
         trials = sweep_lines(handle.logs())
         print(f"  trials ended: {len(trials)}")
         for line in trials:

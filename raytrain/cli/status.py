@@ -29,7 +29,12 @@ def names_a_run(args: argparse.Namespace) -> bool:
     """Whether ``raytrain status``'s target is a run (a spec, or a name with ``--storage``)
     rather than a submitted job's id."""
     target = args.target
-    return args.storage is not None or target.endswith(SPEC_SUFFIXES) or Path(target).is_file()
+    if args.storage is not None or target.endswith(SPEC_SUFFIXES):
+        return True
+    try:
+        return Path(target).is_file()
+    except (OSError, ValueError):  # a name too long for a path, a NUL: not a file's
+        return False
 
 
 def located(args: argparse.Namespace) -> tuple[RunStatus, JobSpec | None]:

@@ -235,6 +235,12 @@ def _issue33_b_cases(work: Path, job: str) -> dict[str, list[str]]:
     state.mkdir(parents=True)
     os.mkfifo(state / "raytrain-run.json")
     argvs["state_fifo"] = ["run", job, f"checkpoint.storage={work / 'state_fifo'}"]
+    # job ids that are not one: refused before any address, token or request
+    argvs["logs_job_id_traversal"] = ["logs", "../../api/version"]
+    argvs["stop_job_id_empty"] = ["stop", ""]
+    argvs["status_job_id_query"] = ["status", "a?b=1#c"]
+    argvs["logs_job_id_20k"] = ["logs", "x" * 20_000]
+    argvs["submit_job_id_traversal"] = ["submit", job, "--job-id", "../x"]
     return argvs
 
 
@@ -250,6 +256,11 @@ FIELD_CASES_ISSUE33_B: dict[str, str] = {
     "status_name_parent": "NAME '../status_bad/digits-test': ",
     "status_name_absolute": "NAME '/",
     "doctor_name_parent": "NAME '../x': ",
+    "logs_job_id_traversal": "JOB_ID '../../api/version': not a job id",
+    "stop_job_id_empty": "JOB_ID '': not a job id",
+    "status_job_id_query": "JOB_ID 'a?b=1#c': not a job id",
+    "logs_job_id_20k": "JOB_ID 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'...: not a job id",
+    "submit_job_id_traversal": "--job-id '../x': not a job id",
 }
 # --- end of issue 33 (status, doctor, report, job ids, submit flags) ---
 

@@ -9,7 +9,6 @@ a test sets. The SDK parses them into the texts a real store's refusals give.
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 from raytrain import storage
 from raytrain.spec import StorageSpec
+from tests.conftest import serving
 
 CREDENTIALS = "the credentials were rejected"
 DENIED = "access denied (no permission)"
@@ -58,13 +58,8 @@ class S3Refusals(ThreadingHTTPServer):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[S3Refusals]:
-    srv = S3Refusals(("127.0.0.1", 0), _Refusing)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join()
+    with serving(S3Refusals(("127.0.0.1", 0), _Refusing)) as srv:
+        yield srv
 
 
 @pytest.fixture(autouse=True)
