@@ -135,14 +135,12 @@ def _add_job_commands(sub: Any) -> None:
     submit.add_argument(
         "--max-resubmits",
         type=int,
-        default=3,
         metavar="N",
         help="with --supervise: submit again at most N times (default: 3)",
     )
     submit.add_argument(
         "--head-wait",
         type=float,
-        default=600.0,
         metavar="SECONDS",
         help="with --supervise: how long to wait for the head's job server to answer again "
         "before giving up (default: 600)",

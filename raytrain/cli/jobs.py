@@ -82,6 +82,7 @@ def run_job_command(args: argparse.Namespace) -> int:
     if args.command == "submit" and args.supervise:
         return _supervise(args)
     if args.command == "submit":
+        _no_supervise_flags(args)
         handle = jobs_client.submit(args.spec, args.overrides, **_submit_options(args))
         print(printable(handle.job_id))
         print(
@@ -134,8 +135,7 @@ def _supervise(args: argparse.Namespace) -> int:
             args.overrides,
             **_submit_options(args),
             supervise=True,
-            max_resubmits=args.max_resubmits,
-            head_wait_s=args.head_wait,
+            **{key: value for _, key, value in _supervise_flags(args) if value is not None},
         )
     except SupervisionError as exc:
         if exc.result is not None:
@@ -143,6 +143,23 @@ def _supervise(args: argparse.Namespace) -> int:
         raise
     print("\n".join(map(printable, [*handle.earlier, handle.job_id])), flush=True)
     return EXIT_OK
+
+
+def _supervise_flags(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
+    """``submit(supervise=True)``'s keyword arguments from their flags: (flag, keyword,
+    value), the value None where not given (``submit``'s defaults apply)."""
+    return [("--max-resubmits", "max_resubmits", args.max_resubmits),
+            ("--head-wait", "head_wait_s", args.head_wait)]  # fmt: skip
+
+
+def _no_supervise_flags(args: argparse.Namespace) -> None:
+    """Refuse ``--max-resubmits``/``--head-wait`` without ``--supervise``: they would be
+    ignored, and a user who gave them expects a supervised job."""
+    given = [flag for flag, _, value in _supervise_flags(args) if value is not None]
+    if given:
+        raise jobs_client.JobsError(f"{' and '.join(given)}: only with --supervise (how a "
+                                    "supervised job is resubmitted); add it, or drop "
+                                    f"{'them' if len(given) > 1 else 'it'}")  # fmt: skip
 
 
 def _submit_options(args: argparse.Namespace) -> dict[str, Any]:

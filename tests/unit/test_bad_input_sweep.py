@@ -241,6 +241,13 @@ def _issue33_b_cases(work: Path, job: str) -> dict[str, list[str]]:
     argvs["status_job_id_query"] = ["status", "a?b=1#c"]
     argvs["logs_job_id_20k"] = ["logs", "x" * 20_000]
     argvs["submit_job_id_traversal"] = ["submit", job, "--job-id", "../x"]
+    # a supervised job's settings: refused without --supervise, and out of their range
+    argvs["submit_max_resubmits_alone"] = ["submit", job, "--max-resubmits", "5"]
+    argvs["submit_head_wait_alone"] = ["submit", job, "--head-wait", "-1"]
+    argvs["submit_supervise_resubmits_negative"] = ["submit", job, "--supervise",
+                                                    "--max-resubmits", "-1"]  # fmt: skip
+    argvs["submit_supervise_head_wait_nan"] = ["submit", job, "--supervise", "--head-wait",
+                                               "nan"]  # fmt: skip
     return argvs
 
 
@@ -261,6 +268,10 @@ FIELD_CASES_ISSUE33_B: dict[str, str] = {
     "status_job_id_query": "JOB_ID 'a?b=1#c': not a job id",
     "logs_job_id_20k": "JOB_ID 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'...: not a job id",
     "submit_job_id_traversal": "--job-id '../x': not a job id",
+    "submit_max_resubmits_alone": "--max-resubmits: only with --supervise",
+    "submit_head_wait_alone": "--head-wait: only with --supervise",
+    "submit_supervise_resubmits_negative": "--max-resubmits -1: must be 0 or more",
+    "submit_supervise_head_wait_nan": "--head-wait nan: must be more than 0 seconds",
 }
 # --- end of issue 33 (status, doctor, report, job ids, submit flags) ---
 

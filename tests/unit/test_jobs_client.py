@@ -113,6 +113,13 @@ def test_bad_input_is_refused_before_anything_is_sent(
         (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
           "--env", "A=1", "--env", "NOEQUALS"], "--env #2: expected KEY=VALUE"),
         (["status", "raysubmit_x"], "no cluster address"),
+        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
+          "--max-resubmits", "2"], "--max-resubmits: only with --supervise"),
+        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
+          "--head-wait", "5", "--max-resubmits", "0"],
+         "--max-resubmits and --head-wait: only with --supervise"),
+        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
+          "--supervise", "--head-wait", "inf"], "--head-wait inf: must be more than 0"),
     ]  # fmt: skip
     for argv, message in cases:
         assert cli.main(argv) == 2, argv
