@@ -52,6 +52,13 @@ class TrackingError(RaytrainError):
     exit_code = EXIT_BAD_INPUT
 
 
+class TrackingUnreachable(TrackingError):
+    """The tracking server does not answer (refused, or silent past the timeout): nothing in
+    the input need be wrong, so this is a failure, not bad input."""
+
+    exit_code = EXIT_FAILED
+
+
 class NonFiniteLossError(RuntimeError):
     """Raised in the workers when the loss or its gradients are NaN/Inf; never retried."""
 

@@ -362,6 +362,30 @@ def write_text(location: str, text: str, options: StorageSpec | None = None) -> 
     os.replace(tmp, path)
 
 
+def output_file(out: str, label: str | None = None) -> str:
+    """``out``, a local file a command is to write, as an absolute path: checked before any
+    work, and refused (a ``StorageError`` starting with ``label``, default ``out``) when it
+    is a folder, under something that is not a folder, not a regular file (a FIFO, a
+    device: a rename would replace it), or where this process may not write. Nothing is
+    written; missing folders on its way may be made by the writer."""
+    label = label or out
+    path = os.path.abspath(os.path.expanduser(out))
+    if os.path.isdir(path) or out.endswith(("/", os.sep)):
+        raise StorageError(f"{label}: is a folder; name the file to write in it")
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise StorageError(f"{label}: {parent} is a file, not a folder")
+    if os.path.lexists(path) and not os.path.islink(path) and not os.path.isfile(path):
+        raise StorageError(f"{label}: is not a regular file; name the file to write")
+    denied = [p for p, mode in ((parent, os.W_OK | os.X_OK), (path, os.W_OK))
+              if os.path.exists(p) and not os.access(p, mode)]  # fmt: skip
+    if denied:
+        raise StorageError(f"{label}: no permission to write {denied[0]}")
+    return path
+
+
 def delete_dir(location: str, options: StorageSpec | None = None) -> None:
     """Remove the folder at ``location`` and all it holds, if it exists."""
     fs, path = filesystem(location, options)

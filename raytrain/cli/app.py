@@ -234,16 +234,26 @@ def _cell(value: Any) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    """``raytrain report``: its output files checked first (nothing is fetched for a report
+    that cannot be written), then the runs fetched, the table printed, the files written."""
+    import os
 
+    from raytrain import storage
+    from raytrain.errors import StorageError
     from raytrain.tracking.report import build_report, html_page, text_table
 
+    png = storage.output_file(args.out, f"--out {args.out}")
+    page = storage.output_file(args.html, f"--html {args.html}") if args.html else None
+    if page == png:
+        raise StorageError(f"--html {args.html}: the same file as --out; name another")
     report = build_report(args.run_ids, args.tracking_uri)
-    Path(args.out).write_bytes(report.png)
+    os.makedirs(os.path.dirname(png), exist_ok=True)
+    with open(png, "wb") as handle:
+        handle.write(report.png)
     print(text_table(report.columns, report.rows), end="")
     print(printable(f"raytrain: wrote {args.out}"), file=sys.stderr)
-    if args.html:
-        Path(args.html).write_text(html_page(report), encoding="utf-8")
+    if page is not None:
+        storage.write_text(page, html_page(report))
         print(printable(f"raytrain: wrote {args.html}"), file=sys.stderr)
     return EXIT_OK
 

@@ -93,6 +93,13 @@ def plot(curves: dict[str, list[Curve]]) -> bytes:
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
+    # labels are runs' names and metric keys, shown as written: `$\foo$` in a run's name is
+    # no mathtext (matplotlib would parse it, and fail)
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _figure(plt, curves)
+
+
+def _figure(plt: Any, curves: dict[str, list[Curve]]) -> bytes:
     fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.5), squeeze=False)
     for ax, (title, items) in zip(axes[0], curves.items(), strict=True):
         for curve in items:

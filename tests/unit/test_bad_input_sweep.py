@@ -248,6 +248,15 @@ def _issue33_b_cases(work: Path, job: str) -> dict[str, list[str]]:
                                                     "--max-resubmits", "-1"]  # fmt: skip
     argvs["submit_supervise_head_wait_nan"] = ["submit", job, "--supervise", "--head-wait",
                                                "nan"]  # fmt: skip
+    # report's output files, checked before a store is read (this one does not exist)
+    (work / "report_folder33").mkdir()
+    report = ["report", "abc", "--tracking-uri", f"sqlite:///{work / 'nowhere33.db'}"]
+    argvs["report_out_is_a_folder"] = [*report, "--out", str(work / "report_folder33")]
+    argvs["report_out_under_a_file"] = [*report, "--out", str(work / "notes.txt" / "r.png")]
+    argvs["report_html_is_a_folder"] = [*report, "--out", str(work / "r33.png"), "--html",
+                                        str(work / "report_folder33")]  # fmt: skip
+    argvs["report_html_is_the_out"] = [*report, "--out", str(work / "r33.png"), "--html",
+                                       str(work / "r33.png")]  # fmt: skip
     return argvs
 
 
@@ -272,6 +281,10 @@ FIELD_CASES_ISSUE33_B: dict[str, str] = {
     "submit_head_wait_alone": "--head-wait: only with --supervise",
     "submit_supervise_resubmits_negative": "--max-resubmits -1: must be 0 or more",
     "submit_supervise_head_wait_nan": "--head-wait nan: must be more than 0 seconds",
+    "report_out_is_a_folder": "--out ",
+    "report_out_under_a_file": "--out ",
+    "report_html_is_a_folder": "--html ",
+    "report_html_is_the_out": "--html ",
 }
 # --- end of issue 33 (status, doctor, report, job ids, submit flags) ---
 
