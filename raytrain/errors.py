@@ -40,6 +40,12 @@ class StorageError(RaytrainError):
     exit_code = EXIT_BAD_INPUT
 
 
+class RecordUnreadable(StorageError, ValueError):
+    """A record's bytes cannot be one (not UTF-8 text, larger than any raytrain writes).
+    A ``ValueError`` too, as a decoding error was: each reader's own handling of a damaged
+    record applies (the run state's "pass --fresh", ...)."""
+
+
 class RunStateError(RaytrainError):
     """The run's recorded state conflicts with what was asked (e.g. a changed spec)."""
 

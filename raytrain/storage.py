@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from raytrain.errors import StorageError, one_line
+from raytrain.errors import RecordUnreadable, StorageError, one_line
 
 if TYPE_CHECKING:
     from raytrain.spec import StorageSpec
@@ -281,8 +281,10 @@ def read_text(
 
     Whatever is there, the read is bounded and ends: a folder, a FIFO, a socket or a device
     (a link to ``/dev/zero``) is refused by its type before it is opened; a file is read up
-    to ``max_bytes`` + 1 bytes, and one larger is refused. Text that is not UTF-8 and a
-    store's failure (unreachable, denied) are ``StorageError``s naming ``location`` too."""
+    to ``max_bytes`` + 1 bytes, and one larger is refused. Each is a ``StorageError`` naming
+    ``location``, and so is a store's failure (unreachable, denied); bytes that cannot be a
+    record (larger, or not UTF-8) are a ``RecordUnreadable``, a ``ValueError`` as well, which
+    a reader that handles a damaged record handles."""
     fs, path = filesystem(location, options)
     try:
         if isinstance(fs, pafs.LocalFileSystem):
@@ -298,7 +300,7 @@ def read_text(
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise StorageError(f"{location}: not UTF-8 text (byte {exc.start} is not)") from None
+        raise RecordUnreadable(f"{location}: not UTF-8 text (byte {exc.start} is not)") from None
 
 
 def _read_local(location: str, path: str, limit: int) -> bytes | None:
@@ -326,9 +328,9 @@ def _regular(location: str, mode: int) -> None:
     raise StorageError(f"{location}: is {kind}, not a regular file; a raytrain record is one")
 
 
-def _too_large(location: str, limit: int) -> StorageError:
-    return StorageError(f"{location}: larger than {limit:,} bytes, the limit of a raytrain "
-                        "record; it is not one")  # fmt: skip
+def _too_large(location: str, limit: int) -> RecordUnreadable:
+    return RecordUnreadable(f"{location}: larger than {limit:,} bytes, the limit of a "
+                            "raytrain record; it is not one")  # fmt: skip
 
 
 def _read_stored(location: str, fs: pafs.FileSystem, path: str, limit: int) -> bytes | None:

@@ -314,7 +314,7 @@ EXPECTED: dict[str, str] = {
     "state_unknown_key": "raytrain-run.json: the run's state file cannot be read",
     "state_a_list": "raytrain-run.json: the run's state file cannot be read",
     "state_wrong_type": "raytrain-run.json: the run's state file cannot be read",
-    "state_not_utf8": "raytrain-run.json: not UTF-8 text",
+    "state_not_utf8": "raytrain-run.json: the run's state file cannot be read",
     "state_deep": "raytrain-run.json: the run's state file cannot be read",
     "snapshot_truncated": "checkpoint_manager_snapshot.json",
     "status_spec_no_record": "raytrain-status.json: no status record",
