@@ -59,6 +59,14 @@ def accumulation(target: int, world_size: int) -> int:
     return low if target - low * world_size <= (low + 1) * world_size - target else low + 1
 
 
+def fewest_workers_batch(spec: JobSpec) -> GlobalBatch:
+    """The batching on the fewest workers ``spec`` trains on: where
+    ``scaling.keep_global_batch`` accumulates the most (the spec bounds it)."""
+    from raytrain.worker.strategy import tensor_parallel_size
+
+    return global_batch(spec, max(1, spec.scaling.min_workers // tensor_parallel_size(spec)))
+
+
 def global_batch(spec: JobSpec, world_size: int) -> GlobalBatch:
     """The batching of ``spec`` on ``world_size`` workers (replicas, under tensor
     parallelism: ``worker.strategy.data_rank``). Without

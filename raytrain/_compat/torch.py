@@ -9,6 +9,10 @@
   that loads a whole DCP checkpoint into an empty dict (as ``dcp_to_torch_save`` does).
 - ``load_without_process_group``: ``state_dict_loader._load_state_dict(..., no_dist=True)``,
   a DCP load on one process without a process group.
+- ``dcp_storage_entries``: the fields of ``filesystem._StorageInfo``, the file reader's
+  record of where each entry's bytes lie (``relative_path``, joined to the checkpoint
+  folder by ``FileSystemReader.read_data``; ``offset``, ``length``;
+  ``transform_descriptors``).
 """
 
 from __future__ import annotations
@@ -54,3 +58,21 @@ def load_without_process_group(state: dict[str, Any], reader: Any, planner: Any)
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     _load_state_dict(state, reader, planner=planner, no_dist=True)
+
+
+def dcp_storage_entries(metadata: Any) -> list[tuple[str, Any, Any, Any, Any]]:
+    """Each storage entry of DCP ``metadata``, as its file reader finds its bytes: (the
+    entry's key, its path relative to the checkpoint folder, offset, length, transforms),
+    whatever types the file holds; a ``TypeError`` when they are not such records."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    if not isinstance(metadata.storage_data, dict):
+        raise TypeError(f"storage_data is a {type(metadata.storage_data).__name__}")
+    out = []
+    for index, info in metadata.storage_data.items():
+        if not isinstance(index, MetadataIndex) or not isinstance(info, _StorageInfo):
+            raise TypeError(f"a storage entry {type(index).__name__}: {type(info).__name__}")
+        out.append((str(index.fqn), info.relative_path, info.offset, info.length,
+                    info.transform_descriptors))  # fmt: skip
+    return out

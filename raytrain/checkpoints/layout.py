@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,10 @@ PROFILES = "profiles"
 META_FILE = "raytrain.json"
 # The reported key Ray Train ranks checkpoints by: the value of ``checkpoint.monitor``.
 SCORE_KEY = "_score"
+# The score of a checkpoint taken while the monitored metric had no finite value (before
+# the first validation, or a NaN): the worst a float can be and still be finite (see
+# ``checkpoint_score``).
+UNSCORED = {"max": -sys.float_info.max, "min": sys.float_info.max}
 # The key of the one report that says the monitored metric was not among the metrics of the
 # first validation; its value lists the keys that were.
 MONITOR_MISSING = "_monitor_missing"
@@ -54,6 +59,30 @@ TIMELINE_KEY = "_timeline"
 
 # The file a sharded (torch distributed) checkpoint's folder is recognised by.
 DCP_METADATA = ".metadata"
+
+
+def checkpoint_score(value: Any, mode: str) -> float:
+    """The score Ray Train ranks a checkpoint by, for the monitored metric's ``value``.
+
+    Invariant: finite, always. Ray Train writes its snapshot through pydantic, which writes
+    an infinite or NaN float as ``null``; a driver that restores that snapshot then fails at
+    its first new checkpoint (``float * None`` in Ray's ranking), and so does every rerun:
+    the run can never be resumed. A checkpoint with no finite metric gets ``UNSCORED``, the
+    worst finite score, so it never displaces a scored one, and equals rank by recency."""
+    number_ = number(value)
+    if number_ is None or not math.isfinite(number_):
+        return UNSCORED[mode]
+    return number_
+
+
+def real_score(value: Any) -> float | None:
+    """A reported ``SCORE_KEY`` value as a float when it is a real score; None for
+    ``UNSCORED``, the infinity an earlier raytrain reported, and the null Ray's snapshot
+    made of it."""
+    number_ = number(value)
+    if number_ is None or not math.isfinite(number_) or abs(number_) >= sys.float_info.max:
+        return None
+    return number_
 
 
 def lightning_checkpoint(location: str, label: str | None = None) -> tuple[str, str]:
@@ -130,6 +159,43 @@ def read_snapshot(run_dir: str, options: StorageSpec | None = None) -> Snapshot 
             f"({type(exc).__name__}: {str(exc)[:200] or 'empty'}); which checkpoints are "
             "complete is unknown. Restore the file, or pass --fresh to start the run over"
         ) from None
+
+
+def repaired_scores(tree: dict[str, Any], mode: str) -> int:
+    """Give every checkpoint result in a parsed Ray Train snapshot whose ``SCORE_KEY`` is not
+    a finite number (``null``: an infinity Ray's pydantic wrote so) the ``UNSCORED`` score,
+    in place; returns how many checkpoints (folder names) it changed. See
+    ``checkpoint_score`` for why a null score must never reach Ray again."""
+    results = [*(tree.get("checkpoint_results") or []), tree.get("latest_checkpoint_result"),
+               *(tree.get("pending_training_results") or [])]  # fmt: skip
+    changed: set[str] = set()
+    for result in results:
+        metrics = result.get("metrics") if isinstance(result, dict) else None
+        if not isinstance(metrics, dict) or SCORE_KEY not in metrics:
+            continue
+        value = metrics[SCORE_KEY]
+        score = checkpoint_score(value, mode)
+        if score != value or isinstance(value, bool):
+            metrics[SCORE_KEY] = score
+            changed.add(str(result.get("checkpoint_dir_name")))
+    return len(changed)
+
+
+def repair_snapshot_scores(run_dir: str, mode: str, options: StorageSpec | None = None) -> int:
+    """Rewrite the run's snapshot with every unscored checkpoint's score finite (see
+    ``repaired_scores``), before Ray Train restores it; returns how many were repaired. A
+    snapshot written by an earlier raytrain (a step checkpoint taken before the first
+    validation, then a lost driver) is resumable again. The caller holds the run's lease:
+    no live run writes the snapshot meanwhile, and ``storage.write_text`` replaces it whole."""
+    path = storage.join(run_dir, SNAPSHOT_FILE)
+    text = storage.read_text(path, options)
+    if text is None:
+        return 0
+    tree = json.loads(text)  # read_snapshot has checked it parses (check_run_folder)
+    changed = repaired_scores(tree, mode)
+    if changed:
+        storage.write_text(path, json.dumps(tree), options)
+    return changed
 
 
 def _folder_name(name: Any) -> str:

@@ -15,6 +15,11 @@ on the workers (a resume). So every checkpoint raytrain reads goes through here:
   (``DCP_METADATA_GLOBALS``) and every non-tensor entry with ``weights_only=True``. Tensor
   entries torch already reads with ``weights_only=True``.
 
+Every entry's bytes must lie in a regular file inside the checkpoint folder (links
+resolved), within that file, untransformed, and a non-tensor entry, which the reader takes
+into memory whole, no larger than ``MAX_BYTES_ENTRY``: torch's reader joins whatever path
+``.metadata`` names to the folder (``../../x``, ``/etc/x``) and reads the length it gives.
+
 A refused checkpoint is a ``StorageError`` (exit 2) naming the file and what it holds.
 """
 
@@ -40,6 +45,11 @@ from raytrain.errors import StorageError
 
 # DCP's metadata file inside a sharded checkpoint folder; Lightning's file beside it.
 LIGHTNING_META = "meta.pt"
+# A non-tensor entry is read whole into memory; Lightning's hold a strategy's small state
+# (optimizer steps and param groups), its loops' and callbacks' state being in meta.pt.
+MAX_BYTES_ENTRY = 256 * 2**20
+# DCP metadata lists every shard of every tensor: megabytes for the largest models.
+MAX_METADATA_BYTES = 1024 * 2**20
 
 
 def safe_globals() -> list[Any]:
@@ -186,10 +196,13 @@ def read_dcp_metadata(folder: str, label: str | None = None) -> Any:
     path = os.path.join(folder, DCP_METADATA)
     label = os.path.join(label or folder, DCP_METADATA)
     try:
+        _regular_size(path, label, MAX_METADATA_BYTES)
         with open(path, "rb") as handle:
             metadata = _MetadataUnpickler(handle, dcp_metadata_globals()).load()
     except FileNotFoundError:
         raise StorageError(f"{label}: missing: not a sharded checkpoint") from None
+    except StorageError:
+        raise
     except Exception as exc:
         raise refusal(label, exc) from None
     if not isinstance(metadata, Metadata):
@@ -197,11 +210,71 @@ def read_dcp_metadata(folder: str, label: str | None = None) -> Any:
     return metadata
 
 
-def _safe_reader(folder: str, metadata: Any) -> Any:
+def _regular_size(path: str, label: str, limit: int | None = None) -> int:
+    """The size of the regular file at ``path`` (links followed), at most ``limit``; else a
+    ``StorageError``: a FIFO would block its reader, a device (``/dev/zero``) never end."""
+    import stat
+
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise StorageError(f"{label}: not a regular file")
+    if limit is not None and info.st_size > limit:
+        raise StorageError(f"{label}: {info.st_size} bytes, more than the limit of {limit}")
+    return info.st_size
+
+
+def check_shards(folder: str, metadata: Any, label: str) -> None:
+    """Refuse ``metadata`` unless every entry's bytes lie in a regular file inside
+    ``folder`` (its path relative, links resolved), within that file, untransformed, and a
+    non-tensor entry within ``MAX_BYTES_ENTRY``: what torch's reader will read."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from raytrain._compat.torch import dcp_storage_entries
+
+    root = os.path.realpath(folder)
+    kinds = getattr(metadata, "state_dict_metadata", None)
+    try:
+        if not isinstance(kinds, dict):
+            raise TypeError(f"state_dict_metadata is a {type(kinds).__name__}")
+        entries = dcp_storage_entries(metadata)
+    except TypeError as exc:
+        raise StorageError(f"{label}: not DCP file-system metadata ({exc})") from None
+    sizes: dict[str, int] = {}
+    for fqn, path, offset, length, transforms in entries:
+        where = f"{label} (entry {fqn})"
+        if not isinstance(path, str) or os.path.isabs(path) or "\x00" in path:
+            raise StorageError(f"{where}: its shard path {path!r} is not a path relative to "
+                               "the checkpoint folder")  # fmt: skip
+        real = os.path.realpath(os.path.join(root, path))
+        if os.path.commonpath([root, real]) != root or real == root:
+            raise StorageError(f"{where}: its shard path {path!r} leads out of the "
+                               "checkpoint folder")  # fmt: skip
+        if real not in sizes:
+            try:
+                sizes[real] = _regular_size(real, f"{where}: its shard {path}")
+            except OSError as exc:
+                raise StorageError(f"{where}: its shard {path} cannot be read: "
+                                   f"{exc.strerror or exc}") from None  # fmt: skip
+        if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0
+                and 0 <= length <= sizes[real] - offset):  # fmt: skip
+            raise StorageError(f"{where}: bytes {offset!r}+{length!r} are not within its "
+                               f"shard {path} ({sizes[real]} bytes)")  # fmt: skip
+        if transforms:
+            raise StorageError(f"{where}: stored through transforms {transforms!r}, which "
+                               "raytrain's checkpoints never use")  # fmt: skip
+        if isinstance(kinds.get(fqn), BytesStorageMetadata) and length > MAX_BYTES_ENTRY:
+            raise StorageError(f"{where}: a non-tensor entry of {length} bytes, more than "
+                               f"the limit of {MAX_BYTES_ENTRY}")  # fmt: skip
+
+
+def _safe_reader(folder: str, metadata: Any, label: str) -> Any:
     """A DCP ``FileSystemReader`` for ``folder`` that returns ``metadata`` (read safely, by
-    ``read_dcp_metadata``) instead of unpickling ``.metadata`` itself."""
+    ``read_dcp_metadata``) instead of unpickling ``.metadata`` itself, once
+    ``check_shards`` found every entry it will read inside the folder."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
+
+    check_shards(folder, metadata, label)
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
@@ -269,7 +342,7 @@ def load_dcp(folder: str, keys: set[str] | None = None, label: str | None = None
 
     # as torch's dcp_to_torch_save does: the public load() fills a copy of the dict
     state: dict[str, Any] = {}
-    reader, planner = _safe_reader(folder, metadata), SafePlanner(keys=keys)
+    reader, planner = _safe_reader(folder, metadata, name), SafePlanner(keys=keys)
     refusals.run(lambda: load_without_process_group(state, reader, planner))
     return state
 
@@ -299,7 +372,7 @@ def verify_dcp(folder: str, label: str | None = None) -> None:
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             refusals.load(read_item.dest_index.fqn, value)
 
-    reader, planner = _safe_reader(folder, metadata), BytesOnly()
+    reader, planner = _safe_reader(folder, metadata, name), BytesOnly()
     refusals.run(lambda: load_without_process_group({}, reader, planner))
     meta = os.path.join(folder, LIGHTNING_META)
     if os.path.exists(meta):

@@ -42,12 +42,13 @@ def located(args: argparse.Namespace) -> tuple[RunStatus, JobSpec | None]:
     the spec when one was given; a run without a record is a ``RunStateError`` (exit 2)."""
     job = None
     if args.storage is not None:
-        from raytrain.spec.sections import run_name_problem
+        from raytrain.spec.fields import check_name
 
-        problem = run_name_problem(args.target)
-        if problem is not None:  # it names a folder under --storage, never one elsewhere
-            raise SpecError(f"NAME {args.target[:200]!r}: {problem}; with --storage, NAME is "
-                            "a run's name (a spec's rule), its folder there")  # fmt: skip
+        try:  # it names a folder under --storage, never one elsewhere
+            check_name(args.target)
+        except ValueError as exc:
+            raise SpecError(f"NAME {exc}; with --storage, NAME is a run's name (the spec's "
+                            "rule), its folder there") from None  # fmt: skip
         where = storage.join(storage.resolve(args.storage), args.target)
         status = read_status(where)
     else:

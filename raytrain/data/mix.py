@@ -13,8 +13,9 @@ The positions are cut into ranks' blocks and resumed exactly as a streamed split
 cached source takes them from its table, a streamed one reads its windows, one at a time
 on the training thread: no read-ahead, unlike a streamed split) and interleaves them by
 the labels. The labels of an epoch are held by every rank: a byte a row of ``epoch_rows``
-(100 MB for 100 million; up to 256 sources), and ``rows_seen`` scans them. The rows each source gave so far, over all ranks, follow
-from the labels and the rows the epoch has left (``rows_seen``), so rank 0 reports them.
+(100 MB for 100 million; 4 bytes past 256 sources; the spec bounds them to 1 GiB), and
+``rows_seen`` scans them. The rows each source gave so far, over all ranks, follow from the
+labels and the rows the epoch has left (``rows_seen``), so rank 0 reports them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from raytrain.contract import MixedSet
 from raytrain.data.loaders import epoch_seed
 from raytrain.data.parquet_stream import EpochLayout, WindowReader, cut_batches
 from raytrain.data.stream_order import Interval, StreamSchedule
+from raytrain.spec.data import label_bytes
 
 CHUNK = 8192  # positions interleaved at a time
 
@@ -34,12 +36,20 @@ CHUNK = 8192  # positions interleaved at a time
 def quotas(weights: Sequence[float], total: int) -> list[int]:
     """``total`` split by ``weights``: each share rounded down, the rows left going to the
     largest remainders (ties: the earlier source). Invariant: they sum to ``total`` and each
-    is within one row of its exact share."""
-    exact = [w / sum(weights) * total for w in weights]
+    is within one row of its exact share; weights for which it cannot hold (none, one not
+    finite and positive) are a ``ValueError``. The weights are scaled by the largest first,
+    so their sum cannot overflow."""
+    if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
+        raise ValueError(f"mix weights must be finite and positive, got {list(weights)}")
+    top = max(weights)
+    scaled = [w / top for w in weights]
+    exact = [w / sum(scaled) * total for w in scaled]
     out = [math.floor(x) for x in exact]
     by_remainder = sorted(range(len(weights)), key=lambda j: (out[j] - exact[j], j))
     for j in by_remainder[: total - sum(out)]:
         out[j] += 1
+    if sum(out) != total or any(abs(q - x) >= 1 for q, x in zip(out, exact, strict=True)):
+        raise ValueError(f"the quotas {out} of weights {list(weights)} do not split {total} rows")
     return out
 
 
@@ -120,7 +130,7 @@ class MixedStream(StreamSchedule):
         import numpy as np
 
         if self._labels is None or self._labels[0] != epoch:
-            kind = np.uint8 if len(self.quotas) <= 256 else np.int32  # a byte a position
+            kind = np.uint8 if label_bytes(len(self.quotas)) == 1 else np.int32
             labels = np.repeat(np.arange(len(self.quotas), dtype=kind), self.quotas)
             rng = np.random.default_rng(epoch_seed(self._seed or 0, epoch))
             self._labels = (epoch, rng.permutation(labels))

@@ -44,6 +44,7 @@ from typing import Any
 from raytrain import storage
 from raytrain.contract import CachedSet, MixedSet, StreamedSet
 from raytrain.spec import DataSpec, JobSpec, MixSourceSpec, SourceSpec, StorageSpec
+from raytrain.spec.data import epoch_rows_problem
 
 logger = logging.getLogger(__name__)
 
@@ -332,10 +333,13 @@ def _mix(
         rows.append(part.rows if isinstance(part, CachedSet) else part.num_rows)
     assert spec.files is not None
     epoch = spec.files.epoch_rows or sum(rows)
-    if epoch < spec.scaling.max_workers:
+    too_many = epoch_rows_problem(epoch, len(sources))
+    if epoch < spec.scaling.max_workers or too_many:
         from raytrain.errors import SpecError
 
-        raise SpecError([f"data.epoch_rows: {epoch} rows cannot give each of "
+        unset = "" if spec.files.epoch_rows else "unset, so all the sources' rows: "
+        raise SpecError([f"data.epoch_rows: {unset}{too_many}" if too_many
+                         else f"data.epoch_rows: {epoch} rows cannot give each of "
                          f"{spec.scaling.max_workers} workers a batch"])  # fmt: skip
     return MixedSet(names=tuple(s.label() for s in sources),
                     weights=tuple(s.weight for s in sources), parts=tuple(parts),

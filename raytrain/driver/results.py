@@ -6,7 +6,6 @@ of the kept checkpoints (``best_of``), the workers' own errors.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from raytrain.checkpoints.layout import (
     SCORE_KEY,
     STOPPED_KEY,
     latest_committed,
+    real_score,
 )
 from raytrain.driver import runstate
 from raytrain.errors import root_cause
@@ -124,8 +124,8 @@ def best_of(entries: list[tuple[Any, dict[str, Any]]], monitor: str | None, mode
     if not monitor:
         return best
     for checkpoint, metrics in entries:
-        score = metrics.get(SCORE_KEY)
-        if not isinstance(score, int | float) or not math.isfinite(score):
+        score = real_score(metrics.get(SCORE_KEY))
+        if score is None:
             continue
         if best_score is None or sign * score >= sign * best_score:
             best, best_score = checkpoint, score

@@ -21,6 +21,7 @@ from raytrain.checkpoints.layout import (
     epochs_done,
     latest_committed,
     read_snapshot,
+    repair_snapshot_scores,
     uncommitted,
 )
 from raytrain.driver import runstate
@@ -153,6 +154,13 @@ def drop_uncommitted(spec: JobSpec, held: Lease) -> None:
 def resume_point(spec: JobSpec, held: Lease) -> str | None:
     """Say which checkpoint the run resumes from, if any; returns its URI. Uploads that
     never completed are removed first: a run resumes only from a committed checkpoint."""
+    if spec.checkpoint.monitor:
+        repaired = repair_snapshot_scores(runstate.run_dir(spec), spec.checkpoint.mode,
+                                          spec.storage)  # fmt: skip
+        if repaired:
+            print(f"raytrain: gave {repaired} unscored checkpoint(s) in Ray Train's snapshot "
+                  "a finite score (an earlier version wrote none: the run could not "
+                  "resume)", file=sys.stderr)  # fmt: skip
     drop_uncommitted(spec, held)
     latest = latest_committed(runstate.run_dir(spec), spec.storage)
     if latest is None:

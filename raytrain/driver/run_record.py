@@ -156,6 +156,10 @@ class RunRecord:
             return
         if best is not None:
             tracker.set_tags({"raytrain.best_checkpoint": best})
+        note = tracker.metrics_note(finished=status == "FINISHED")
+        if note:  # the run's metrics lost or never reported: said, and kept on the run
+            print(f"raytrain: warning: {note}", file=sys.stderr)
+            tracker.set_tags({"raytrain.metrics_note": note})
         tracker.finish(status, error=error)
         self.state.status = "FINISHED" if status == "FINISHED" else "FAILED"
         runstate.save(self.job, self.state)

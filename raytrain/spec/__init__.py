@@ -20,7 +20,7 @@ from raytrain.spec.classes import (
     normalize_class_path,
 )
 from raytrain.spec.data import DataModuleSpec, DataSpec, MixSourceSpec, ShuffleSpec, SourceSpec
-from raytrain.spec.fields import MAX_SPEC_DEPTH
+from raytrain.spec.fields import MAX_ACCUMULATION, MAX_SPEC_DEPTH
 from raytrain.spec.loading import apply_overrides, dump_spec, load_spec, parse_spec
 from raytrain.spec.sections import (
     RESUMABLE_FIELDS,
@@ -48,6 +48,7 @@ from raytrain.spec.yaml_io import (
 )
 
 __all__ = [
+    "MAX_ACCUMULATION",
     "MAX_OVERRIDE_PARTS",
     "MAX_SPEC_BYTES",
     "MAX_SPEC_DEPTH",

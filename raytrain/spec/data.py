@@ -3,13 +3,28 @@ each worker; absent, the model's own dataloaders feed it."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from raytrain.spec.classes import ClassSpec
-from raytrain.spec.fields import _IMPORT_PATH, _check_location, _Section
+from raytrain.spec.fields import (
+    _IMPORT_PATH,
+    _check_location,
+    _Section,
+    check_name,
+    field_problem,
+)
 
 
 class DataModuleSpec(ClassSpec):
@@ -47,9 +62,6 @@ class SourceSpec(_Section):
         return value
 
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-
-
 class MixSourceSpec(SourceSpec):
     """One source of a mixed train set."""
 
@@ -61,14 +73,36 @@ class MixSourceSpec(SourceSpec):
     )
     name: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Its name in the run's metrics (`data/rows/NAME`); unset: the last part "
-        "of its uri.",
+        description="Its name in the run's metrics (`data/rows/NAME`): letters, digits, "
+        "`._-`, starting with a letter or digit, no `..`; unset: the last part of its uri, "
+        "which must be such a name.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _metric_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value)
+
+    @model_validator(mode="after")
+    def _uri_names_it(self) -> MixSourceSpec:
+        """Without a ``name``, the end of the uri names the source's metrics, so it follows
+        the rule for names too (a uri ending ``/..`` names no source)."""
+        if self.name is None:
+            try:
+                check_name(_uri_end(self.uri))
+            except ValueError as exc:
+                raise field_problem("uri", f"its end names the source's metrics while `name` "
+                                    f"is unset: {exc}; set `name`") from None  # fmt: skip
+        return self
 
     def label(self) -> str:
         """Its name, or the last part of its uri."""
-        return self.name or self.uri.rstrip("/").rsplit("/", 1)[-1] or self.uri
+        return self.name or _uri_end(self.uri)
+
+
+def _uri_end(uri: str) -> str:
+    """The last part of a uri: what names a mix source without a ``name``."""
+    return uri.rstrip("/").rsplit("/", 1)[-1] or uri
 
 
 class ShuffleSpec(_Section):
@@ -145,8 +179,21 @@ class DataSpec(_Section):
         ge=1,
         description="A mixed train set's epoch, in rows drawn from the sources by weight; "
         "unset: all the sources' rows together. A source drawn past its end starts over in a "
-        "new order.",
+        "new order. Every rank holds which source each row of the epoch comes from, a byte a "
+        "row (4 past 256 sources), up to 1 GiB: about a billion rows; more epochs of fewer "
+        "rows draw as many.",
     )
+
+    @field_validator("epoch_rows")
+    @classmethod
+    def _labels_fit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        train = info.data.get("train")
+        sources = len(train) if isinstance(train, list) else 1
+        problem = None if value is None else epoch_rows_problem(value, sources)
+        if problem:
+            raise ValueError(problem)
+        return value
+
     batch_format: Literal["dict", "tuple"] = Field(
         default="dict",
         description="A batch as a dict of tensors by column (`dict`), or a tuple of them in "
@@ -168,11 +215,14 @@ class DataSpec(_Section):
             formats = sorted({s.format for s in value} - {"parquet"})
             if formats:
                 raise ValueError(f"a mix reads Parquet sources only, not {', '.join(formats)}")
+            total = 0.0
+            for j, source in enumerate(value):  # quotas divide by the weights' sum
+                total += source.weight
+                if not math.isfinite(total):
+                    raise field_problem(f"{j}.weight", "the sources' weights sum past the "
+                                        "largest float (to infinity): scale them down, only "
+                                        "their ratios count")  # fmt: skip
             names = [s.label() for s in value]
-            bad = [n for n in names if not _NAME.fullmatch(n)]
-            if bad:
-                raise ValueError(f"{bad[0]!r}, the end of a source's uri, cannot name its "
-                                 "metrics: set its `name` (letters, digits, _ . -)")  # fmt: skip
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:
                 raise ValueError(f"the sources' names must differ: {', '.join(twice)} is "
@@ -198,6 +248,26 @@ class DataSpec(_Section):
         if isinstance(self.train, list):
             return [(f"data.train.{i}", s) for i, s in enumerate(self.train)]
         return [("data.train", self.train)]
+
+
+# The most bytes of one epoch's labels a mix's rank holds (``mix.MixedStream.labels``).
+MAX_LABEL_BYTES = 2**30
+
+
+def label_bytes(sources: int) -> int:
+    """The bytes of one position's label in a mix of ``sources`` sources."""
+    return 1 if sources <= 256 else 4
+
+
+def epoch_rows_problem(rows: int, sources: int) -> str | None:
+    """Why a mix's epoch of ``rows`` rows from ``sources`` sources is too large (its labels
+    past ``MAX_LABEL_BYTES`` on every rank), or None."""
+    size = rows * label_bytes(sources)
+    if size <= MAX_LABEL_BYTES:
+        return None
+    return (f"{rows} rows: every rank would hold {size / 2**30:.3g} GiB of the epoch's "
+            f"labels (a byte a row, 4 past 256 sources), more than the limit of "
+            f"{MAX_LABEL_BYTES // 2**30} GiB: train more epochs of fewer rows")  # fmt: skip
 
 
 def _data_kind(value: Any) -> str | None:

@@ -4,6 +4,7 @@ storage fields share."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,17 +14,27 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 DEFAULT_STORAGE = "runs"
 _IMPORT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
-# A run's name and an MLflow experiment's name become folder names (the run's folder, the
-# experiment's artifact folder): letters, digits, ``._-`` (and inner spaces in an
-# experiment), no path separator, never ``..``.
+# The one rule for a name a user gives that becomes a folder or file name, a metric, param
+# or tag key, or a label (``check_name``): letters, digits and ``._-``, starting with a
+# letter or digit (so never ``.``, ``..`` or a hidden file), no ``..`` anywhere, no path
+# separator (a tag's key: parts of that rule joined by ``/``). MLflow accepts it as a key on
+# every platform (its own check: ``[/\w.\- :]*``, and no path that normalizes to another,
+# ``mlflow.utils.validation``) and Prometheus as a label value. Names that are only shown
+# (an experiment's, a registered model's) may hold inner spaces too.
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _EXPERIMENT = r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$"
+MAX_NAME_CHARS = 128
+MAX_KEY_CHARS = 250  # MLflow's longest metric, param or tag key
 # The largest seed Lightning's seed_everything (numpy's RNG) accepts.
 MAX_SEED = 2**32 - 1
 MAX_SPEC_DEPTH = 64  # nesting of sequences and mappings, through aliases too
+# Batches one optimizer step accumulates, given (trainer.accumulate_grad_batches) or made
+# up for fewer workers (scaling.keep_global_batch): past this a step is a typo's length.
+MAX_ACCUMULATION = 1024
 
 
 class _Section(BaseModel):
@@ -98,10 +109,28 @@ def _check_location(value: str) -> str:
 _CREDENTIALS_REFUSED = "credentials do not belong in the spec"
 
 
-def _no_parent(value: Any) -> Any:
-    """A name that becomes a folder name holds no ``..`` (a path out of its parent)."""
-    if isinstance(value, str) and ".." in value:
-        raise ValueError("must not contain '..' (it becomes a folder name)")
+def field_problem(field: str, message: str) -> PydanticCustomError:
+    """The error a section's check across its fields raises about one of them: listed
+    under ``field``'s path (dotted, below the section), not the section's
+    (``loading._format_errors``)."""
+    return PydanticCustomError("field_problem", "{message}", {"field": field, "message": message})
+
+
+def check_name(value: str, *, spaces: bool = False, key: bool = False) -> str:
+    """``value`` if it follows the rule for names (``_NAME``; ``spaces``: inner spaces too;
+    ``key``: parts joined by ``/``, up to ``MAX_KEY_CHARS``), else a ``ValueError`` saying
+    the rule. Every name a user gives that ends up a file name, a key or a label is checked
+    here, before Ray starts."""
+    pattern = _EXPERIMENT if spaces else _NAME
+    parts = value.split("/") if key else [value]
+    limit = MAX_KEY_CHARS if key else MAX_NAME_CHARS
+    shown = repr(value) if len(value) <= 80 else f"{value[:80]!r}..."
+    rule = (f"letters, digits, '._-'{', inner spaces' if spaces else ''}, starting with a "
+            f"letter or digit, no '..'{'; parts joined by /' if key else ', no /'}")  # fmt: skip
+    if len(value) > limit:
+        raise ValueError(f"{shown}: longer than {limit} characters")
+    if not all(re.fullmatch(pattern, part) for part in parts) or ".." in value:
+        raise ValueError(f"{shown} cannot name files, metrics or labels: {rule}")
     return value
 
 

@@ -73,7 +73,7 @@ def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
     for item in error.errors():
         # a discriminated union's tag (`data`'s kind) is not a field the user wrote
         loc = [part for part in item["loc"] if part not in UNION_TAGS]
-        if item["type"] == "unknown_argument":  # a section's own check of its keys
+        if item["type"] in ("unknown_argument", "field_problem"):  # a section's own check
             loc.append(item["ctx"]["field"])
         path = ".".join(str(part) for part in loc) or "(spec)"
         if item["type"] == "extra_forbidden":

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
@@ -24,9 +24,11 @@ from raytrain.spec.fields import (
     _EXPERIMENT,
     _NAME,
     DEFAULT_STORAGE,
+    MAX_ACCUMULATION,
     _check_location,
-    _no_parent,
     _Section,
+    check_name,
+    field_problem,
 )
 from raytrain.spec.storage_options import StorageSpec
 from raytrain.spec.trainer import TrainerSpec
@@ -37,12 +39,17 @@ class ModelSpec(ClassSpec):
     """The LightningModule to train (`package.module.Class` or `package.module:Class`)."""
 
 
+# The most workers a run may ask for: one Ray actor and process-group rank each, all
+# coordinated by one driver; more is a typo (an elastic [1, 1e9]), not a cluster.
+MAX_WORKERS = 10_000
+
+
 class ScalingSpec(_Section):
     num_workers: StrictInt | tuple[StrictInt, StrictInt] = Field(
         default=2,
         description="Ray Train workers (one per GPU/slot), or [min, max]: elastic, as many as "
         "the cluster holds between the two; each keeps data.batch_size (the global batch "
-        "grows and shrinks with the workers, unless keep_global_batch).",
+        f"grows and shrinks with the workers, unless keep_global_batch). At most {MAX_WORKERS}.",
     )
     resize_check_s: float = Field(
         default=60.0,
@@ -63,7 +70,8 @@ class ScalingSpec(_Section):
         description="Elastic runs: keep the global batch of the most workers when there are "
         "fewer, by accumulating gradients over more batches (trainer.accumulate_grad_batches "
         "x max / workers, rounded to the nearest where it does not divide; the log and the "
-        "`global_batch` metric say what each worker count trains).",
+        "`global_batch` metric say what each worker count trains). On the fewest workers "
+        f"that is at most {MAX_ACCUMULATION} batches a step.",
     )
 
     @field_validator("num_workers")
@@ -74,6 +82,9 @@ class ScalingSpec(_Section):
             raise ValueError(f"must be at least 1, got {low}")
         if high < low:
             raise ValueError(f"[min, max] needs max >= min, got [{low}, {high}]")
+        if high > MAX_WORKERS:
+            raise ValueError(f"{high} workers: more than the limit of {MAX_WORKERS} (one "
+                             "Ray actor and process-group rank each, one driver)")  # fmt: skip
         return value
 
     @property
@@ -298,12 +309,24 @@ class MlflowSpec(_Section):
         "default: `name`.",
     )
 
-    @field_validator("experiment")
+    @field_validator("experiment", "register_as")
     @classmethod
-    def _no_dots(cls, value: str | None) -> str | None:
-        return _no_parent(value)
+    def _shown_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value, spaces=True)
 
-    tags: dict[str, str] = Field(default_factory=dict, description="Extra tags on the run.")
+    tags: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra tags on the run; each key letters, digits, `._-` (parts joined by "
+        "`/`), no `..`.",
+    )
+
+    @field_validator("tags")
+    @classmethod
+    def _tag_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            check_name(key, key=True)
+        return value
+
     log_model: bool = Field(
         default=True,
         description="Log the trained model (the best checkpoint's weights) with mlflow.pytorch "
@@ -312,7 +335,8 @@ class MlflowSpec(_Section):
     register_as: str | None = Field(
         default=None,
         min_length=1,
-        description="Register the logged model under this name in MLflow's model registry.",
+        description="Register the logged model under this name in MLflow's model registry "
+        "(letters, digits, `._-`, inner spaces; no `/`, no `..`).",
     )
 
 
@@ -344,8 +368,8 @@ class JobSpec(_Section):
 
     @field_validator("name")
     @classmethod
-    def _no_dots(cls, value: str) -> str:
-        return _no_parent(value)
+    def _name_rule(cls, value: str) -> str:
+        return check_name(value)
 
     model: ModelSpec = Field(description="The LightningModule to train.")
     data: Data | None = Field(
@@ -387,6 +411,23 @@ class JobSpec(_Section):
     @classmethod
     def _ckpt_location(cls, value: str | None) -> str | None:
         return None if value is None else _check_location(value)
+
+    @model_validator(mode="after")
+    def _kept_batch_bounded(self) -> JobSpec:
+        """``scaling.keep_global_batch`` accumulates max / min as many batches on the fewest
+        workers of a range: bounded as ``trainer.accumulate_grad_batches`` is."""
+        if not (self.scaling.keep_global_batch and self.scaling.elastic):
+            return self
+        from raytrain.global_batch import fewest_workers_batch
+
+        batch = fewest_workers_batch(self)
+        if batch.accumulate > MAX_ACCUMULATION:
+            low, high = self.scaling.min_workers, self.scaling.max_workers
+            raise field_problem("scaling.num_workers", f"[{low}, {high}] with "
+                                f"scaling.keep_global_batch: {batch.describe()}, more than "
+                                f"the limit of {MAX_ACCUMULATION} batches a step: narrow the "
+                                "range or drop keep_global_batch")  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _scheduler_needs_optimizer(self) -> JobSpec:
@@ -443,18 +484,3 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[path] = value
     return out
-
-
-def run_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a run's name, or None: ``JobSpec.name``'s own rule (its
-    field's pattern and length, no ``..``), for a name given without a spec (``raytrain
-    status NAME --storage``), which becomes a folder under the storage as the spec's does:
-    ``../x`` or ``/etc`` would name one outside it."""
-    from pydantic import AfterValidator, TypeAdapter, ValidationError
-
-    rule = TypeAdapter(Annotated[str, JobSpec.model_fields["name"], AfterValidator(_no_parent)])
-    try:
-        rule.validate_python(name)
-    except ValidationError as exc:
-        return str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-    return None

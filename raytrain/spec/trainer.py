@@ -16,7 +16,13 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from raytrain.spec.classes import CallbackSpec, LoggerSpec
-from raytrain.spec.fields import MAX_SEED, _admits_none, _refuse_nul, _Section
+from raytrain.spec.fields import (
+    MAX_ACCUMULATION,
+    MAX_SEED,
+    _admits_none,
+    _refuse_nul,
+    _Section,
+)
 from raytrain.spec.lightning_cli import OWNED_TRAINER_ARGUMENTS, TRAINER_ARGUMENTS
 
 Precision = Literal[
@@ -36,7 +42,12 @@ class TrainerSpec(_Section):
         description="Lightning precision; `auto`: bf16-mixed where the hardware computes "
         "bf16 natively (GPUs from Ampere on, CPUs with AMX or AVX512-BF16), else 32-true.",
     )
-    accumulate_grad_batches: int = Field(default=1, ge=1, description="Batches per step.")
+    accumulate_grad_batches: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_ACCUMULATION,
+        description=f"Batches per step (at most {MAX_ACCUMULATION}).",
+    )
     gradient_clip_val: float | None = Field(default=None, ge=0, description="Clip grad norm.")
     check_val_every_n_epoch: int = Field(default=1, ge=1, description="Validate every N epochs.")
     log_every_n_steps: int = Field(default=50, ge=1, description="Report metrics every N steps.")

@@ -39,7 +39,7 @@ from raytrain.provenance import GIT_COMMIT_ENV, git_commit
 from raytrain.redaction import is_secret_env, is_secret_name, masked_fields, redact
 from raytrain.run_status import RunStatus, read_status
 from raytrain.spec import StorageSpec
-from raytrain.spec.sections import run_name_problem
+from raytrain.spec.fields import check_name
 from raytrain.submit.connection import (
     JOB_ID_MAX_CHARS,
     TOKEN_ENV,
@@ -437,10 +437,9 @@ class JobMetadata(BaseModel):
         problem = storage.location_problem(value)
         if problem is None and not (storage.is_uri(value) or os.path.isabs(value)):
             problem = "not an object store's URI or an absolute path"
-        name = value.rstrip("/").rsplit("/", 1)[-1]
-        problem = problem or run_name_problem(name)
         if problem is not None:
             raise ValueError(problem)
+        check_name(value.rstrip("/").rsplit("/", 1)[-1])  # the run's name, as a spec's
         return value
 
     @classmethod

@@ -22,6 +22,9 @@ from raytrain.spec import JobSpec
 
 _PARAM_BATCH = 100
 _PARAM_MAX_CHARS = 6000
+_METRIC_BATCH = 1000  # MLflow's most metrics in one log_batch
+# What MLflow answers a key (or value) it refuses: a name that is no key, too long...
+_REFUSED = "INVALID_PARAMETER_VALUE"
 
 
 def default_tracking_uri() -> str:
@@ -91,6 +94,11 @@ class MlflowTracker:
     rerun after the driver died) the steps between the checkpoint and the failure are
     trained again; MLflow keeps what was logged the first time, so no step is logged twice
     and no curve goes backwards.
+
+    A metric or param MLflow refuses (``INVALID_PARAMETER_VALUE``: a key it does not take)
+    is dropped alone: its batch is logged again item by item, the key said on stderr (a
+    metric's once: it is never sent again); ``metrics_note`` sums up what the run's metrics
+    lost, for its end.
     """
 
     def __init__(self, client: Any, run_id: str, tracking_uri: str):
@@ -98,6 +106,9 @@ class MlflowTracker:
         self.run_id = run_id
         self.tracking_uri = tracking_uri
         self._last_step = last_steps(client, run_id)
+        self._had_metrics = bool(self._last_step)  # from earlier attempts
+        self.refused: dict[str, str] = {}  # metric key -> MLflow's reason
+        self.metrics_logged = 0  # metric values recorded by this tracker
 
     @classmethod
     def open(
@@ -155,7 +166,7 @@ class MlflowTracker:
             elif existing[key] != text:
                 changed[key] = text
         for start in range(0, len(fresh), _PARAM_BATCH):
-            self.client.log_batch(self.run_id, params=fresh[start : start + _PARAM_BATCH])
+            self._log_each("params", fresh[start : start + _PARAM_BATCH])
         if changed:
             attempt = f"raytrain.changed_params.{int(time.time())}"
             self.set_tags({attempt: ", ".join(f"{k}={v}" for k, v in changed.items())})
@@ -173,10 +184,52 @@ class MlflowTracker:
             and not key.startswith("_")
             and key != "step"
             and step > self._last_step.get(key, -1)  # not a replayed step
+            and key not in self.refused
         ]
         self._last_step.update((m.key, step) for m in batch)
-        if batch:
-            self.client.log_batch(self.run_id, metrics=batch)
+        for start in range(0, len(batch), _METRIC_BATCH):
+            self.metrics_logged += self._log_each("metrics", batch[start : start + _METRIC_BATCH])
+
+    def _log_each(self, kind: str, batch: list[Any]) -> int:
+        """Log ``batch`` of ``kind`` (``metrics`` or ``params``) in one call; refused as
+        invalid, each of its items alone, so that one key MLflow refuses cannot drop the
+        others. Returns how many were recorded. Other errors (an unreachable server) are
+        raised as they come."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.log_batch(self.run_id, **{kind: batch})
+        except MlflowException as exc:
+            if exc.error_code != _REFUSED:
+                raise
+            if len(batch) > 1:
+                return sum(self._log_each(kind, [item]) for item in batch)
+            self._refuse(kind, batch[0].key, exc)
+            return 0
+        return len(batch)
+
+    def _refuse(self, kind: str, key: str, exc: Exception) -> None:
+        """Say that MLflow refused ``key``; a metric's is remembered, never sent again."""
+        import sys
+
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        if kind == "metrics":
+            self.refused[key] = reason
+        print(f"raytrain: warning: MLflow refused the {kind[:-1]} {key!r}, which is not "
+              f"recorded (the run's other {kind} are): {reason}", file=sys.stderr)  # fmt: skip
+
+    def metrics_note(self, finished: bool) -> str | None:
+        """What the run's metrics lost, for its end: the keys MLflow refused, and, loudest,
+        a run that recorded no metric at all (none now, none in earlier attempts), when it
+        had keys refused or ``finished`` (a failed run's error says why it has none)."""
+        keys = ", ".join(repr(k) for k in list(self.refused)[:5])
+        keys += f" and {len(self.refused) - 5} more" if len(self.refused) > 5 else ""
+        nothing = self.metrics_logged == 0 and not self._had_metrics
+        if nothing and (self.refused or finished):
+            why = (f"MLflow refused {keys}" if self.refused else "no metric was reported (no "
+                   "training step ran: see trainer.max_steps, max_epochs, the data)")  # fmt: skip
+            return f"MLflow run {self.run_id} recorded no metrics: {why}"
+        return f"MLflow refused {keys}: those metrics are not recorded" if self.refused else None
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)

@@ -13,7 +13,6 @@ global batch (``global_batch``: the same before and after a resize with
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,12 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger
 
 from raytrain._compat.lightning import epoch_cut_short, epoch_in_progress
-from raytrain.checkpoints.layout import MONITOR_MISSING, SCORE_KEY, STOPPED_KEY
+from raytrain.checkpoints.layout import (
+    MONITOR_MISSING,
+    SCORE_KEY,
+    STOPPED_KEY,
+    checkpoint_score,
+)
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.system_metrics import SystemMetrics
 
@@ -244,9 +248,8 @@ class MetricsReporter(pl.Callback):
                 if missing:
                     out[MONITOR_MISSING] = missing
         # A checkpoint taken before the monitored metric was first seen carries the worst
-        # score, so it never displaces a scored one.
-        worst = -math.inf if self.mode == "max" else math.inf
-        out[SCORE_KEY] = worst if self._score is None else self._score
+        # finite score, so it never displaces a scored one (and Ray's snapshot keeps it).
+        out[SCORE_KEY] = checkpoint_score(self._score, self.mode)
         return out
 
 

@@ -13,8 +13,13 @@ import pytest
 OWN_CLUSTER_MODULES = ("test_multinode.py",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
+    if "soak" not in (config.getoption("-m") or ""):  # long fault soaks run on request only
+        skip = pytest.mark.skip(reason="a soak: run it with -m soak")
+        for item in items:
+            if item.get_closest_marker("soak"):
+                item.add_marker(skip)
 
     def rank(item: pytest.Item) -> int:  # tests elsewhere first; the sort is stable
         if here not in item.path.parents:

@@ -11,6 +11,12 @@ a user's would be: the endpoint comes from the spec (``storage.s3.endpoint_url``
 from the standard ``AWS_ENDPOINT_URL``; credentials only from the environment (the
 standard chain), which each embedded Ray's processes inherit, as a cluster's nodes would
 have theirs. No output of either run may contain the secret key.
+
+The run also checkpoints every 10 steps with ``checkpoint.monitor: val_acc``: the commit the
+kill leaves is a step checkpoint taken before the first validation, which Ray's snapshot
+must keep with a finite score (it wrote an infinite one as null, and a rerun then failed at
+its first checkpoint, and every rerun after it). The rerun is given the snapshot as an
+earlier raytrain left it, null and all, and must repair it and finish.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
+from raytrain.checkpoints.layout import SCORE_KEY, SNAPSHOT_FILE, UNSCORED
 from tests.integration.cli_runs import ROOT, checkpoint_dirs, cli_env, digits_on_s3, run_cli
 from tests.integration.s3_proxy import s3_proxy
 from tests.integration.s3_server import s3_filesystem
@@ -81,7 +88,11 @@ def test_killed_driver_resumes_from_the_last_committed_checkpoint_on_s3(
 
     fs = s3_filesystem(s3_endpoint)
     env = cli_env(AWS_SECRET_ACCESS_KEY=SECRET)  # the plain server takes any key
-    args = [*digits_on_s3(s3_digits, "runs"), "trainer.log_every_n_steps=5"]
+    args = [
+        *digits_on_s3(s3_digits, "runs"),
+        "trainer.log_every_n_steps=5",
+        "checkpoint.every_n_steps=10",
+    ]
     rule = SecondFileOfSecondFolder()
     with s3_proxy(s3_endpoint) as proxy:
         stalled = proxy.stall_when(rule)
@@ -124,6 +135,17 @@ def test_killed_driver_resumes_from_the_last_committed_checkpoint_on_s3(
     assert len(held) == 1 and held < {"checkpoint.ckpt", "raytrain.json"}
     state = read_json(fs, f"{RUN}/raytrain-run.json")
     assert state is not None
+    # The committed step-10 checkpoint came before any val_acc: the worst finite score.
+    snapshot = read_json(fs, f"{RUN}/{SNAPSHOT_FILE}")
+    assert snapshot is not None
+    latest = snapshot["latest_checkpoint_result"]["metrics"]
+    assert latest["step"] == 10 and "val_acc" not in latest
+    assert latest[SCORE_KEY] == UNSCORED["max"]
+    # As raytrain up to df707f1 left it: null (Ray's pydantic wrote its -inf so).
+    for result in [*snapshot["checkpoint_results"], snapshot["latest_checkpoint_result"]]:
+        result["metrics"][SCORE_KEY] = None
+    with fs.open_output_stream(f"{RUN}/{SNAPSHOT_FILE}") as stream:
+        stream.write(json.dumps(snapshot).encode())
 
     # The same command again, the endpoint now from the standard variable.
     env2 = cli_env(AWS_SECRET_ACCESS_KEY=SECRET, AWS_ENDPOINT_URL=s3_endpoint)
@@ -135,6 +157,7 @@ def test_killed_driver_resumes_from_the_last_committed_checkpoint_on_s3(
     assert f"resuming digits-cnn from {uri}/{committed} (" in out
     assert result["resumed_from"] == f"{uri}/{committed}"
     assert fs.get_file_info(f"{RUN}/{partial[0]}").type == pafs.FileType.NotFound
+    assert "gave 1 unscored checkpoint(s) in Ray Train's snapshot a finite score" in out
     assert f"taking over the stale lease {uri}/raytrain-lease.json of pid {proc.pid}" in out
     assert fs.get_file_info(f"{RUN}/raytrain-lease.json").type == pafs.FileType.NotFound
     # epochs 2-10 trained once each, on top of the committed first one

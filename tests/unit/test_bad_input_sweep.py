@@ -124,6 +124,30 @@ OVERRIDES: dict[str, tuple[list[str], str]] = {
     "override_no_equals": (["trainer.max_epochs"], "override 'trainer.max_epochs'"),
 }
 
+# issue 33 (names, numbers): names that become metric keys, file names or labels, and sizes
+# past their bounds; each also through `raytrain validate` (validate_<name>)
+_MIX = "data.train=[{uri: /d/a, weight: 1}, {uri: /d/b, weight: 1}]"
+NAMES_AND_SIZES: dict[str, tuple[list[str], str]] = {
+    "mix_source_named_dots": (["data.train=[{uri: /d/a, weight: 1, name: ..}]"],
+                              "data.train.0.name"),
+    "mix_source_named_dot": (["data.train=[{uri: /d/a, weight: 1, name: .}]"],
+                             "data.train.0.name"),
+    "mix_uri_ending_dots": (["data.train=[{uri: /d/a/.., weight: 1}]"], "data.train.0.uri"),
+    "mix_weights_overflow": (["data.train=[{uri: /d/a, weight: 1.0e+308}, "
+                              "{uri: /d/b, weight: 1.0e+308}]"], "data.train.1.weight"),
+    "mix_epoch_rows_petabyte": ([_MIX, "data.epoch_rows=1000000000000000"], "data.epoch_rows"),
+    "elastic_billion_keep_batch": (["scaling.num_workers=[1, 1000000000]",
+                                    "scaling.keep_global_batch=true"], "scaling.num_workers"),
+    "elastic_accumulates_past_limit": (["scaling.num_workers=[1, 5000]",
+                                        "scaling.keep_global_batch=true"],
+                                       "scaling.num_workers: [1, 5000] with"),
+    "accumulate_million": (["trainer.accumulate_grad_batches=1000000"],
+                           "trainer.accumulate_grad_batches"),
+    "tag_key_traversal": (["tracking.mlflow.tags={../x: y}"], "tracking.mlflow.tags"),
+    "register_as_slash": (["tracking.mlflow.register_as=a/b"], "tracking.mlflow.register_as"),
+}  # fmt: skip
+OVERRIDES |= NAMES_AND_SIZES
+
 
 @pytest.fixture(scope="module")
 def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -135,6 +159,7 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     argvs |= {f"override_{k}": ["run", job, *v[0]] for k, v in OVERRIDES.items()}
     argvs["validate_3000_parts"] = ["validate", job, "model.init_args." + "a." * 3000 + "a=1"]
     argvs["validate_nan"] = ["validate", job, "scaling.resources_per_worker={CPU: .nan}"]
+    argvs |= {f"validate_{k}": ["validate", job, *v[0]] for k, v in NAMES_AND_SIZES.items()}
 
     # data whose columns cannot become tensors
     strings = work / "strings"
@@ -205,6 +230,24 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     torch.save({"state_dict": {"w": torch.zeros(2)}}, good / "checkpoint.ckpt")
     argvs["export_out_is_a_folder"] = ["export", str(good), str(work / "out_folder")]
 
+    # issue 33: a sharded (DCP) checkpoint whose shard paths lead out of its folder
+    import dataclasses
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    for case, where in (("dcp_shard_outside", "../../outside.bin"), ("dcp_shard_absolute", "")):
+        shards = work / case / "checkpoint.ckpt"
+        dcp.save({"model": {"w": torch.zeros(2)}}, checkpoint_id=str(shards), no_dist=True)
+        (shard,) = shards.glob("*.distcp")
+        (work / "outside.bin").write_bytes(shard.read_bytes())
+        metadata = pickle.loads((shards / ".metadata").read_bytes())
+        path = where or str(work / "outside.bin")
+        metadata.storage_data = {k: dataclasses.replace(v, relative_path=path)
+                                 for k, v in metadata.storage_data.items()}  # fmt: skip
+        (shards / ".metadata").write_bytes(pickle.dumps(metadata))
+        argvs[f"export_{case}"] = ["export", str(work / case), str(work / f"{case}.pt")]
+
     before = _tree(work), _tree(digits_dir)
     result = run_fresh(_DRIVER, argvs, work, pythonpath=os.getcwd(), timeout=600)
     return {"results": result, "argvs": argvs, "before": before,
@@ -269,9 +312,9 @@ EXPECTED_ISSUE33_B: dict[str, str] = {
     "state_fifo": "raytrain-run.json: is a FIFO",
 }
 FIELD_CASES_ISSUE33_B: dict[str, str] = {
-    "status_name_parent": "NAME '../status_bad/digits-test': ",
+    "status_name_parent": "NAME '../status_bad/digits-test' cannot name files",
     "status_name_absolute": "NAME '/",
-    "doctor_name_parent": "NAME '../x': ",
+    "doctor_name_parent": "NAME '../x' cannot name files",
     "logs_job_id_traversal": "JOB_ID '../../api/version': not a job id",
     "stop_job_id_empty": "JOB_ID '': not a job id",
     "status_job_id_query": "JOB_ID 'a?b=1#c': not a job id",
@@ -325,6 +368,11 @@ EXPECTED: dict[str, str] = {
     "export_not_a_checkpoint": "notes.txt",
     "export_no_state_dict": "ckpt_no_state_dict",
     "export_out_is_a_folder": "out_folder",
+    # issue 33: DCP shard paths confined to the checkpoint
+    "export_dcp_shard_outside": "dcp_shard_outside/checkpoint.ckpt (entry model.w): its "
+    "shard path '../../outside.bin' leads out of the checkpoint folder",
+    "export_dcp_shard_absolute": "dcp_shard_absolute/checkpoint.ckpt (entry model.w): its "
+    "shard path '/",
 }
 FIELD_CASES: dict[str, str] = {
     "validate_3000_parts": "override model.init_args.a.a.",
@@ -333,6 +381,7 @@ FIELD_CASES: dict[str, str] = {
     "data_timestamp_column": "data.train.uri: column 'when'",
     "report_default_store": "--tracking-uri: no MLflow store",
     **{f"override_{k}": v[1] for k, v in OVERRIDES.items()},
+    **{f"validate_{k}": v[1] for k, v in NAMES_AND_SIZES.items()},
 }
 EXPECTED |= EXPECTED_ISSUE33_B
 FIELD_CASES |= FIELD_CASES_ISSUE33_B

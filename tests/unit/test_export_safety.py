@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -187,6 +188,84 @@ def test_lightning_meta_file_carrying_a_payload_is_refused_at_resume(tmp_path: P
     with pytest.raises(StorageError, match=r"meta\.pt: refused"):
         _safe_load().verify_dcp(str(folder / "checkpoint.ckpt"))
     assert not marker.exists()
+
+
+def _rewrite_shards(metadata: Path, **fields: Any) -> None:
+    """Set ``fields`` (``relative_path``, ``length``...) on every storage entry of a DCP
+    ``.metadata`` (the test's own file: plain pickle is fine here)."""
+    import dataclasses
+
+    loaded = pickle.loads(metadata.read_bytes())
+    loaded.storage_data = {k: dataclasses.replace(v, **fields)
+                           for k, v in loaded.storage_data.items()}  # fmt: skip
+    metadata.write_bytes(pickle.dumps(loaded))
+
+
+@pytest.mark.parametrize("where", ["../../outside.bin", "ABSOLUTE", "sub/../../../outside.bin"])
+def test_shard_paths_out_of_the_checkpoint_are_refused_and_nothing_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """A ``.metadata`` whose entries' ``relative_path`` leaves the folder (torch's reader
+    joins it to the folder as written) once exported tensors taken from a file outside it;
+    ``verify_dcp``, the workers' check before a resume, read it too."""
+    folder = _sharded(tmp_path / "checkpoint_1", {"model": _state()})
+    shards = folder / "checkpoint.ckpt"
+    (shard,) = shards.glob("*.distcp")
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(shard.read_bytes())  # a readable copy: only the path is wrong
+    path = str(outside) if where == "ABSOLUTE" else where
+    _rewrite_shards(shards / ".metadata", relative_path=path)
+    out = tmp_path / "out" / "model.pt"
+    code, err = _export(capsys, folder, out)
+    assert code == EXIT_BAD_INPUT
+    line = _one_line(err)
+    assert line.startswith(f"error: {shards} (entry model.") and repr(path) in line, line
+    assert "not a path relative to" in line or "leads out of the checkpoint folder" in line
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(StorageError, match="checkpoint folder"):
+        _safe_load().verify_dcp(str(shards))
+
+
+def test_shards_that_are_links_out_devices_or_overlong_are_refused(tmp_path: Path) -> None:
+    """A shard that is a link out of the folder (to ``/dev/zero``, or a file), a FIFO, a
+    byte range past its file's end, and a non-tensor entry past ``MAX_BYTES_ENTRY`` (read
+    whole into memory) are each refused before anything is read."""
+    safe_load = _safe_load()
+
+    def sharded(name: str) -> tuple[Path, Path]:
+        folder = _sharded(tmp_path / name, {"model": _state(), "loops": {"step": 3}})
+        shards = folder / "checkpoint.ckpt"
+        return shards, next(shards.glob("*.distcp"))
+
+    shards, shard = sharded("zero")
+    shard.unlink()
+    shard.symlink_to("/dev/zero")
+    with pytest.raises(StorageError, match="leads out of the checkpoint folder"):
+        safe_load.verify_dcp(str(shards))
+    shards, shard = sharded("fifo")
+    shard.unlink()
+    os.mkfifo(shard)
+    with pytest.raises(StorageError, match=f"its shard {shard.name}: not a regular file"):
+        safe_load.verify_dcp(str(shards))
+    shards, shard = sharded("past_end")
+    _rewrite_shards(shards / ".metadata", offset=0, length=shard.stat().st_size + 1)
+    with pytest.raises(StorageError, match="are not within its shard"):
+        safe_load.verify_dcp(str(shards))
+    shards, shard = sharded("huge_entry")
+    with shard.open("r+b") as grow:  # a sparse file: the entry lies within it
+        grow.truncate(safe_load.MAX_BYTES_ENTRY + 2)
+    _rewrite_shards(shards / ".metadata", offset=0, length=safe_load.MAX_BYTES_ENTRY + 1)
+    with pytest.raises(StorageError, match=r"entry loops\.step\): a non-tensor entry of"):
+        safe_load.verify_dcp(str(shards))
+    shards, _ = sharded("nul")
+    _rewrite_shards(shards / ".metadata", relative_path="a\x00b")
+    with pytest.raises(StorageError, match="is not a path relative to the checkpoint folder"):
+        safe_load.verify_dcp(str(shards))
+    shards, _ = sharded("metadata_fifo")
+    (shards / ".metadata").unlink()
+    os.mkfifo(shards / ".metadata")
+    with pytest.raises(StorageError, match=r"\.metadata: not a regular file"):
+        safe_load.verify_dcp(str(shards))
 
 
 def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:

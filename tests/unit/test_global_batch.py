@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from raytrain.global_batch import accumulation, global_batch
@@ -39,6 +40,33 @@ def test_a_spec_keeps_the_global_batch_of_its_most_workers(tmp_path: Path) -> No
     job = job.model_copy(update={"scaling": job.scaling.model_copy(
         update={"keep_global_batch": False})})  # fmt: skip
     assert global_batch(job, 1).accumulate == 2 and global_batch(job, 1).samples == 16
+
+
+def test_keep_global_batch_is_bounded_on_the_fewest_workers(tmp_path: Path) -> None:
+    """An elastic [1, 1e9] with keep_global_batch once passed validate: a billion batches a
+    step on one worker. The accumulation on the fewest workers is bounded by the limit of
+    trainer.accumulate_grad_batches, the field named, the arithmetic said."""
+    from raytrain.errors import SpecError
+    from raytrain.global_batch import fewest_workers_batch
+    from raytrain.spec import MAX_ACCUMULATION, parse_spec
+
+    def spec(low: int, high: int, accumulate: int = 1) -> dict:
+        scaling = {"num_workers": [low, high], "keep_global_batch": True}
+        trainer = {"accumulate_grad_batches": accumulate}
+        return digits_spec(tmp_path, tmp_path, trainer=trainer, scaling=scaling)
+
+    assert fewest_workers_batch(parse_spec(spec(1, 1024))).accumulate == MAX_ACCUMULATION
+    assert fewest_workers_batch(parse_spec(spec(4, 64, 64))).accumulate == 1024
+    for low, high, accumulate in ((1, 1025, 1), (2, 16, 200), (1, 10_000, 1)):
+        with pytest.raises(SpecError) as caught:
+            parse_spec(spec(low, high, accumulate))
+        (line,) = caught.value.problems
+        assert line.startswith(f"scaling.num_workers: [{low}, {high}] with "
+                               "scaling.keep_global_batch: global batch "), line  # fmt: skip
+        assert f"more than the limit of {MAX_ACCUMULATION} batches a step" in line, line
+    no_keep = spec(1, 10_000)
+    no_keep["scaling"]["keep_global_batch"] = False  # the global batch follows the workers
+    assert fewest_workers_batch(parse_spec(no_keep)).accumulate == 1
 
 
 class _Loader:

@@ -27,6 +27,23 @@ def test_quotas_sum_to_the_total_each_within_a_row_of_its_share(weights, total) 
     assert all(abs(q - w / sum(weights) * total) < 1 for q, w in zip(got, weights, strict=True))
 
 
+@pytest.mark.parametrize(("weights", "total"), [([1e308, 1e308], 2874), ([1e308, 1e307], 11),
+                                                ([5e-324, 5e-324], 9)])  # fmt: skip
+def test_quotas_hold_their_invariant_at_the_ends_of_the_floats(weights, total) -> None:
+    """Weights whose sum overflows once gave [1, 1] for a 2,874-row epoch: scaled by the
+    largest first, they split it exactly."""
+    got = quotas(weights, total)
+    assert sum(got) == total
+    assert all(abs(q - w / max(weights) / sum(x / max(weights) for x in weights) * total) < 1
+               for q, w in zip(got, weights, strict=True))  # fmt: skip
+
+
+@pytest.mark.parametrize("weights", [[], [float("inf"), 1.0], [float("nan")], [0.0, 1.0]])
+def test_quotas_refuse_weights_they_cannot_split_by(weights) -> None:
+    with pytest.raises(ValueError, match="finite and positive"):
+        quotas(weights, 10)
+
+
 def _mix(tmp_path: Path, world: int, rank: int, epoch_rows: int | None = None) -> MixedStream:
     folder = tmp_path / "big"
     if not folder.exists():
@@ -119,10 +136,20 @@ def _mix_spec(tmp_path: Path, sources: list[dict]) -> dict:
 @pytest.mark.parametrize(
     ("source", "says"),
     [({"uri": "/d/a", "weight": float("inf")}, "data.train.0.weight: "),
-     ({"uri": "/d/part=1", "weight": 1.0}, "data.train: Value error, 'part=1', the end of"),
+     ({"uri": "/d/part=1", "weight": 1.0}, "data.train.0.uri: its end names the source's "
+      "metrics while `name` is unset: 'part=1' cannot name"),
+     ({"uri": "/d/..", "weight": 1.0}, "data.train.0.uri: its end names the source's "
+      "metrics while `name` is unset: '..' cannot name"),
+     ({"uri": "/d/.hidden/", "weight": 1.0}, "data.train.0.uri: its end names"),
+     ({"uri": "/d/a", "weight": 1.0, "name": ".."}, "data.train.0.name: Value error, '..' "
+      "cannot name files, metrics or labels"),
+     ({"uri": "/d/a", "weight": 1.0, "name": "."}, "data.train.0.name: Value error, '.' "),
+     ({"uri": "/d/a", "weight": 1.0, "name": "a/../b"}, "data.train.0.name: Value error"),
      ({"uri": "/d/a", "weight": 1.0, "format": "csv"}, "a mix reads Parquet sources only")],
 )  # fmt: skip
 def test_a_bad_mix_source_is_named(tmp_path: Path, source: dict, says: str) -> None:
+    """A source's name becomes the metric key ``data/rows/NAME``: ``..`` once made MLflow
+    refuse every metric batch of the run."""
     from raytrain.errors import SpecError
     from raytrain.spec import parse_spec
 
@@ -130,6 +157,39 @@ def test_a_bad_mix_source_is_named(tmp_path: Path, source: dict, says: str) -> N
         parse_spec(_mix_spec(tmp_path, [source]))
     (line,) = caught.value.problems
     assert line.startswith(says) or says in line, line
+
+
+def test_a_uri_ending_in_dots_may_run_under_a_name(tmp_path: Path) -> None:
+    from raytrain.spec import parse_spec
+
+    spec = parse_spec(_mix_spec(tmp_path, [{"uri": "/d/..", "weight": 1.0, "name": "up"}]))
+    assert spec.files is not None and spec.files.train[0].label() == "up"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("weights", "epoch_rows", "says"),
+    [([1e308, 1e308], None, "data.train.1.weight: the sources' weights sum past the largest "
+      "float"),
+     ([1.0, 1.0], 10**15, "data.epoch_rows: Value error, 1000000000000000 rows: every rank "
+      "would hold 9.31e+05 GiB of the epoch's labels"),
+     ([1.0] * 300, 2**29, "data.epoch_rows: Value error, 536870912 rows: every rank would "
+      "hold 2 GiB")],
+)  # fmt: skip
+def test_weights_and_epochs_past_their_bounds_are_refused(
+    tmp_path: Path, weights: list[float], epoch_rows: int | None, says: str
+) -> None:
+    from raytrain.errors import SpecError
+    from raytrain.spec import parse_spec
+
+    spec = _mix_spec(tmp_path, [{"uri": f"/d/s{j}", "weight": w} for j, w in enumerate(weights)])
+    spec["data"]["epoch_rows"] = epoch_rows
+    with pytest.raises(SpecError) as caught:
+        parse_spec(spec)
+    (line,) = caught.value.problems
+    assert line.startswith(says), line
+    spec["data"]["epoch_rows"] = 2**30 if len(weights) <= 256 else 2**28  # the limit: fine
+    spec["data"]["train"] = [{"uri": f"/d/s{j}", "weight": 1.0} for j in range(len(weights))]
+    parse_spec(spec)
 
 
 def test_sources_whose_columns_differ_are_refused_before_the_run(tmp_path: Path) -> None:

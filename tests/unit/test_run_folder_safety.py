@@ -312,3 +312,66 @@ def test_the_driver_warns_and_tags_the_run_when_the_monitor_is_missing(
     assert "reported: train_loss, val_acc" in err
     assert "ranked by recency" in tracker.tags["raytrain.checkpoint_ranking"]
     assert tracker.metrics[0][1] == 23
+
+
+def test_an_unscored_checkpoint_survives_ray_s_snapshot_as_a_number() -> None:
+    """Ray Train writes its snapshot through pydantic, which writes an infinite float as
+    null; a restored null score fails Ray's ranking at the next checkpoint, forever. The
+    reporter's score for a checkpoint before the first validation (and for a NaN metric)
+    is the worst finite one, which the same round trip keeps."""
+    from pydantic import BaseModel
+
+    from raytrain.checkpoints.layout import UNSCORED, checkpoint_score, real_score
+    from raytrain.worker.reporting import MetricsReporter
+    from raytrain.worker.schedule import CheckpointSchedule
+
+    class Result(BaseModel):  # Ray's _TrainingResultState: a dict of metrics
+        metrics: dict
+
+    for mode in ("max", "min"):
+        reporter = MetricsReporter(log_every_n_steps=1, schedule=CheckpointSchedule(None, 2),
+                                   monitor="val_acc", mode=mode)  # fmt: skip
+        before_validation = reporter._ranking({"train_loss": 1.0}, {"train_loss": 1.0})
+        nan = reporter._ranking({"val_acc": float("nan")}, {"val_acc": float("nan")})
+        for ranked in (before_validation, nan):
+            back = json.loads(Result(metrics=ranked).model_dump_json())["metrics"]
+            assert back[SCORE_KEY] == UNSCORED[mode]
+            assert real_score(back[SCORE_KEY]) is None
+        scored = reporter._ranking({"val_acc": 0.5}, {"val_acc": 0.5})
+        assert json.loads(Result(metrics=scored).model_dump_json())["metrics"][SCORE_KEY] == 0.5
+    # every value, finite or not, ranks below every real score, in its mode
+    assert checkpoint_score(None, "max") < checkpoint_score(-1e300, "max")
+    assert checkpoint_score(float("inf"), "min") > checkpoint_score(1e300, "min")
+    assert checkpoint_score(True, "max") == UNSCORED["max"]
+
+
+def test_a_snapshot_with_null_scores_is_repaired_before_ray_restores_it(tmp_path: Path) -> None:
+    """A run whose snapshot an earlier raytrain left with null scores (a step checkpoint
+    taken before the first validation, then a lost driver) is resumable again: every null
+    becomes the worst finite score, scored results stay as they were, and a snapshot with
+    nothing to repair is not rewritten."""
+    from raytrain.checkpoints.layout import UNSCORED, read_snapshot, repair_snapshot_scores
+
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def result(name: str, score: Any) -> dict[str, Any]:
+        return {"checkpoint_dir_name": name, "metrics": {"step": 4, SCORE_KEY: score}}
+
+    tree = {"checkpoint_results": [result(OLD, None), result(LATEST, 0.7)],
+            "latest_checkpoint_result": result(NEWER, None),
+            "pending_training_results": [result(NEWER, None)], "ray_version": "2.60.0"}  # fmt: skip
+    (run / SNAPSHOT_FILE).write_text(json.dumps(tree))
+    assert repair_snapshot_scores(str(run), "max") == 2  # OLD, NEWER
+    fixed = json.loads((run / SNAPSHOT_FILE).read_text())
+    scores = [r["metrics"][SCORE_KEY] for r in fixed["checkpoint_results"]]
+    assert scores == [UNSCORED["max"], 0.7]
+    assert fixed["latest_checkpoint_result"]["metrics"][SCORE_KEY] == UNSCORED["max"]
+    assert fixed["pending_training_results"][0]["metrics"][SCORE_KEY] == UNSCORED["max"]
+    assert fixed["ray_version"] == "2.60.0"
+    snapshot = read_snapshot(str(run))
+    assert snapshot is not None and snapshot.latest == NEWER
+    mtime = (run / SNAPSHOT_FILE).stat().st_mtime_ns
+    assert repair_snapshot_scores(str(run), "max") == 0
+    assert (run / SNAPSHOT_FILE).stat().st_mtime_ns == mtime
+    assert repair_snapshot_scores(str(tmp_path / "none"), "min") == 0
