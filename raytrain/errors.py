@@ -40,6 +40,12 @@ class StorageError(RaytrainError):
     exit_code = EXIT_BAD_INPUT
 
 
+class RecordUnreadable(StorageError, ValueError):
+    """A record's bytes cannot be one (not UTF-8 text, larger than any raytrain writes).
+    A ``ValueError`` too, as a decoding error was: each reader's own handling of a damaged
+    record applies (the run state's "pass --fresh", ...)."""
+
+
 class RunStateError(RaytrainError):
     """The run's recorded state conflicts with what was asked (e.g. a changed spec)."""
 
@@ -50,6 +56,13 @@ class TrackingError(RaytrainError):
     """The MLflow tracking store named by the spec (or the environment) cannot be used."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class TrackingUnreachable(TrackingError):
+    """The tracking server does not answer (refused, or silent past the timeout): nothing in
+    the input need be wrong, so this is a failure, not bad input."""
+
+    exit_code = EXIT_FAILED
 
 
 class NonFiniteLossError(RuntimeError):
@@ -77,6 +90,13 @@ class ModelNotRegistered(RaytrainError):
     not be logged or registered: a script that deploys it must not go on as if it were."""
 
     exit_code = EXIT_FAILED
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` (an error, a server's answer) as one line of at most ``limit`` characters:
+    a 414 page or a traceback in it must not become the user's screenful."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
 
 
 def causes(error: BaseException | None, limit: int = 10) -> Iterator[BaseException]:

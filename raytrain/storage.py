@@ -30,13 +30,14 @@ import functools
 import os
 import posixpath
 import re
+import stat
 import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from raytrain.errors import StorageError
+from raytrain.errors import RecordUnreadable, StorageError, one_line
 
 if TYPE_CHECKING:
     from raytrain.spec import StorageSpec
@@ -47,6 +48,9 @@ AZURE_SCHEMES = ("abfs", "abfss", "az")
 # A connection that cannot be made in this time counts as a failed attempt.
 CONNECT_TIMEOUT_S = 5.0
 GCS_SECONDS_PER_ATTEMPT = 3.0
+# The largest record ``read_text`` reads: far above any raytrain writes (a snapshot of
+# thousands of checkpoints is a few MB), and a bound on what a damaged or hostile one costs.
+RECORD_MAX_BYTES = 64 * 1024 * 1024
 
 
 def is_uri(location: str) -> bool:
@@ -244,9 +248,7 @@ def cause(exc: BaseException) -> str | None:
 
 def describe(exc: BaseException) -> str:
     """A storage error as one line: its cause, if known, and the store's own words."""
-    detail = " ".join(str(exc).split())
-    if len(detail) > 300:
-        detail = detail[:300] + "..."
+    detail = one_line(exc)
     meaning = cause(exc)
     return f"{meaning} ({detail})" if meaning else detail
 
@@ -270,13 +272,78 @@ def list_dir(location: str, options: StorageSpec | None = None) -> list[pafs.Fil
     return fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
 
 
-def read_text(location: str, options: StorageSpec | None = None) -> str | None:
-    """The text of the file at ``location``, or None when there is none."""
+def read_text(
+    location: str, options: StorageSpec | None = None, max_bytes: int = RECORD_MAX_BYTES
+) -> str | None:
+    """The text of the file at ``location``, or None when there is none: the one reader of
+    raytrain's records (run state, status record, lease, Ray's snapshot, a sweep's record,
+    a hang's stacks), which may have been edited, damaged or replaced.
+
+    Whatever is there, the read is bounded and ends: a folder, a FIFO, a socket or a device
+    (a link to ``/dev/zero``) is refused by its type before it is opened; a file is read up
+    to ``max_bytes`` + 1 bytes, and one larger is refused. Each is a ``StorageError`` naming
+    ``location``, and so is a store's failure (unreachable, denied); bytes that cannot be a
+    record (larger, or not UTF-8) are a ``RecordUnreadable``, a ``ValueError`` as well, which
+    a reader that handles a damaged record handles."""
     fs, path = filesystem(location, options)
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+    try:
+        if isinstance(fs, pafs.LocalFileSystem):
+            data = _read_local(location, path, max_bytes)
+        else:
+            data = _read_stored(location, fs, path, max_bytes)
+    except OSError as exc:
+        raise StorageError(f"{location}: cannot read it: {describe(exc)}") from None
+    if data is None:
         return None
+    if len(data) > max_bytes:
+        raise _too_large(location, max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordUnreadable(f"{location}: not UTF-8 text (byte {exc.start} is not)") from None
+
+
+def _read_local(location: str, path: str, limit: int) -> bytes | None:
+    """At most ``limit`` + 1 bytes of the regular file at ``path``; None when there is
+    none. Its type is checked before it is opened (a FIFO's open would wait for a writer),
+    and again on what was opened, in case it was swapped in between."""
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    _regular(location, info.st_mode)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    with open(os.open(path, flags), "rb") as handle:
+        _regular(location, os.fstat(handle.fileno()).st_mode)
+        return handle.read(limit + 1)
+
+
+def _regular(location: str, mode: int) -> None:
+    """Refuse anything but a regular file, naming what it is."""
+    if stat.S_ISREG(mode):
+        return
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))  # fmt: skip
+    kind = next((name for test, name in kinds if test(mode)), "not a file")
+    raise StorageError(f"{location}: is {kind}, not a regular file; a raytrain record is one")
+
+
+def _too_large(location: str, limit: int) -> RecordUnreadable:
+    return RecordUnreadable(f"{location}: larger than {limit:,} bytes, the limit of a "
+                            "raytrain record; it is not one")  # fmt: skip
+
+
+def _read_stored(location: str, fs: pafs.FileSystem, path: str, limit: int) -> bytes | None:
+    """At most ``limit`` + 1 bytes of the object at ``path``; None when there is none."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return None
+    if info.type != pafs.FileType.File:
+        raise StorageError(f"{location}: is a folder, not a file; a raytrain record is one")
+    if info.size is not None and info.size > limit:
+        raise _too_large(location, limit)  # without reading it
     with fs.open_input_stream(path) as stream:
-        return stream.read().decode("utf-8")
+        return stream.read(limit + 1)
 
 
 def write_text(location: str, text: str, options: StorageSpec | None = None) -> None:
@@ -295,6 +362,30 @@ def write_text(location: str, text: str, options: StorageSpec | None = None) -> 
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)
+
+
+def output_file(out: str, label: str | None = None) -> str:
+    """``out``, a local file a command is to write, as an absolute path: checked before any
+    work, and refused (a ``StorageError`` starting with ``label``, default ``out``) when it
+    is a folder, under something that is not a folder, not a regular file (a FIFO, a
+    device: a rename would replace it), or where this process may not write. Nothing is
+    written; missing folders on its way may be made by the writer."""
+    label = label or out
+    path = os.path.abspath(os.path.expanduser(out))
+    if os.path.isdir(path) or out.endswith(("/", os.sep)):
+        raise StorageError(f"{label}: is a folder; name the file to write in it")
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise StorageError(f"{label}: {parent} is a file, not a folder")
+    if os.path.lexists(path) and not os.path.islink(path) and not os.path.isfile(path):
+        raise StorageError(f"{label}: is not a regular file; name the file to write")
+    denied = [p for p, mode in ((parent, os.W_OK | os.X_OK), (path, os.W_OK))
+              if os.path.exists(p) and not os.access(p, mode)]  # fmt: skip
+    if denied:
+        raise StorageError(f"{label}: no permission to write {denied[0]}")
+    return path
 
 
 def delete_dir(location: str, options: StorageSpec | None = None) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socketserver
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -59,3 +63,20 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(var, raising=False)
     os.environ.setdefault("PYTHONHASHSEED", "0")
+
+
+_Server = TypeVar("_Server", bound=socketserver.BaseServer)
+
+
+@contextlib.contextmanager
+def serving(server: _Server) -> Iterator[_Server]:
+    """``server`` (a stdlib HTTP server on a free loopback port) answering from a thread
+    until the block ends, then shut and closed."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -115,25 +115,6 @@ def trained_model(job: JobSpec, checkpoint: str) -> Any:
     return model.eval()
 
 
-def _check_out(out: str) -> str:
-    """``out`` as an absolute path, refused (before anything is read) when it is a folder,
-    a URI, or under something that is not a folder."""
-    if storage.is_uri(out):
-        raise StorageError(f"{out}: export writes a local file; copy it to storage after")
-    path = os.path.abspath(os.path.expanduser(out))
-    if os.path.isdir(path) or out.endswith(("/", os.sep)):
-        raise StorageError(f"{out}: is a folder; name the file to write, e.g. {out}/model.pt")
-    parent = os.path.dirname(path)
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
-        raise StorageError(f"{out}: {parent} is a file, not a folder")
-    if os.path.lexists(path) and not os.path.islink(path) and not os.path.isfile(path):
-        # a FIFO, a socket or a device (/dev/null): the rename would replace it by a file
-        raise StorageError(f"{out}: is not a regular file; name the file to write")
-    return path
-
-
 def _check_not_inside(out: str, path: str, checkpoint: str) -> None:
     """Refuse an ``out`` inside the local ``checkpoint`` (its folder or its file, through
     links): the rename would replace a committed checkpoint by its weights, or add to it."""
@@ -156,7 +137,9 @@ def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
     so a failure leaves no partial file."""
     import torch
 
-    path = _check_out(out)
+    if storage.is_uri(out):
+        raise StorageError(f"{out}: export writes a local file; copy it to storage after")
+    path = storage.output_file(out)
     save_file: Any = None
     if path.endswith(".safetensors"):
         try:

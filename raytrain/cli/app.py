@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raytrain.errors import EXIT_OK, RaytrainError
+from raytrain.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.driver.results import FitResult
@@ -137,14 +138,12 @@ def _add_job_commands(sub: Any) -> None:
     submit.add_argument(
         "--max-resubmits",
         type=int,
-        default=3,
         metavar="N",
         help="with --supervise: submit again at most N times (default: 3)",
     )
     submit.add_argument(
         "--head-wait",
         type=float,
-        default=600.0,
         metavar="SECONDS",
         help="with --supervise: how long to wait for the head's job server to answer again "
         "before giving up (default: 600)",
@@ -177,27 +176,32 @@ def _add_job_commands(sub: Any) -> None:
 
 
 def _print_summary(result: FitResult) -> None:
+    for line in _summary(result):
+        print(printable(line))
+
+
+def _summary(result: FitResult) -> list[str]:
+    """What ``raytrain run`` prints of a run that ended: its metrics, checkpoints, MLflow."""
     # system/... metrics (step time, data wait, CPU, memory) are in MLflow, not the summary
     metrics = {k: v for k, v in result.metrics.items() if k != "kind" and "/" not in k}
     shown = ", ".join(
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items())
     )
+    mlflow = f"  mlflow run id: {result.mlflow_run_id} ({result.tracking_uri})"
     if result.already_complete:  # nothing was trained: say what the run had reached
-        print(f"raytrain: run {result.name} was already complete ({result.wall_time_s:.1f}s)")
-        print(f"  metrics: {shown}")
-        print(f"  latest checkpoint: {result.latest_checkpoint_uri}")
-        print(f"  mlflow run id: {result.mlflow_run_id} ({result.tracking_uri})")
-        return
-    print(f"raytrain: run {result.name} finished in {result.wall_time_s:.1f}s")
+        return [f"raytrain: run {result.name} was already complete ({result.wall_time_s:.1f}s)",
+                f"  metrics: {shown}", f"  latest checkpoint: {result.latest_checkpoint_uri}",
+                mlflow]  # fmt: skip
+    lines = [f"raytrain: run {result.name} finished in {result.wall_time_s:.1f}s"]
     if result.stopped:
-        print(f"  stopped early: {result.stopped}")
-    print(f"  metrics: {shown}")
+        lines.append(f"  stopped early: {result.stopped}")
+    lines.append(f"  metrics: {shown}")
     if "val_acc" in result.metrics:
-        print(f"  val_acc: {result.metrics['val_acc']:.4f}")
-    print(f"  best checkpoint: {result.best_checkpoint_uri}")
-    print(f"  mlflow run id: {result.mlflow_run_id} ({result.tracking_uri})")
+        lines.append(f"  val_acc: {result.metrics['val_acc']:.4f}")
+    lines += [f"  best checkpoint: {result.best_checkpoint_uri}", mlflow]
     if result.model_uri:
-        print(f"  model: {result.model_uri}")
+        lines.append(f"  model: {result.model_uri}")
+    return lines
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -210,21 +214,22 @@ def _tune(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(result), default=str))
         return EXIT_OK
+    from raytrain.tracking.report import text_table
+
     table = result.table()
-    columns = list(dict.fromkeys(key for row in table for key in row))
-    print(f"raytrain: sweep {result.name}: {len(result.trials)} trials in "
-          f"{result.timings.get('total', 0):.1f}s")  # fmt: skip
-    widths = [max(len(c), *(len(_cell(r.get(c))) for r in table)) for c in columns]
-    print("  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for row in table:
-        print("  " + "  ".join(_cell(row.get(c)).ljust(w)
-                               for c, w in zip(columns, widths, strict=True)))  # fmt: skip
+    keys = list(dict.fromkeys(key for row in table for key in row))
+    rows = [[_cell(row.get(key)) for key in keys] for row in table]
+    lines = [f"raytrain: sweep {result.name}: {len(result.trials)} trials in "
+             f"{result.timings.get('total', 0):.1f}s"]  # fmt: skip
+    lines += ["  " + line for line in text_table(keys, rows).splitlines()]
     if result.best is not None:
-        print(f"  best: {result.best.name} ({result.metric} "
-              f"{result.best.score(result.metric):.4f})")  # fmt: skip
-        print(f"  best spec: {result.best_spec_path} (raytrain run it)")
-        print(f"  best checkpoint: {result.best_checkpoint_uri}")
-    print(f"  mlflow parent run id: {result.mlflow_run_id} ({result.tracking_uri})")
+        lines += [f"  best: {result.best.name} ({result.metric} "
+                  f"{result.best.score(result.metric):.4f})",
+                  f"  best spec: {result.best_spec_path} (raytrain run it)",
+                  f"  best checkpoint: {result.best_checkpoint_uri}"]  # fmt: skip
+    lines.append(f"  mlflow parent run id: {result.mlflow_run_id} ({result.tracking_uri})")
+    for line in lines:
+        print(printable(line))
     return EXIT_OK
 
 
@@ -233,17 +238,27 @@ def _cell(value: Any) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    """``raytrain report``: its output files checked first (nothing is fetched for a report
+    that cannot be written), then the runs fetched, the table printed, the files written."""
+    import os
 
+    from raytrain import storage
+    from raytrain.errors import StorageError
     from raytrain.tracking.report import build_report, html_page, text_table
 
+    png = storage.output_file(args.out, f"--out {args.out}")
+    page = storage.output_file(args.html, f"--html {args.html}") if args.html else None
+    if page == png:
+        raise StorageError(f"--html {args.html}: the same file as --out; name another")
     report = build_report(args.run_ids, args.tracking_uri)
-    Path(args.out).write_bytes(report.png)
+    os.makedirs(os.path.dirname(png), exist_ok=True)
+    with open(png, "wb") as handle:
+        handle.write(report.png)
     print(text_table(report.columns, report.rows), end="")
-    print(f"raytrain: wrote {args.out}", file=sys.stderr)
-    if args.html:
-        Path(args.html).write_text(html_page(report), encoding="utf-8")
-        print(f"raytrain: wrote {args.html}", file=sys.stderr)
+    print(printable(f"raytrain: wrote {args.out}"), file=sys.stderr)
+    if page is not None:
+        storage.write_text(page, html_page(report))
+        print(printable(f"raytrain: wrote {args.html}"), file=sys.stderr)
     return EXIT_OK
 
 
@@ -255,9 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     unknown = [arg for arg in extra if arg.startswith("-")]
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser.error(printable(f"unrecognized arguments: {' '.join(unknown)}"))
     if extra and not hasattr(args, "overrides"):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(printable(f"unrecognized arguments: {' '.join(extra)}"))
     args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
         if args.command == "doctor":
@@ -281,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             state = export_checkpoint(args.checkpoint, args.out)
             count = sum(v.numel() for v in state.values())
-            print(f"raytrain: wrote {args.out}: {len(state)} tensors, {count:,} values")
+            print(printable(f"raytrain: wrote {args.out}: {len(state)} tensors, {count:,} values"))
             return EXIT_OK
         if args.command == "tune":
             return _tune(args)
@@ -308,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except RaytrainError as exc:
         for line in exc.problems:
-            print(f"error: {line}", file=sys.stderr)
+            print(f"error: {printable(line)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("raytrain: interrupted", file=sys.stderr)

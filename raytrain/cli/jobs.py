@@ -14,6 +14,8 @@ from typing import Any
 from raytrain.errors import EXIT_FAILED, EXIT_OK, RunStateError
 from raytrain.redaction import redact
 from raytrain.submit import client as jobs_client
+from raytrain.submit.connection import check_job_id
+from raytrain.terminal import JOB_OUTPUT, printable
 
 EXIT_INTERRUPTED = 130
 
@@ -38,13 +40,13 @@ def _follow(handle: jobs_client.JobHandle) -> int:
     """Print the job's output until it ends; its outcome as an exit code."""
     try:
         for chunk in handle.follow():
-            print(chunk, end="", flush=True)
+            print(_own_output(chunk), end="", flush=True)
     except KeyboardInterrupt:
         print(
-            f"\nraytrain: stopped following; job {handle.job_id} keeps running "
-            f"(raytrain stop {handle.job_id} to stop it)",
+            "\n" + printable(f"raytrain: stopped following; job {handle.job_id} keeps "
+                             f"running (raytrain stop {handle.job_id} to stop it)"),
             file=sys.stderr,
-        )
+        )  # fmt: skip
         return EXIT_INTERRUPTED
     return _outcome(handle, handle.wait())
 
@@ -52,7 +54,7 @@ def _follow(handle: jobs_client.JobHandle) -> int:
 def _outcome(handle: jobs_client.JobHandle, status: str) -> int:
     info = handle.info()
     message = f": {redact(info.message)}" if info.message else ""
-    print(f"raytrain: job {handle.job_id} {status}{message}", file=sys.stderr)
+    print(printable(f"raytrain: job {handle.job_id} {status}{message}"), file=sys.stderr)
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
 
 
@@ -61,6 +63,12 @@ def sweep_lines(logs: str) -> list[str]:
     driver prints them as ``raytrain: trial NAME finished|stopped|failed after ...``)."""
     return [line.removeprefix("raytrain: trial ") for line in logs.splitlines()
             if line.startswith("raytrain: trial ")]  # fmt: skip
+
+
+def _own_output(text: str) -> str:
+    """A job's own driver output for this terminal: its layout and colours kept, every other
+    control sequence escaped (``raytrain.terminal``: it is the cluster's data)."""
+    return printable(text, keep=JOB_OUTPUT, colours=True)
 
 
 def _when(seconds_ms: int | None) -> str:
@@ -74,21 +82,24 @@ def run_job_command(args: argparse.Namespace) -> int:
     if args.command == "submit" and args.supervise:
         return _supervise(args)
     if args.command == "submit":
+        _no_supervise_flags(args)
         handle = jobs_client.submit(args.spec, args.overrides, **_submit_options(args))
-        print(handle.job_id)
+        print(printable(handle.job_id))
         print(
-            f"raytrain: submitted job {handle.job_id} to {handle.server.address}; "
-            f"raytrain logs {handle.job_id} --follow",
+            printable(f"raytrain: submitted job {handle.job_id} to {handle.server.address}; "
+                      f"raytrain logs {handle.job_id} --follow"),
             file=sys.stderr,
-        )
+        )  # fmt: skip
         return _follow(handle) if args.follow else EXIT_OK
+    if args.command != "list":  # before any request: it becomes part of a URL
+        check_job_id(args.job_id)
     server = jobs_client.JobServer(args.address, insecure=args.insecure)
     if args.command == "list":
         print(f"{'JOB ID':<34} {'STATUS':<10} {'STARTED':<19}  JOB")
         for job in server.jobs():
             name = (job.metadata or {}).get("raytrain_job") or job.entrypoint
-            print(f"{job.submission_id or job.job_id:<34} {job.status.value:<10} "
-                  f"{_when(job.start_time):<19}  {name}")  # fmt: skip
+            print(printable(f"{job.submission_id or job.job_id:<34} {job.status.value:<10} "
+                            f"{_when(job.start_time):<19}  {name}"))  # fmt: skip
         return EXIT_OK
     handle = server.handle(args.job_id)
     if args.command == "status":
@@ -96,16 +107,16 @@ def run_job_command(args: argparse.Namespace) -> int:
     if args.command == "logs":
         if args.follow:
             return _follow(handle)
-        print(handle.logs(), end="")
+        print(_own_output(handle.logs()), end="")
         return EXIT_OK
     stopped = handle.stop()
     if not stopped:
-        print(f"raytrain: job {handle.job_id} had already ended: {handle.status()}")
+        print(printable(f"raytrain: job {handle.job_id} had already ended: {handle.status()}"))
         return EXIT_OK
     if args.wait:
-        print(handle.wait())
+        print(printable(handle.wait()))
     else:
-        print(f"raytrain: stopping job {handle.job_id}")
+        print(printable(f"raytrain: stopping job {handle.job_id}"))
     return EXIT_OK
 
 
@@ -124,15 +135,31 @@ def _supervise(args: argparse.Namespace) -> int:
             args.overrides,
             **_submit_options(args),
             supervise=True,
-            max_resubmits=args.max_resubmits,
-            head_wait_s=args.head_wait,
+            **{key: value for _, key, value in _supervise_flags(args) if value is not None},
         )
     except SupervisionError as exc:
         if exc.result is not None:
-            print("\n".join(exc.result.job_ids), flush=True)
+            print("\n".join(map(printable, exc.result.job_ids)), flush=True)
         raise
-    print("\n".join([*handle.earlier, handle.job_id]), flush=True)
+    print("\n".join(map(printable, [*handle.earlier, handle.job_id])), flush=True)
     return EXIT_OK
+
+
+def _supervise_flags(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
+    """``submit(supervise=True)``'s keyword arguments from their flags: (flag, keyword,
+    value), the value None where not given (``submit``'s defaults apply)."""
+    return [("--max-resubmits", "max_resubmits", args.max_resubmits),
+            ("--head-wait", "head_wait_s", args.head_wait)]  # fmt: skip
+
+
+def _no_supervise_flags(args: argparse.Namespace) -> None:
+    """Refuse ``--max-resubmits``/``--head-wait`` without ``--supervise``: they would be
+    ignored, and a user who gave them expects a supervised job."""
+    given = [flag for flag, _, value in _supervise_flags(args) if value is not None]
+    if given:
+        raise jobs_client.JobsError(f"{' and '.join(given)}: only with --supervise (how a "
+                                    "supervised job is resubmitted); add it, or drop "
+                                    f"{'them' if len(given) > 1 else 'it'}")  # fmt: skip
 
 
 def _submit_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,14 +184,14 @@ def _status(handle: jobs_client.JobHandle, as_json: bool) -> int:
         show(status, True)
         return EXIT_OK
     info = handle.info()
-    print(info.status.value)
+    print(printable(info.status.value))
     if info.message:
-        print(f"  {redact(info.message)}")
-    if (info.metadata or {}).get("raytrain_sweep"):
+        print(f"  {printable(redact(info.message))}")
+    if jobs_client.JobMetadata.of(handle.job_id, info.metadata).raytrain_sweep:
         trials = sweep_lines(handle.logs())
         print(f"  trials ended: {len(trials)}")
         for line in trials:
-            print(f"    {redact(line)}")
+            print(f"    {printable(redact(line))}")
     else:
         show_job_run(handle)
     return EXIT_OK

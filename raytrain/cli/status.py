@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
-from raytrain.errors import EXIT_OK, RaytrainError, RunStateError
+from raytrain.errors import EXIT_OK, RaytrainError, RunStateError, SpecError
 from raytrain.run_status import RunStatus, describe, read_status, status_path
+from raytrain.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.spec import JobSpec
@@ -28,7 +29,12 @@ def names_a_run(args: argparse.Namespace) -> bool:
     """Whether ``raytrain status``'s target is a run (a spec, or a name with ``--storage``)
     rather than a submitted job's id."""
     target = args.target
-    return args.storage is not None or target.endswith(SPEC_SUFFIXES) or Path(target).is_file()
+    if args.storage is not None or target.endswith(SPEC_SUFFIXES):
+        return True
+    try:
+        return Path(target).is_file()
+    except (OSError, ValueError):  # a name too long for a path, a NUL: not a file's
+        return False
 
 
 def located(args: argparse.Namespace) -> tuple[RunStatus, JobSpec | None]:
@@ -36,6 +42,13 @@ def located(args: argparse.Namespace) -> tuple[RunStatus, JobSpec | None]:
     the spec when one was given; a run without a record is a ``RunStateError`` (exit 2)."""
     job = None
     if args.storage is not None:
+        from raytrain.spec.fields import check_name
+
+        try:  # it names a folder under --storage, never one elsewhere
+            check_name(args.target)
+        except ValueError as exc:
+            raise SpecError(f"NAME {exc}; with --storage, NAME is a run's name (the spec's "
+                            "rule), its folder there") from None  # fmt: skip
         where = storage.join(storage.resolve(args.storage), args.target)
         status = read_status(where)
     else:
@@ -73,7 +86,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     if status.mlflow_run_id is not None:
         parts, tags = run_facts(uri or default_tracking_uri(), status.mlflow_run_id)
     for line in describe(diagnose(parts, status, tags), status.name):
-        print(line)
+        print(printable(line))
     return EXIT_OK
 
 
@@ -83,7 +96,7 @@ def show(status: RunStatus, as_json: bool, indent: str = "") -> None:
         print(status.to_json())
         return
     for line in describe(status):
-        print(indent + line)
+        print(indent + printable(line))
 
 
 def show_job_run(handle: JobHandle) -> None:
@@ -91,10 +104,10 @@ def show_job_run(handle: JobHandle) -> None:
     try:
         status = handle.progress()
     except RaytrainError as exc:
-        print(f"  run: {exc.problems[0]}")
+        print(f"  run: {printable(exc.problems[0])}")
         return
     except Exception as exc:  # the store cannot be reached from here
-        print(f"  run: the status record cannot be read ({storage.describe(exc)})")
+        print(printable(f"  run: the status record cannot be read ({storage.describe(exc)})"))
         return
     if status is None:
         print("  run: no status record yet (the driver is starting)")

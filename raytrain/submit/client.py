@@ -27,25 +27,34 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError, field_validator
 
 from raytrain import storage
 from raytrain._compat.ray_core import NOISY_LOGGERS
 from raytrain.checkpoints.layout import run_dir
+from raytrain.errors import one_line
 from raytrain.provenance import GIT_COMMIT_ENV, git_commit
 from raytrain.redaction import is_secret_env, is_secret_name, masked_fields, redact
 from raytrain.run_status import RunStatus, read_status
+from raytrain.spec import StorageSpec
+from raytrain.spec.fields import check_name
 from raytrain.submit.connection import (
+    JOB_ID_MAX_CHARS,
     TOKEN_ENV,
     JobsError,
     JobUnknown,
     ServerUnreachable,
     _find_token,
     _refused,
+    check_job_id,
     check_transport,
+    job_segment,
     resolve_address,
 )
 from raytrain.submit.uploads import upload_excludes
+from raytrain.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.spec import JobSpec
@@ -103,11 +112,12 @@ class JobServer:
             refused = _refused(exc, self.address, self._token_source)
             if refused:
                 raise refused from None
-            raise JobsError(f"{what} on {self.address}: {exc}") from None
+            raise JobsError(f"{what} on {self.address}: {one_line(exc)}") from None
 
     def handle(self, job_id: str) -> JobHandle:
-        """The handle of an existing job; an unknown id is a ``JobsError``."""
-        self.call("status", job_id, self.client.get_job_status, job_id)
+        """The handle of an existing job; an unknown id, or one that is not a job id's
+        (``connection.check_job_id``), is a ``JobsError``."""
+        self.call("status", job_id, self.client.get_job_status, job_segment(job_id))
         return JobHandle(job_id, self)
 
     def jobs(self) -> list[Any]:
@@ -125,8 +135,11 @@ class JobHandle:
     # a supervised job's (``submit(supervise=True)``): the ids of the jobs it resubmitted
     earlier: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        check_job_id(self.job_id, "job id")  # the server's answer to a submission too
+
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return self.server.call(what, self.job_id, fn, self.job_id, *args)
+        return self.server.call(what, self.job_id, fn, job_segment(self.job_id), *args)
 
     def status(self) -> str:
         """PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
@@ -146,21 +159,20 @@ class JobHandle:
         restarts; its ``age()`` says how old, which keeps growing once a driver died. None
         until the driver wrote one. A job whose run folder cannot be read from here (a
         relative ``checkpoint.storage``, a sweep, a spec not read at submit) is a
-        ``JobsError`` saying so."""
-        from raytrain.spec import StorageSpec
-
-        meta = self.info().metadata or {}
-        where = meta.get(RUN_DIR_META)
-        if not where:
+        ``JobsError`` saying so, and so is metadata that is not what ``submit`` writes
+        (``JobMetadata``)."""
+        meta = self.metadata()
+        if not meta.raytrain_run_dir:
             raise JobsError(
                 f"job {self.job_id}: its status record cannot be read from here: its "
                 "checkpoint.storage is not an object store or an absolute path (a sweep's "
                 "trials each keep their own), so the run folder is on the cluster"
             )
-        options = (
-            StorageSpec.model_validate_json(meta[STORAGE_META]) if STORAGE_META in meta else None
-        )
-        return read_status(where, options)
+        return read_status(meta.raytrain_run_dir, meta.raytrain_storage)
+
+    def metadata(self) -> JobMetadata:
+        """What raytrain wrote into the job's metadata, checked (``JobMetadata``)."""
+        return JobMetadata.of(self.job_id, self.info().metadata)
 
     def follow(self) -> Iterator[str]:
         """The driver's output as it comes, until the job ends."""
@@ -264,8 +276,8 @@ def _working_dir_env(
     spec_path = _spec_in_working_dir(spec, root)
     excludes, left_out = upload_excludes(root, include)
     if left_out:  # by name only: what they hold is never read
-        print(f"raytrain: left out of the upload (secret-shaped; --include PATTERN sends "
-              f"one): {', '.join(left_out)}", file=sys.stderr)  # fmt: skip
+        print(printable(f"raytrain: left out of the upload (secret-shaped; --include PATTERN "
+                        f"sends one): {', '.join(left_out)}"), file=sys.stderr)  # fmt: skip
     return {"working_dir": str(root), "excludes": excludes}, spec_path
 
 
@@ -321,6 +333,8 @@ def submit(
     patterns to send anyway), and named on stderr. ``insecure``: send the cluster's token
     over plain http to another machine (refused otherwise).
     """
+    if job_id is not None:
+        check_job_id(job_id, "--job-id")
     if supervise:
         from raytrain.submit.supervisor import ResubmitPolicy, Supervisor
 
@@ -333,14 +347,14 @@ def submit(
             # lease may look live from another host for up to lease.STALE_S
             return submit(spec, overrides, address=address, token=token,
                           working_dir=working_dir, pip=pip, env=env,
-                          job_id=f"{job_id}-{uuid.uuid4().hex[:6]}" if job_id and resubmit
+                          job_id=_again_id(job_id) if job_id and resubmit
                           else job_id, fresh=fresh and not resubmit,
                           resume_anyway=resume_anyway, force=force or resubmit,
                           warn=warn and not resubmit, insecure=insecure,
                           include=include)  # fmt: skip
 
         first = again(False)
-        print(f"raytrain: supervising job {first.job_id} on {first.server.address}",
+        print(printable(f"raytrain: supervising job {first.job_id} on {first.server.address}"),
               file=sys.stderr, flush=True)  # fmt: skip
         story = Supervisor(again, policy).run(first)
         assert story.handle is not None
@@ -360,7 +374,7 @@ def submit(
     job = load_spec(spec, overrides) if working_dir is not None or Path(spec).is_file() else None
     if job is not None and warn:
         for line in _warnings(job, env, overrides):
-            print(f"raytrain: warning: {line}", file=sys.stderr)
+            print(f"raytrain: warning: {printable(line)}", file=sys.stderr)
     runtime_env.update(_job_env(env, pip, working_dir))
     sweep = job is not None and job.tune is not None  # the job runs `raytrain tune`
     if sweep and (resume_anyway or force):
@@ -392,6 +406,62 @@ RUN_DIR_META = "raytrain_run_dir"
 STORAGE_META = "raytrain_storage"
 
 
+class JobMetadata(BaseModel):
+    """What ``submit`` writes into a job's metadata and raytrain reads back: the job server
+    returns it, so it is checked as a spec is. Other keys (``ray job submit
+    --metadata-json``'s) are the job's own and are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    raytrain_job: str | None = Field(default=None, description="the spec's name (list shows it)")
+    raytrain_sweep: Literal["true"] | None = Field(
+        default=None, description="set when the job runs `raytrain tune`: its trials' lines"
+    )
+    raytrain_run_dir: str | None = Field(
+        default=None,
+        description="the run folder, `{checkpoint.storage}/{name}`: an object store's URI or "
+        "an absolute path, which this machine reads too",
+    )
+    raytrain_storage: Json[StorageSpec] | None = Field(
+        default=None, description="the spec's `storage` section (JSON): how to open the folder"
+    )
+
+    @field_validator("raytrain_run_dir")
+    @classmethod
+    def _a_run_folder(cls, value: str | None) -> str | None:
+        """A location a run folder can be (what ``_status_metadata`` writes): a URI or an
+        absolute path with no problem (``storage.location_problem``), ending in a run's
+        name, so it names nothing but a run's ``raytrain-status.json``."""
+        if value is None:
+            return value
+        problem = storage.location_problem(value)
+        if problem is None and not (storage.is_uri(value) or os.path.isabs(value)):
+            problem = "not an object store's URI or an absolute path"
+        if problem is not None:
+            raise ValueError(problem)
+        check_name(value.rstrip("/").rsplit("/", 1)[-1])  # the run's name, as a spec's
+        return value
+
+    @classmethod
+    def of(cls, job_id: str, metadata: Any) -> JobMetadata:
+        """The checked metadata of the job ``job_id``; malformed, a ``JobsError`` naming
+        the key (exit 2, one line)."""
+        try:
+            return cls.model_validate(metadata or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            key = ".".join(str(part) for part in first["loc"]) or "metadata"
+            raise JobsError(f"job {job_id}: its metadata {key}: {one_line(first['msg'])} "
+                            f"({exc.error_count()} problem(s); not what raytrain submit "
+                            "writes)") from None  # fmt: skip
+
+
+def _again_id(job_id: str) -> str:
+    """A resubmission's id: the first's, cut to fit, with a random suffix."""
+    suffix = f"-{uuid.uuid4().hex[:6]}"
+    return job_id[: JOB_ID_MAX_CHARS - len(suffix)] + suffix
+
+
 def _status_metadata(job: JobSpec) -> dict[str, str]:
     """Where the job's run folder is, when this machine names the same place the job's
     driver will (an object store, or an absolute path); a relative ``checkpoint.storage``
@@ -407,7 +477,8 @@ def attach(
     job_id: str, *, address: str | None = None, token: str | None = None, insecure: bool = False
 ) -> JobHandle:
     """The handle of a job submitted earlier (a pipeline's later step); ``JobsError`` for an
-    unknown id."""
+    unknown id (or one that is not a job id's, refused before any request)."""
+    check_job_id(job_id, "job_id")
     return JobServer(address, token=token, insecure=insecure).handle(job_id)
 
 

@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import sys
 from pathlib import Path
 
 from raytrain.errors import EXIT_BAD_INPUT, RaytrainError
+from raytrain.terminal import printable
 
 # Where a job server is found when no address is given: Ray's own variables for its CLI.
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 TOKEN_ENV = "RAY_AUTH_TOKEN"
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 DEFAULT_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
+
+
+# A job id raytrain sends or takes: Ray's own forms (a submission id, ``raysubmit_`` and 16
+# letters and digits; a driver job's hex id, ``02000000``) and a user's ``--job-id``. Ray
+# takes any string as a submission id, but an id becomes a URL path segment
+# (``/api/jobs/{id}``), a log file's name (``job-driver-{id}.log``) and an actor's name, so
+# raytrain takes letters, digits and ``_.-``, starting with a letter or digit (never ``.``,
+# ``..``, a ``/``, ``?`` or ``#``), and at most ``JOB_ID_MAX_CHARS``.
+JOB_ID_MAX_CHARS = 200
+_JOB_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{JOB_ID_MAX_CHARS - 1}}}")
 
 
 class JobsError(RaytrainError):
@@ -40,6 +52,26 @@ class JobUnknown(JobsError):
 
 class TokenRefused(JobsError):
     """The job server refused the token, or wanted one and got none."""
+
+
+def check_job_id(job_id: str, what: str = "JOB_ID") -> str:
+    """``job_id`` when it has a job id's form (see ``_JOB_ID``), else a ``JobsError``
+    naming ``what`` (the argument or flag it came from): refused before any request."""
+    if isinstance(job_id, str) and _JOB_ID.fullmatch(job_id):
+        return job_id
+    shown = repr(job_id[:40]) + ("..." if len(job_id) > 40 else "") if job_id else "''"
+    raise JobsError(
+        f"{what} {shown}: not a job id: Ray's are raysubmit_... or hex; raytrain takes "
+        f"letters, digits and _.- (a letter or digit first), at most {JOB_ID_MAX_CHARS}"
+    )
+
+
+def job_segment(job_id: str) -> str:
+    """``job_id`` checked and URL-encoded as one path segment, as Ray's client puts it in
+    the job server's URLs (``/api/jobs/{id}``, ``.../logs``, ``.../stop``)."""
+    from urllib.parse import quote
+
+    return quote(check_job_id(job_id), safe="")
 
 
 def resolve_address(address: str | None) -> str:
@@ -113,8 +145,8 @@ def check_transport(address: str, token: str | None, insecure: bool = False) -> 
     if not token or parsed.scheme != "http" or _loopback(parsed.hostname):
         return
     if insecure:
-        print(f"raytrain: warning: --insecure: the cluster's token goes to {address} in clear "
-              "over http", file=sys.stderr)  # fmt: skip
+        print(printable(f"raytrain: warning: --insecure: the cluster's token goes to {address} "
+                        "in clear over http"), file=sys.stderr)  # fmt: skip
         return
     raise JobsError(
         f"--address {address}: the cluster's token would travel in clear over http to "

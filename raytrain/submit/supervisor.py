@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from raytrain.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, RaytrainError
 from raytrain.redaction import redact
 from raytrain.submit.connection import JobsError, JobUnknown, ServerUnreachable, TokenRefused
+from raytrain.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.run_status import RunStatus
@@ -234,7 +235,7 @@ class Supervised:
 
 
 def _say(text: str) -> None:
-    print(f"raytrain: {text}", file=sys.stderr, flush=True)
+    print(f"raytrain: {printable(text)}", file=sys.stderr, flush=True)
 
 
 class Supervisor:

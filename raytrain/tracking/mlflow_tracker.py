@@ -6,14 +6,16 @@ store works on a multi-node cluster and tracking credentials live only on the dr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from raytrain._compat.mlflow import last_steps
-from raytrain.errors import TrackingError
+from raytrain.errors import TrackingError, TrackingUnreachable, one_line
 from raytrain.provenance import git_commit
 from raytrain.redaction import redact, redact_flat, redact_value
 from raytrain.spec import JobSpec
@@ -363,6 +365,60 @@ def _require_store(tracking_uri: str) -> None:
         )
 
 
+# What ``doctor`` and ``report`` (the readers below) give a tracking server: a request with
+# no answer in 5 s fails and is tried once more. MLflow's defaults (a 120 s timeout, 7
+# retries with backoff) made a server that does not answer cost them minutes. These are
+# MLflow's own variables, set only while they read, and only where the user set none: a
+# training run's tracker keeps MLflow's patience.
+READ_SETTINGS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
+
+
+@contextlib.contextmanager
+def _reading(tracking_uri: str) -> Iterator[None]:
+    """Read ``tracking_uri`` under ``READ_SETTINGS``; a server that cannot be reached is a
+    ``TrackingUnreachable`` (exit 1), whatever call met it."""
+    from mlflow.exceptions import MlflowException
+
+    added = [name for name in READ_SETTINGS if name not in os.environ]
+    os.environ.update({name: READ_SETTINGS[name] for name in added})
+    try:
+        yield
+    except MlflowException as exc:
+        _raise_if_unreached(exc, tracking_uri)
+        raise
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def _raise_if_unreached(exc: BaseException, tracking_uri: str) -> None:
+    """Raise ``TrackingUnreachable`` when ``exc`` is MLflow's failure to reach a server (a
+    connection refused or not made, no answer in time: ``requests``' errors, which MLflow
+    wraps); return for anything else (an unknown run, a refusal)."""
+    import requests
+
+    error: BaseException | None = exc
+    for _ in range(10):  # the chain MLflow leaves: its exception, then requests'
+        if error is None or isinstance(error, requests.ConnectionError | requests.Timeout):
+            break
+        error = error.__cause__ or error.__context__
+    if error is None:
+        return
+    text = str(error)
+    if isinstance(error, requests.Timeout) or "timed out" in text:
+        why = f"no answer within {os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT', '?')} s"
+    elif "Connection refused" in text:
+        why = "the connection was refused"
+    else:
+        why = one_line(text, 200)
+    raise TrackingUnreachable(f"cannot reach the tracking server at {redact(tracking_uri)} "
+                              f"({why}); is it up, and is this its address?") from None  # fmt: skip
+
+
 def sweep_trials(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
     """When ``run_id`` is a sweep's parent run (``raytrain tune``): its name, metric, mode
     and its trials' run ids; else None."""
@@ -371,15 +427,17 @@ def sweep_trials(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        return None  # fetch_runs says it is unknown
-    if run.data.tags.get("raytrain.sweep.role") != "parent":
-        return None
-    children = client.search_runs(
-        [run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'", max_results=10_000
-    )
+    with _reading(tracking_uri):
+        try:
+            run = client.get_run(run_id)
+        except MlflowException as exc:
+            _raise_if_unreached(exc, tracking_uri)
+            return None  # fetch_runs says it is unknown
+        if run.data.tags.get("raytrain.sweep.role") != "parent":
+            return None
+        children = client.search_runs([run.info.experiment_id],
+                                      f"tags.`mlflow.parentRunId` = '{run_id}'",
+                                      max_results=10_000)  # fmt: skip
     return {
         "name": run.info.run_name or run_id[:8],
         "metric": run.data.params.get("tune.metric", ""),
@@ -392,33 +450,37 @@ def fetch_runs(tracking_uri: str, run_ids: list[str]) -> list[dict[str, Any]]:
     """What ``raytrain report`` shows of each run: its name, params, latest metrics and every
     metric's history as (step, value) pairs, by step. An unknown run id is a
     ``TrackingError`` naming it. A local store that does not exist is one too: reading it
-    must not create it (MLflow would, an empty ``mlflow.db``)."""
+    must not create it (MLflow would, an empty ``mlflow.db``); a server that does not
+    answer is a ``TrackingUnreachable``."""
     _require_store(tracking_uri)
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    runs = []
-    for run_id in run_ids:
-        try:
-            run = client.get_run(run_id)
-        except MlflowException as exc:
-            raise TrackingError(
-                f"run {run_id}: not found at {redact(tracking_uri)} ({exc.error_code})"
-            ) from None
-        histories = {
-            key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-            for key in run.data.metrics
-        }
-        runs.append(
-            {
-                "run_id": run_id,
-                "name": run.info.run_name or run_id[:8],
-                "status": run.info.status,
-                "params": dict(run.data.params),
-                "metrics": dict(run.data.metrics),
-                "tags": dict(run.data.tags),
-                "histories": histories,
-            }
-        )
-    return runs
+    with _reading(tracking_uri):
+        return [_fetch_run(client, tracking_uri, run_id) for run_id in run_ids]
+
+
+def _fetch_run(client: Any, tracking_uri: str, run_id: str) -> dict[str, Any]:
+    """``fetch_runs``' record of one run."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        _raise_if_unreached(exc, tracking_uri)
+        raise TrackingError(
+            f"run {run_id}: not found at {redact(tracking_uri)} ({exc.error_code})"
+        ) from None
+    histories = {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        for key in run.data.metrics
+    }
+    return {
+        "run_id": run_id,
+        "name": run.info.run_name or run_id[:8],
+        "status": run.info.status,
+        "params": dict(run.data.params),
+        "metrics": dict(run.data.metrics),
+        "tags": dict(run.data.tags),
+        "histories": histories,
+    }

@@ -18,6 +18,8 @@ import io
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytrain.terminal import printable
+
 # Keys that are bookkeeping, not curves: the step counters and checkpoint timing.
 _NOT_CURVES = ("epoch", "world_size", "checkpoint_blocked_s", "step")
 THROUGHPUT = "samples_per_s"
@@ -91,6 +93,13 @@ def plot(curves: dict[str, list[Curve]]) -> bytes:
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
+    # labels are runs' names and metric keys, shown as written: `$\foo$` in a run's name is
+    # no mathtext (matplotlib would parse it, and fail)
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _figure(plt, curves)
+
+
+def _figure(plt: Any, curves: dict[str, list[Curve]]) -> bytes:
     fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.5), squeeze=False)
     for ax, (title, items) in zip(axes[0], curves.items(), strict=True):
         for curve in items:
@@ -109,9 +118,11 @@ def plot(curves: dict[str, list[Curve]]) -> bytes:
 
 
 def text_table(columns: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [columns, *rows]) for i in range(len(columns))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
-             for row in [columns, *rows]]  # fmt: skip
+    """The columns and rows as aligned text, every cell ``printable`` (a run's name, a param,
+    a tag is MLflow's data, for a terminal)."""
+    cells = [[printable(cell) for cell in row] for row in [columns, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines) + "\n"
 
 

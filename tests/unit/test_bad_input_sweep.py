@@ -340,6 +340,8 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     argvs["status_bad_record"] = ["status", "digits-test", "--storage", str(work / "status_bad")]
     argvs["doctor_no_record"] = ["doctor", job]
 
+    argvs |= _issue33_b_cases(work, job)  # status, doctor, report, job commands (issue 33)
+
     # raytrain report of runs in a store that does not exist: not created by reading it
     argvs["report_default_store"] = ["report", "0123456789abcdef", "--out", str(work / "r.png")]
     argvs["report_missing_sqlite"] = [
@@ -383,6 +385,84 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     result = run_fresh(_DRIVER, argvs, work, pythonpath=os.getcwd(), timeout=600)
     return {"results": result, "argvs": argvs, "before": before,
             "after": (_tree(work), _tree(digits_dir))}  # fmt: skip
+
+
+# --- issue 33 (status, doctor, report, job ids, submit flags): records read through the one
+# reader, run names confined to --storage. ---
+def _issue33_b_cases(work: Path, job: str) -> dict[str, list[str]]:
+    """Records that are not files, or not text; names that lead out of ``--storage``."""
+    argvs: dict[str, list[str]] = {}
+    records = work / "records33"
+    for name in ("fifo", "dev_zero", "folder", "not_utf8"):
+        (records / name).mkdir(parents=True)
+    os.mkfifo(records / "fifo" / "raytrain-status.json")
+    (records / "dev_zero" / "raytrain-status.json").symlink_to("/dev/zero")
+    (records / "folder" / "raytrain-status.json").mkdir()
+    (records / "not_utf8" / "raytrain-status.json").write_bytes(b'{"name": "\xff"}')
+    for name in ("fifo", "dev_zero", "folder", "not_utf8"):
+        argvs[f"status_record_{name}"] = ["status", name, "--storage", str(records)]
+    argvs["doctor_record_fifo"] = ["doctor", "fifo", "--storage", str(records)]
+    argvs["status_name_parent"] = ["status", "../status_bad/digits-test", "--storage",
+                                   str(records)]  # fmt: skip
+    argvs["status_name_absolute"] = ["status", str(work / "status_bad" / "digits-test"),
+                                     "--storage", str(records)]  # fmt: skip
+    argvs["doctor_name_parent"] = ["doctor", "../x", "--storage", str(records)]
+    state = work / "state_fifo" / "digits-test"
+    state.mkdir(parents=True)
+    os.mkfifo(state / "raytrain-run.json")
+    argvs["state_fifo"] = ["run", job, f"checkpoint.storage={work / 'state_fifo'}"]
+    # job ids that are not one: refused before any address, token or request
+    argvs["logs_job_id_traversal"] = ["logs", "../../api/version"]
+    argvs["stop_job_id_empty"] = ["stop", ""]
+    argvs["status_job_id_query"] = ["status", "a?b=1#c"]
+    argvs["logs_job_id_20k"] = ["logs", "x" * 20_000]
+    argvs["submit_job_id_traversal"] = ["submit", job, "--job-id", "../x"]
+    # a supervised job's settings: refused without --supervise, and out of their range
+    argvs["submit_max_resubmits_alone"] = ["submit", job, "--max-resubmits", "5"]
+    argvs["submit_head_wait_alone"] = ["submit", job, "--head-wait", "-1"]
+    argvs["submit_supervise_resubmits_negative"] = ["submit", job, "--supervise",
+                                                    "--max-resubmits", "-1"]  # fmt: skip
+    argvs["submit_supervise_head_wait_nan"] = ["submit", job, "--supervise", "--head-wait",
+                                               "nan"]  # fmt: skip
+    # report's output files, checked before a store is read (this one does not exist)
+    (work / "report_folder33").mkdir()
+    report = ["report", "abc", "--tracking-uri", f"sqlite:///{work / 'nowhere33.db'}"]
+    argvs["report_out_is_a_folder"] = [*report, "--out", str(work / "report_folder33")]
+    argvs["report_out_under_a_file"] = [*report, "--out", str(work / "notes.txt" / "r.png")]
+    argvs["report_html_is_a_folder"] = [*report, "--out", str(work / "r33.png"), "--html",
+                                        str(work / "report_folder33")]  # fmt: skip
+    argvs["report_html_is_the_out"] = [*report, "--out", str(work / "r33.png"), "--html",
+                                       str(work / "r33.png")]  # fmt: skip
+    return argvs
+
+
+EXPECTED_ISSUE33_B: dict[str, str] = {
+    "status_record_fifo": "fifo/raytrain-status.json: is a FIFO, not a regular file",
+    "status_record_dev_zero": "dev_zero/raytrain-status.json: is a device, not a regular file",
+    "status_record_folder": "folder/raytrain-status.json: is a folder, not a regular file",
+    "status_record_not_utf8": "not_utf8/raytrain-status.json: not UTF-8 text",
+    "doctor_record_fifo": "fifo/raytrain-status.json: is a FIFO",
+    "state_fifo": "raytrain-run.json: is a FIFO",
+}
+FIELD_CASES_ISSUE33_B: dict[str, str] = {
+    "status_name_parent": "NAME '../status_bad/digits-test' cannot name files",
+    "status_name_absolute": "NAME '/",
+    "doctor_name_parent": "NAME '../x' cannot name files",
+    "logs_job_id_traversal": "JOB_ID '../../api/version': not a job id",
+    "stop_job_id_empty": "JOB_ID '': not a job id",
+    "status_job_id_query": "JOB_ID 'a?b=1#c': not a job id",
+    "logs_job_id_20k": "JOB_ID 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'...: not a job id",
+    "submit_job_id_traversal": "--job-id '../x': not a job id",
+    "submit_max_resubmits_alone": "--max-resubmits: only with --supervise",
+    "submit_head_wait_alone": "--head-wait: only with --supervise",
+    "submit_supervise_resubmits_negative": "--max-resubmits -1: must be 0 or more",
+    "submit_supervise_head_wait_nan": "--head-wait nan: must be more than 0 seconds",
+    "report_out_is_a_folder": "--out ",
+    "report_out_under_a_file": "--out ",
+    "report_html_is_a_folder": "--html ",
+    "report_html_is_the_out": "--html ",
+}
+# --- end of issue 33 (status, doctor, report, job ids, submit flags) ---
 
 
 # Each case: text its one error line must hold: a file's name, or (FIELD_CASES) the field
@@ -438,6 +518,8 @@ FIELD_CASES: dict[str, str] = {
     **{f"validate_{k}": v[1] for k, v in NAMES_AND_SIZES.items()},
     **{k: v[1] for k, v in TUNE_OVERRIDES.items()},
 }
+EXPECTED |= EXPECTED_ISSUE33_B
+FIELD_CASES |= FIELD_CASES_ISSUE33_B
 CASES = sorted({*EXPECTED, *FIELD_CASES})
 
 

@@ -5,6 +5,8 @@ workers restart."""
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,53 @@ def test_read_status_round_trips_and_names_a_record_it_cannot_read(tmp_path: Pat
         (tmp_path / STATUS_FILE).write_text(bad)
         with pytest.raises(RunStateError, match=f"{STATUS_FILE}: the run's status record"):
             read_status(str(tmp_path))
+
+
+def test_a_record_that_is_not_a_file_or_too_large_or_not_utf8_is_refused_unread(
+    tmp_path: Path,
+) -> None:
+    """The one reader (``storage.read_text``): a FIFO (whose open would wait for a writer),
+    a link to ``/dev/zero`` (endless), a folder, a file over the cap, bytes that are not
+    UTF-8 are each a ``StorageError`` naming the record, and none hangs."""
+    from raytrain import storage
+    from raytrain.errors import StorageError
+
+    cases = {"fifo": "is a FIFO", "zero": "is a device", "folder": "is a folder",
+             "latin1": "not UTF-8 text (byte 13 is not)"}  # fmt: skip
+    for name in cases:
+        (tmp_path / name).mkdir()
+    os.mkfifo(tmp_path / "fifo" / STATUS_FILE)
+    (tmp_path / "zero" / STATUS_FILE).symlink_to("/dev/zero")
+    (tmp_path / "folder" / STATUS_FILE).mkdir()
+    (tmp_path / "latin1" / STATUS_FILE).write_bytes('{"name": "caf\xe9"}'.encode("latin-1"))
+    for name, why in cases.items():
+        with pytest.raises(StorageError, match=f"{name}/{STATUS_FILE}: {re.escape(why)}"):
+            read_status(str(tmp_path / name))
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / STATUS_FILE).write_text("x" * 101)
+    with pytest.raises(StorageError, match="larger than 100 bytes"):
+        storage.read_text(str(tmp_path / "big" / STATUS_FILE), max_bytes=100)
+    assert storage.read_text(str(tmp_path / "big" / STATUS_FILE), max_bytes=101) == "x" * 101
+
+
+def test_a_run_name_with_storage_stays_under_the_storage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``status NAME --storage S`` reads ``S/NAME`` only: a NAME that would lead out of it
+    (``../x``, an absolute path) is refused by the spec's own name rule, before any read."""
+    from raytrain.cli import app as cli
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    status = RunStatus(name="x", state="training", started_at=1.0, updated_at=2.0, driver="h:1")
+    (outside / STATUS_FILE).write_text(status.to_json())
+    storage_root = tmp_path / "runs"
+    storage_root.mkdir()
+    for name in ("../outside", str(outside), "a/../../outside", "a..b", ""):
+        assert cli.main(["status", name, "--storage", str(storage_root)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: NAME {name[:80]!r}") and err.count("\n") == 1, err
+        assert "cannot name files" in err
 
 
 def test_describe_shows_progress_eta_and_a_driver_that_stopped_writing() -> None:

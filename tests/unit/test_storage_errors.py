@@ -9,7 +9,6 @@ a test sets. The SDK parses them into the texts a real store's refusals give.
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 from raytrain import storage
 from raytrain.spec import StorageSpec
+from tests.conftest import serving
 
 CREDENTIALS = "the credentials were rejected"
 DENIED = "access denied (no permission)"
@@ -58,13 +58,8 @@ class S3Refusals(ThreadingHTTPServer):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[S3Refusals]:
-    srv = S3Refusals(("127.0.0.1", 0), _Refusing)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join()
+    with serving(S3Refusals(("127.0.0.1", 0), _Refusing)) as srv:
+        yield srv
 
 
 @pytest.fixture(autouse=True)
@@ -217,3 +212,22 @@ def test_a_bucket_that_refuses_its_head_is_taken_to_exist(server: S3Refusals) ->
     assert storage.missing_bucket("s3://bucket/runs", _spec(server)) is None
     server.status, server.code = 403, "InvalidAccessKeyId"
     assert storage.missing_bucket("s3://bucket/runs", _spec(server)) is None
+
+
+def test_a_record_in_a_store_that_cannot_be_reached_or_refuses_is_one_line(
+    server: S3Refusals, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``raytrain status NAME --storage s3://...``: a store that is not there, or that
+    refuses, is one ``error:`` line naming the record, exit 2, never an OSError traceback."""
+    from raytrain.cli import app as cli
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    for endpoint, cause in ((closed, UNREACHABLE), (f"http://{server.endpoint}", DENIED)):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        assert cli.main(["status", "r", "--storage", "s3://bucket/runs"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert err.startswith("error: s3://bucket/runs/r/raytrain-status.json: cannot read it: "
+                              f"{cause}")  # fmt: skip
