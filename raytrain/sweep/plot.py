@@ -10,10 +10,16 @@ _COLORS = {"finished": "tab:blue", "stopped": "tab:orange", "error": "tab:red"}
 def plot_sweep(rows: list[TrialRow], metric: str, mode: str, path: str) -> list[str]:
     """One panel per sampled field: each trial's last ``metric`` against its value, coloured
     by how the trial ended (a range over decades on a log axis). Writes a PNG to ``path``;
-    returns the fields drawn."""
+    returns the fields drawn. Every text is drawn as written: a metric or a listed value
+    holding ``$`` is no mathtext (a bad one would fail the sweep's end)."""
     import matplotlib
 
     matplotlib.use("Agg")
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _draw(rows, metric, mode, path)
+
+
+def _draw(rows: list[TrialRow], metric: str, mode: str, path: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     fields = sorted({key for row in rows for key in row.values})

@@ -517,3 +517,16 @@ def test_a_sweep_holds_a_runs_lease_and_stops_when_another_takes_it(tmp_path: Pa
     finally:
         LOST_LEASES.discard(folder)
         second.release()
+
+
+def test_the_sweep_plot_draws_dollar_signs_as_written(tmp_path: Path) -> None:
+    """A metric or a listed value holding ``$`` (bad mathtext) is drawn as text: the
+    sweep's end would fail on it otherwise, after every trial ran."""
+    from raytrain.sweep.plot import plot_sweep
+
+    rows = [TrialRow(name=f"t-{i}", status="finished", values={"model.init_args.act": v},
+                     metrics={r"$\foo$": 0.5 + i / 10}, epochs=1)
+            for i, v in enumerate([r"$\bar$", "relu"])]  # fmt: skip
+    out = tmp_path / "sweep.png"
+    assert plot_sweep(rows, r"$\foo$", "max", str(out)) == ["model.init_args.act"]
+    assert out.read_bytes().startswith(b"\x89PNG")
