@@ -26,12 +26,13 @@ from tests.conftest import digits_spec, write_spec
 from tests.fresh_process import run_fresh
 
 _DRIVER = r"""
-import contextlib, io, json, sys, traceback
+import contextlib, io, json, sys, time, traceback
 from raytrain.cli.app import main
 cases = json.loads(sys.argv[1])
 out = {}
 for name, argv in cases.items():
     err, std = io.StringIO(), io.StringIO()
+    began = time.perf_counter()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
         try:
             rc = main(argv)
@@ -39,7 +40,8 @@ for name, argv in cases.items():
             rc = "raised"
             err.write(traceback.format_exc())
     loaded = sorted(m for m in ("ray", "lightning", "pytorch_lightning") if m in sys.modules)
-    out[name] = {"rc": rc, "stderr": err.getvalue(), "stdout": std.getvalue(), "modules": loaded}
+    out[name] = {"rc": rc, "stderr": err.getvalue(), "stdout": std.getvalue(), "modules": loaded,
+                 "seconds": round(time.perf_counter() - began, 3)}
 print(json.dumps(out))
 """
 
