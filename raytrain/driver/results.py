@@ -12,6 +12,7 @@ from typing import Any
 
 from raytrain import storage
 from raytrain.checkpoints.layout import (
+    INTERVAL_KEY,
     MONITOR_MISSING,
     PRECISION_KEY,
     SCORE_KEY,
@@ -101,7 +102,7 @@ def final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> d
     if not metrics:
         committed = latest_committed(runstate.run_dir(job), job.storage)
         metrics = dict(committed[1]) if committed else dict(result.metrics or {})
-    for key in (SCORE_KEY, "kind", MONITOR_MISSING, STOPPED_KEY, PRECISION_KEY):
+    for key in (SCORE_KEY, "kind", MONITOR_MISSING, STOPPED_KEY, PRECISION_KEY, INTERVAL_KEY):
         metrics.pop(key, None)
     return metrics
 
