@@ -49,6 +49,7 @@ class FitResult:
     already_complete: bool = False
     # why a callback (EarlyStopping) ended training before its limits, if one did
     stopped: str | None = None
+    chaos: dict[str, Any] | None = None  # failure.chaos: the faults and what they cost
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Trained:
     result: Any  # ray.train.Result
     latest: dict[str, Any]  # the newest value of every metric rank 0 reported
     data_paths: dict[str, str]  # split -> "cached" | "streamed" | "mixed"
+    chaos: dict[str, Any] | None = None  # failure.chaos: the faults and their cost
 
 
 # Wall-clock times rank 0 reports once (see worker.loop), as startup phases.

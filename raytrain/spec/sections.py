@@ -25,6 +25,7 @@ from raytrain.spec.fields import (
     _NAME,
     DEFAULT_STORAGE,
     MAX_ACCUMULATION,
+    MAX_SEED,
     _check_location,
     _Section,
     check_name,
@@ -261,6 +262,18 @@ class SpikeSpec(_Section):
     )
 
 
+class ChaosSpec(_Section):
+    mtbf_s: float = Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="Mean seconds of training between injected faults (each a SIGKILL of "
+        "one worker, drawn at random), exponentially distributed.",
+    )
+    seed: int = Field(
+        default=0, ge=0, le=MAX_SEED, description="The faults' seed: the same draws each time."
+    )
+
+
 class FailureSpec(_Section):
     max_failures: int = Field(
         default=0, ge=-1, description="Worker-group restarts allowed; -1: unlimited."
@@ -305,6 +318,13 @@ class FailureSpec(_Section):
         "checkpoints are saved.",
     )
 
+    chaos: ChaosSpec | None = Field(
+        default=None,
+        description="Inject faults into this run (`raytrain run --chaos MTBF`), to see what "
+        "they cost: workers SIGKILLed at random, retried without counting against "
+        "max_failures; the summary and MLflow (`chaos/...`) give each fault's lost steps "
+        "and recovery time, and the overhead; null: off.",
+    )
     spike: SpikeSpec | None = Field(
         default=None,
         description="Roll back past a loss spike: the ranks agree on it, the run restarts from "

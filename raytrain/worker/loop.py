@@ -165,7 +165,12 @@ def train_loop(config: dict[str, Any]) -> None:
     configure_optimizers(spec, model)
     loggers = [ReportLogger(callbacks.reporter), *user_loggers(spec)]
     profiler, profiles = build_profiler(spec, rank)
-    trainer = build_trainer(spec, callbacks.ordered, model, loggers, profiler,
+    ordered = callbacks.ordered
+    if work.chaos is not None:  # failure.chaos: tell the fault injector where and how far
+        from raytrain.worker.chaos_marks import ChaosMarks
+
+        ordered = [*ordered, ChaosMarks(work.chaos, ray.get_runtime_context().get_node_id())]
+    trainer = build_trainer(spec, ordered, model, loggers, profiler,
                             accumulate=batching.accumulate)  # fmt: skip
 
     from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
