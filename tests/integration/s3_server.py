@@ -89,7 +89,12 @@ def moto_auth_server(log: Path) -> Iterator[AuthServer]:
         setup.create_user(UserName="reader")  # the last unauthenticated request
         admin = iam(key["AccessKeyId"], key["SecretAccessKey"])
         rkey = admin.create_access_key(UserName="reader")["AccessKey"]
-        read_only = policy(["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"])
+        # Read-only as AWS's managed AmazonS3ReadOnlyAccess grants it (Get*, List*). moto 5.2.6
+        # checks each request against its API operation's own name (ListObjectsV2, HeadObject,
+        # HeadBucket) where AWS and moto 5.2.5 check s3:ListBucket and s3:GetObject, so the
+        # two HEADs are named too: without them CI's fresh install (5.2.6) denied the reader's
+        # reads and failed test_no_write_permission.
+        read_only = policy(["s3:Get*", "s3:List*", "s3:HeadObject", "s3:HeadBucket"])
         admin.put_user_policy(UserName="reader", PolicyName="ro", PolicyDocument=read_only)
         yield AuthServer(endpoint, _env_keys(key), _env_keys(rkey))
 
