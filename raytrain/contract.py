@@ -74,6 +74,7 @@ class WorkerConfig:
     cached: Mapping[str, CachedSet] = field(default_factory=dict)  # by split name
     streamed: Mapping[str, StreamedSet] = field(default_factory=dict)  # by split name
     mixed: Mapping[str, MixedSet] = field(default_factory=dict)  # by split name (train)
+    chaos: ActorHandle | None = None  # failure.chaos's ChaosMonkey every rank marks
 
     def as_train_loop_config(self) -> dict[str, Any]:
         """The ``train_loop_config`` Ray Train pickles to every worker."""

@@ -47,6 +47,9 @@ MONITOR_MISSING = "_monitor_missing"
 STOPPED_KEY = "_stopped"
 # The key of rank 0's first report that says the precision it trains at, and why.
 PRECISION_KEY = "_precision"
+# The key of rank 0's report of the checkpoint interval ``every_n_steps: auto`` chose, and
+# the figures that chose it, when it changes (the interval itself: ``checkpoint_interval``).
+INTERVAL_KEY = "_checkpoint_interval"
 # The key of rank 0's event of a report that carries a checkpoint (not in the checkpoint's
 # own metrics): the status record waits for Ray's snapshot to show it committed.
 CHECKPOINT_KEY = "_checkpoint"

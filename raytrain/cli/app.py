@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from raytrain.errors import EXIT_OK, RaytrainError
+from raytrain.errors import EXIT_OK, RaytrainError, SpecError
 from raytrain.terminal import printable
 
 if TYPE_CHECKING:
@@ -51,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--force", action="store_true", help="take the run over from a live run holding it"
     )
+    run.add_argument(
+        "--chaos",
+        metavar="MTBF",
+        help="inject faults to see what they cost: a worker SIGKILLed every MTBF seconds of "
+        "training on average (failure.chaos.mtbf_s); the summary and MLflow give the table",
+    )
+    run.add_argument("--chaos-seed", metavar="N", help="with --chaos: the faults' seed")
     run.add_argument("--verbose", action="store_true", help="show Ray's and workers' output")
     run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
@@ -201,6 +208,8 @@ def _summary(result: FitResult) -> list[str]:
     lines += [f"  best checkpoint: {result.best_checkpoint_uri}", mlflow]
     if result.model_uri:
         lines.append(f"  model: {result.model_uri}")
+    if result.chaos is not None:  # failure.chaos: the fault table
+        lines += [f"  {text}" for text in result.chaos["lines"]]
     return lines
 
 
@@ -262,6 +271,16 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _chaos_overrides(args: argparse.Namespace) -> list[str]:
+    """``--chaos MTBF [--chaos-seed N]`` as the spec's fields (checked there, by name)."""
+    if args.chaos is None:
+        if args.chaos_seed is not None:
+            raise SpecError("--chaos-seed: only with --chaos MTBF")
+        return []
+    seed = [] if args.chaos_seed is None else [f"failure.chaos.seed={args.chaos_seed}"]
+    return [f"failure.chaos.mtbf_s={args.chaos}", *seed]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
     parser = _parser()
@@ -308,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         from raytrain.driver.launcher import fit
 
+        args.overrides += _chaos_overrides(args)
         result = fit(
             args.spec,
             args.overrides,

@@ -13,6 +13,9 @@ exceptions:
 - workers that all stopped on a SIGTERM notice (``PreemptedError``, raised once their
   checkpoint is committed) are a preemption: retried against ``failure.max_preemptions``,
   as Ray does for a node drained for preemption, and not counted against ``max_failures``;
+- a fault ``failure.chaos`` injected (``injected()`` claims it: the driver's
+  ``chaos.ChaosClaim``) is retried and not counted against ``max_failures``: it tests
+  recovery, it says nothing of the run;
 - anything else is Ray's own decision (``DEFER``), which counts it against ``max_failures``.
 
 ``_compat.ray_train.PolicyAdapter`` puts it in front of Ray's default policy. Each failure
@@ -48,10 +51,16 @@ class FailurePolicy:
     """raytrain's decisions on worker-group failures (see the module docstring);
     ``max_preemptions`` -1 is unlimited."""
 
-    def __init__(self, max_preemptions: int, notify: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        max_preemptions: int,
+        notify: Callable[[str], None] | None = None,
+        injected: Callable[[], bool] | None = None,
+    ):
         self.max_preemptions = max_preemptions
         self.preemptions = 0
         self.notify = notify
+        self.injected = injected
 
     def decide(self, errors: Iterable[BaseException | None]) -> Decision:
         """The decision for a failure whose ranks raised ``errors`` (empty: the group died
@@ -67,6 +76,9 @@ class FailurePolicy:
             return Decision.RAISE
         if any(wraps(error, LossSpikeError) for error in errors):
             logger.warning("loss spike: rolling back to the last checkpoint")
+            return Decision.RETRY
+        if self.injected is not None and self.injected():
+            logger.warning("an injected fault (failure.chaos): restarting from the checkpoint")
             return Decision.RETRY
         if errors and all(wraps(error, PreemptedError) for error in errors):
             self.preemptions += 1

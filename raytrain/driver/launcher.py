@@ -242,6 +242,7 @@ def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark
         checkpoints=[u for c, _ in result.best_checkpoints or [] if (u := checkpoint_uri(job, c))],
         model_uri=model_uri,
         stopped=trained.latest.get(STOPPED_KEY),
+        chaos=trained.chaos,
     )
 
 

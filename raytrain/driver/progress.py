@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from raytrain.checkpoints.layout import TIMELINE_KEY
+from raytrain.checkpoints.layout import FAILURE_KEY, TIMELINE_KEY
 from raytrain.hang_report import HANG_KEY
 from raytrain.rollback_record import ROLLBACK_KEY
 
@@ -31,9 +31,19 @@ class MetricsSink:
 
     def __init__(self) -> None:
         self._events: list[dict[str, Any]] = []
+        self._started = time.time()
+        self._failures = 0
 
     def put(self, event: dict[str, Any]) -> None:
         self._events.append(event)
+        if FAILURE_KEY in event:  # the failure policy's notice of a worker-group failure
+            self._failures += 1
+
+    def mtbf(self) -> float | None:
+        """The run's mean time between failures so far, in seconds (this driver's time
+        over the worker-group failures it saw); None before the first failure. What
+        ``checkpoint.every_n_steps: auto`` chooses its interval by."""
+        return (time.time() - self._started) / self._failures if self._failures else None
 
     def ping(self) -> bool:
         """Returns once every event this caller sent before has been stored."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from raytrain import storage
 from raytrain.checkpoints.layout import (
+    INTERVAL_KEY,
     MONITOR_MISSING,
     PRECISION_KEY,
     SCORE_KEY,
@@ -48,6 +49,7 @@ class FitResult:
     already_complete: bool = False
     # why a callback (EarlyStopping) ended training before its limits, if one did
     stopped: str | None = None
+    chaos: dict[str, Any] | None = None  # failure.chaos: the faults and what they cost
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Trained:
     result: Any  # ray.train.Result
     latest: dict[str, Any]  # the newest value of every metric rank 0 reported
     data_paths: dict[str, str]  # split -> "cached" | "streamed" | "mixed"
+    chaos: dict[str, Any] | None = None  # failure.chaos: the faults and their cost
 
 
 # Wall-clock times rank 0 reports once (see worker.loop), as startup phases.
@@ -101,7 +104,7 @@ def final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> d
     if not metrics:
         committed = latest_committed(runstate.run_dir(job), job.storage)
         metrics = dict(committed[1]) if committed else dict(result.metrics or {})
-    for key in (SCORE_KEY, "kind", MONITOR_MISSING, STOPPED_KEY, PRECISION_KEY):
+    for key in (SCORE_KEY, "kind", MONITOR_MISSING, STOPPED_KEY, PRECISION_KEY, INTERVAL_KEY):
         metrics.pop(key, None)
     return metrics
 

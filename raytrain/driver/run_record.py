@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from raytrain.checkpoints.layout import MONITOR_MISSING, PRECISION_KEY, STOPPED_KEY
+from raytrain.checkpoints.layout import INTERVAL_KEY, MONITOR_MISSING, PRECISION_KEY, STOPPED_KEY
 from raytrain.driver import runstate
 from raytrain.driver.background import Background
 from raytrain.driver.model_log import ModelLog
@@ -130,6 +130,9 @@ class RunRecord:
             self._monitor_missing(tracker, event[MONITOR_MISSING])
         if PRECISION_KEY in event:
             tracker.set_tags({"raytrain.precision": str(event[PRECISION_KEY])})
+        if INTERVAL_KEY in event:  # checkpoint.every_n_steps: auto chose anew
+            print(f"raytrain: at step {step}: {event[INTERVAL_KEY]}", file=sys.stderr)
+            tracker.set_tags({"raytrain.checkpoint_interval": str(event[INTERVAL_KEY])})
         if STOPPED_KEY in event:
             print(f"raytrain: stopped early at step {step}: {event[STOPPED_KEY]}",
                   file=sys.stderr)  # fmt: skip

@@ -41,13 +41,15 @@ STOCK_ENV = "RAYTRAIN_STOCK_TRAINER"
 
 def build_trainer(
     *, embedded_env: dict[str, str] | None, ends_with_run: bool, max_preemptions: int,
-    notify: Callable[[str], None] | None = None, **trainer_kwargs: Any,
+    notify: Callable[[str], None] | None = None, injected: Callable[[], bool] | None = None,
+    **trainer_kwargs: Any,
 ) -> ControllerTrainer:  # fmt: skip
     """The run's trainer (``trainer_kwargs``: ``TorchTrainer``'s own arguments); ``notify``
-    is told each worker-group failure (``FailurePolicy``). ``ends_with_run``: this run
-    started the cluster, which ends with it."""
+    is told each worker-group failure, ``injected`` says whether one was injected
+    (``FailurePolicy``). ``ends_with_run``: this run started the cluster, which ends with
+    it."""
     return ControllerTrainer(
-        policy=FailurePolicy(max_preemptions, notify),
+        policy=FailurePolicy(max_preemptions, notify, injected),
         trimmed=embedded_env is not None and not os.getenv(STOCK_ENV),
         ends_with_run=ends_with_run,
         embedded_env=embedded_env,

@@ -76,24 +76,29 @@ def run_config(job: JobSpec) -> Any:
     )
 
 
-def make_trainer(job: JobSpec, ray_handle: RayHandle, sink: Any, splits: Splits) -> Any:
+def make_trainer(
+    job: JobSpec, ray_handle: RayHandle, sink: Any, splits: Splits, chaos: Any = None
+) -> Any:
     """The run's trainer: ``worker.loop.train_loop`` on every worker, with its
-    ``WorkerConfig``."""
+    ``WorkerConfig``; ``chaos``: ``failure.chaos``'s injector (its kills are retried, not
+    counted)."""
     from ray.train.torch import TorchConfig
     from ray.train.v2.api.config import ScalingConfig
 
     from raytrain.data.sources import dataset_config
+    from raytrain.driver.chaos import ChaosClaim
     from raytrain.driver.progress import SinkNotice
     from raytrain.driver.trainer import build_trainer
     from raytrain.worker.loop import train_loop
 
     work = WorkerConfig(spec=for_workers(job), sink=sink, cached=splits.cached,
-                        streamed=splits.streamed, mixed=splits.mixed)  # fmt: skip
+                        streamed=splits.streamed, mixed=splits.mixed, chaos=chaos)  # fmt: skip
     return build_trainer(
         embedded_env=ray_handle.embedded_env,
         ends_with_run=ray_handle.started_here,
         max_preemptions=job.failure.max_preemptions,
         notify=SinkNotice(sink, FAILURE_KEY),
+        injected=ChaosClaim(chaos) if chaos is not None else None,
         train_loop_per_worker=train_loop,
         train_loop_config=work.as_train_loop_config(),
         torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu is True else "gloo"),
@@ -138,8 +143,10 @@ def train(
         line = ProgressLine(job.trainer.max_epochs, job.trainer.max_steps, stream=stream)
     timelines = _timelines(record, status, line)
     hangs = _hangs(job, record, status)
+    chaos = _start_chaos(job)
+    began = time.time()
     try:
-        trainer = make_trainer(job, ray_handle, sink, splits)
+        trainer = make_trainer(job, ray_handle, sink, splits, chaos)
         # A run that cannot be recorded does not train: opening the records aborts it; so
         # does another run taking the lease over.
         record.start(on_error=lambda exc: trainer.abort())
@@ -156,7 +163,47 @@ def train(
     finally:
         stop_sink(sink)
         _log_timelines(record, timelines)
-    return Trained(result=result, latest=latest, data_paths=splits.paths())
+        faults = _stop_chaos(chaos)
+    summary = None
+    if faults is not None and job.failure.chaos is not None:
+        summary = _chaos_summary(job, record, faults, time.time() - began, latest)
+    return Trained(result=result, latest=latest, data_paths=splits.paths(), chaos=summary)
+
+
+def _start_chaos(job: JobSpec) -> Any:
+    """``failure.chaos``'s injector (``driver.chaos``), or None."""
+    if job.failure.chaos is None:
+        return None
+    from raytrain.driver.chaos import start_chaos
+
+    return start_chaos(job.failure.chaos.mtbf_s, job.failure.chaos.seed)
+
+
+def _stop_chaos(chaos: Any) -> list[Any] | None:
+    if chaos is None:
+        return None
+    from raytrain.driver.chaos import stop_chaos
+
+    return stop_chaos(chaos)
+
+
+def _chaos_summary(
+    job: JobSpec, record: RunRecord, faults: list[Any], wall_s: float, latest: dict[str, Any]
+) -> dict[str, Any]:
+    """The injected faults and what they cost: printed, and in MLflow (``chaos/...`` at the
+    last step, ``chaos.json``)."""
+    from raytrain.driver.chaos import chaos_summary
+
+    assert job.failure.chaos is not None
+    step = int(latest.get("step", 0) or 0)
+    summary = chaos_summary(faults, job.failure.chaos.mtbf_s, job.failure.chaos.seed, wall_s,
+                            step)  # fmt: skip
+    for text in summary.lines():
+        print(f"raytrain: {text}" if not text.startswith(" ") else text, file=sys.stderr)
+    tracker = record.tracker()
+    tracker.log_metrics(summary.metrics(), step=step)
+    tracker.log_text(json.dumps(summary.as_dict(), indent=1), "chaos.json")
+    return summary.as_dict()
 
 
 def _timelines(

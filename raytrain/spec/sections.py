@@ -25,6 +25,7 @@ from raytrain.spec.fields import (
     _NAME,
     DEFAULT_STORAGE,
     MAX_ACCUMULATION,
+    MAX_SEED,
     _check_location,
     _Section,
     check_name,
@@ -209,7 +210,13 @@ class CheckpointSpec(_Section):
     def _location(cls, value: str) -> str:
         return _check_location(value)
 
-    every_n_steps: int | None = Field(default=None, ge=1, description="Checkpoint every N steps.")
+    every_n_steps: int | Literal["auto"] | None = Field(
+        default=None,
+        description="Checkpoint every N steps; `auto`: the interval that wastes least, "
+        "sqrt(2 x a save's blocking time x the mean time between failures) over the step "
+        "time (Young/Daly), from the run's own measurements, re-chosen at each checkpoint "
+        "(the MTBF: measured from the run's failures, else failure.mtbf_s, else a day).",
+    )
     every_n_epochs: int | None = Field(
         default=1, ge=1, description="Checkpoint every N epochs; null: only by steps."
     )
@@ -221,6 +228,15 @@ class CheckpointSpec(_Section):
         description="`async`: training goes on while a checkpoint uploads (Ray commits it once "
         "complete); `sync`: training waits for each upload.",
     )
+
+    @field_validator("every_n_steps", mode="before")
+    @classmethod
+    def _steps_or_auto(cls, value: Any) -> Any:
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("expected a number of steps (1 or more), auto, or null")
+        return value
 
 
 class SpikeSpec(_Section):
@@ -246,9 +262,28 @@ class SpikeSpec(_Section):
     )
 
 
+class ChaosSpec(_Section):
+    mtbf_s: float = Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="Mean seconds of training between injected faults (each a SIGKILL of "
+        "one worker, drawn at random), exponentially distributed.",
+    )
+    seed: int = Field(
+        default=0, ge=0, le=MAX_SEED, description="The faults' seed: the same draws each time."
+    )
+
+
 class FailureSpec(_Section):
     max_failures: int = Field(
         default=0, ge=-1, description="Worker-group restarts allowed; -1: unlimited."
+    )
+    mtbf_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="The mean time between failures expected, in seconds, for "
+        "checkpoint.every_n_steps: auto until the run measures its own; null: a day.",
     )
     max_preemptions: int = Field(
         default=-1,
@@ -283,6 +318,13 @@ class FailureSpec(_Section):
         "checkpoints are saved.",
     )
 
+    chaos: ChaosSpec | None = Field(
+        default=None,
+        description="Inject faults into this run (`raytrain run --chaos MTBF`), to see what "
+        "they cost: workers SIGKILLed at random, retried without counting against "
+        "max_failures; the summary and MLflow (`chaos/...`) give each fault's lost steps "
+        "and recovery time, and the overhead; null: off.",
+    )
     spike: SpikeSpec | None = Field(
         default=None,
         description="Roll back past a loss spike: the ranks agree on it, the run restarts from "

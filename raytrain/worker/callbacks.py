@@ -31,6 +31,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from raytrain.checkpoints.interval import FIRST_AUTO_STEPS, AutoInterval
 from raytrain.checkpoints.layout import run_dir
 from raytrain.global_batch import GlobalBatch
 from raytrain.imports import import_object
@@ -66,14 +67,19 @@ def build_callbacks(
     timeline: StepTimeline | None,
     watchdog: HangWatchdog | None = None,
     batching: GlobalBatch | None = None,
+    mtbf: Callable[[], float | None] | None = None,
 ) -> WorkerCallbacks:
     """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
     events to the driver), which also times its loop; ``timeline`` times every rank's
     steps (None: ``tracking.timeline`` is off); ``watchdog`` finds the rank hung (None:
     ``failure.hang_timeout_s`` is 0). ``train_loader`` returns the train loader, once
-    there is one. ``batching``: what a step trains on, reported as ``global_batch``."""
+    there is one. ``batching``: what a step trains on, reported as ``global_batch``.
+    ``mtbf``: the run's measured mean time between failures (rank 0's), for
+    ``checkpoint.every_n_steps: auto``."""
     ckpt = spec.checkpoint
-    schedule = CheckpointSchedule(ckpt.every_n_steps, ckpt.every_n_epochs)
+    auto = AutoInterval(spec.failure.mtbf_s) if ckpt.every_n_steps == "auto" else None
+    first = FIRST_AUTO_STEPS if ckpt.every_n_steps == "auto" else ckpt.every_n_steps
+    schedule = CheckpointSchedule(first, ckpt.every_n_epochs)
     system = SystemMetrics() if publish is not None else None
     reporter = MetricsReporter(
         log_every_n_steps=spec.trainer.log_every_n_steps,
@@ -92,6 +98,8 @@ def build_callbacks(
         upload=ckpt.upload,
         sharded=shards_checkpoints(spec),
         train_loader=train_loader,
+        auto=auto,
+        mtbf=mtbf,
     )
     preemption = PreemptionGuard(checkpoints, spec.failure.preemption_check_s)
     spike = spec.failure.spike

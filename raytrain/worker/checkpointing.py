@@ -32,6 +32,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
 from raytrain._compat.lightning import epoch_cut_short, uncount_cut_epoch
+from raytrain.checkpoints.interval import AutoInterval
 from raytrain.checkpoints.layout import CHECKPOINT_KEY, CKPT_FILE, META_FILE
 from raytrain.worker.loader_position import keeps_position
 from raytrain.worker.reporting import MetricsReporter
@@ -44,6 +45,9 @@ class CheckpointCallback(pl.Callback):
     ``upload`` is ``checkpoint.upload`` ("async" or "sync"). ``sharded``: sharded FSDP, where
     every rank writes its own shard (see ``_save``). ``train_loader`` returns the train
     loader (None before there is one), read to know whether it can resume mid-epoch.
+    ``auto`` (``checkpoint.every_n_steps: auto``) measures each checkpoint's cost and the
+    step time, and at each checkpoint rank 0 chooses the interval (``retune``), with the
+    run's MTBF from ``mtbf`` (rank 0's; None elsewhere), and every rank takes it.
     """
 
     def __init__(
@@ -54,6 +58,8 @@ class CheckpointCallback(pl.Callback):
         upload: str = "async",
         sharded: bool = False,
         train_loader: Callable[[], Any] = lambda: None,
+        auto: AutoInterval | None = None,
+        mtbf: Callable[[], float | None] | None = None,
     ):
         self.schedule = schedule
         self.train_loader = train_loader
@@ -63,10 +69,14 @@ class CheckpointCallback(pl.Callback):
         self.sharded = sharded
         self._last_ckpt_step: int | None = None
         self._last_step = -1
+        self.auto = auto
+        self.mtbf = mtbf
+        self._trained_since = time.perf_counter()  # training time since the last checkpoint
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_ckpt_step = trainer.global_step
         self._last_step = trainer.global_step
+        self._trained_since = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -133,11 +143,21 @@ class CheckpointCallback(pl.Callback):
         ray.train.report({"step": trainer.global_step}, checkpoint_upload_mode=mode)
 
     def _checkpoint(self, trainer: pl.Trainer, kind: str, upload: str | None = None) -> None:
-        import ray.train
-
         metrics = self.reporter.collect(trainer, kind)
         self.reporter.publish({**metrics, CHECKPOINT_KEY: True})
         began = time.perf_counter()
+        self._commit(trainer, metrics, upload or self.upload)
+        blocked = time.perf_counter() - began
+        self.reporter.checkpoint_blocked(blocked)
+        if kind in ("step", "epoch"):  # every rank checkpoints here (a preemption's: maybe not)
+            self.retune(trainer, blocked, began)
+        self._last_ckpt_step = trainer.global_step
+        self._trained_since = time.perf_counter()
+
+    def _commit(self, trainer: pl.Trainer, metrics: dict[str, Any], upload: str) -> None:
+        """Save the checkpoint and hand it to Ray Train with ``metrics``."""
+        import ray.train
+
         ckpt = self._save(trainer, metrics)
         # async: uploaded in the background, training goes on while Ray copies the folder
         # and waits for the controller to take the report. Either way Ray commits the
@@ -147,11 +167,41 @@ class CheckpointCallback(pl.Callback):
         ray.train.report(
             metrics,
             checkpoint=ckpt,
-            checkpoint_upload_mode=mode.ASYNC if (upload or self.upload) == "async" else mode.SYNC,
+            checkpoint_upload_mode=mode.ASYNC if upload == "async" else mode.SYNC,
             delete_local_checkpoint_after_upload=ckpt is not None,
         )
-        self._last_ckpt_step = trainer.global_step
-        self.reporter.checkpoint_blocked(time.perf_counter() - began)
+
+    def retune(self, trainer: pl.Trainer, blocked_s: float, began: float) -> None:
+        """Under ``every_n_steps: auto``: measure this checkpoint and the steps since the last,
+        and take rank 0's choice of the step interval from here (a broadcast: every rank
+        checkpoints at the same steps). Rank 0 says so when it changes."""
+        if self.auto is None:
+            return
+        self.auto.saved(blocked_s)
+        steps = trainer.global_step - (self._last_ckpt_step or 0)
+        self.auto.trained(steps, began - self._trained_since)
+        choice = None
+        if trainer.global_rank == 0:
+            choice = self.auto.choose(self.mtbf() if self.mtbf is not None else None)
+        chosen = choice.steps if choice is not None else self.schedule.every_n_steps
+        chosen = trainer.strategy.broadcast(chosen, src=0)
+        if chosen and chosen != self.schedule.every_n_steps:
+            self.schedule.retune(trainer.global_step, int(chosen))
+            if choice is not None:  # the driver prints it and tags the MLflow run
+                self.reporter.interval_choice = choice.describe()
+        self.reporter.checkpoint_interval = self.schedule.every_n_steps
+
+    def state_dict(self) -> dict[str, Any]:
+        """Under ``auto``: the interval chosen and the step it counts from, so a restore
+        checkpoints where the run would have (and not at the first interval again)."""
+        if self.auto is None:
+            return {}
+        return {"every_n_steps": self.schedule.every_n_steps, "anchor": self.schedule.anchor}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        steps = state_dict.get("every_n_steps")
+        if self.auto is not None and isinstance(steps, int) and steps > 0:
+            self.schedule.retune(int(state_dict.get("anchor", 0)), steps)
 
     def _save(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> Any:
         """Save the Lightning state into a local folder; returns the checkpoint this rank

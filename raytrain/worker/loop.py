@@ -159,11 +159,18 @@ def train_loop(config: dict[str, Any]) -> None:
     batching = global_batch(spec, replicas)
     if rank == 0:  # at every start and resize: what one optimizer step trains on
         print(f"raytrain: {batching.describe()}", flush=True)
-    callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching)
+    mtbf = _mtbf_reader(work.sink) if rank == 0 else None
+    callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching,
+                                mtbf)  # fmt: skip
     configure_optimizers(spec, model)
     loggers = [ReportLogger(callbacks.reporter), *user_loggers(spec)]
     profiler, profiles = build_profiler(spec, rank)
-    trainer = build_trainer(spec, callbacks.ordered, model, loggers, profiler,
+    ordered = callbacks.ordered
+    if work.chaos is not None:  # failure.chaos: tell the fault injector where and how far
+        from raytrain.worker.chaos_marks import ChaosMarks
+
+        ordered = [*ordered, ChaosMarks(work.chaos, ray.get_runtime_context().get_node_id())]
+    trainer = build_trainer(spec, ordered, model, loggers, profiler,
                             accumulate=batching.accumulate)  # fmt: skip
 
     from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
@@ -184,6 +191,23 @@ def train_loop(config: dict[str, Any]) -> None:
     upload_profiles(spec, profiles)
     if rank == 0 and work.sink is not None:
         ray.get(work.sink.ping.remote())  # the driver has every event before the run ends
+
+
+def _mtbf_reader(sink: Any) -> Callable[[], float | None] | None:
+    """What asks the driver's sink for the run's mean time between failures (None: no sink,
+    or it did not answer in time: the interval is then chosen without a measured one)."""
+    if sink is None:
+        return None
+
+    def mtbf() -> float | None:
+        import ray
+
+        try:
+            return ray.get(sink.mtbf.remote(), timeout=10)
+        except Exception:  # a sink restarted or slow: the next checkpoint asks again
+            return None
+
+    return mtbf
 
 
 def _process_started_at(default: float) -> float:

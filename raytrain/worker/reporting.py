@@ -22,6 +22,7 @@ from lightning.pytorch.loggers import Logger
 
 from raytrain._compat.lightning import epoch_cut_short, epoch_in_progress
 from raytrain.checkpoints.layout import (
+    INTERVAL_KEY,
     MONITOR_MISSING,
     SCORE_KEY,
     STOPPED_KEY,
@@ -113,6 +114,10 @@ class MetricsReporter(pl.Callback):
         self.readers_per_row = readers_per_row
         self._startup: dict[str, Any] | None = dict(startup or {})
         self._blocked_s: float | None = None  # the last checkpoint's hold-up, sent once
+        # checkpoint.every_n_steps: auto's interval as a checkpoint left it, and when it
+        # changed, what chose it; each sent once
+        self.checkpoint_interval: int | None = None
+        self.interval_choice: str | None = None
         self._last_step = -1
         self._last_report_step = -1
         self._samples = 0
@@ -204,6 +209,12 @@ class MetricsReporter(pl.Callback):
         if self._blocked_s is not None:
             metrics["checkpoint_blocked_s"] = self._blocked_s
             self._blocked_s = None
+        if self.checkpoint_interval is not None:
+            metrics["checkpoint_interval"] = self.checkpoint_interval
+            self.checkpoint_interval = None
+        if self.interval_choice is not None:
+            metrics[INTERVAL_KEY] = self.interval_choice
+            self.interval_choice = None
         if self._startup is not None and "_first_step_at" in self._startup:
             metrics.update(self._startup)  # wall clock times, once: the startup breakdown
             self._startup = None

@@ -1,15 +1,18 @@
 """A seeded random sequence of faults in one run, as a user's job meets them: workers
 SIGKILLed at random moments (after a random stretch of training, during a checkpoint's
 upload, right after a restart), then the driver's whole process group SIGKILLed, then the
-same command again, which is itself hit right after it starts training.
+same command again (with ``--chaos``: the run injects faults of its own), which is also hit
+right after it starts training.
 
 What must hold whatever the sequence: the run finishes; every training row was trained
 exactly once per epoch (``SeenCountCNN`` counts them in a buffer restored with the
 weights, so a step retrained after a restore counts once); one MLflow run, FINISHED, its
 two drivers its two attempts; no step logged twice or backwards. The run streams its
-train split (each rank reads its Parquet row groups), checkpoints every 4 steps and ranks
-them by ``val_acc``: step checkpoints between validations carry no score, which once made
-a run unresumable after a driver loss (issue 34).
+train split (each rank reads its Parquet row groups), checkpoints at the interval
+``every_n_steps: auto`` chooses from the failures it measures (its first at step 10, before
+any validation), and ranks them by ``val_acc``: step checkpoints between validations carry
+no score, which once made a run unresumable after a driver loss (issue 34). The driver says
+each interval it chose, with the figures, and MLflow has them.
 
 The suite runs one seed. ``-m soak`` runs more seeds with more faults each
 (``RAYTRAIN_SOAK_SEEDS=1,2,3`` picks them).
@@ -37,12 +40,15 @@ from tests.integration.cli_runs import cli_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-EPOCHS, BATCH, EVERY = 6, 24, 4
+EPOCHS, BATCH = 6, 24
 NAME = "soak"
 # Faults the first driver meets, in a seeded order, before its own SIGKILL; the second
 # driver is killed once, right after its first step.
 SUITE_FAULTS = ("worker", "upload")
 SOAK_FAULTS = ("worker", "upload", "restart", "worker")
+# The second driver also injects faults itself (``--chaos``): its seed's first draws are
+# 2.7 s and 1.1 s of training at this MTBF, so it injects at least one.
+CHAOS = ("--chaos", "10", "--chaos-seed", "4")
 SEEDS = [int(s) for s in os.environ.get("RAYTRAIN_SOAK_SEEDS", "1,2,3").split(",")]
 
 
@@ -149,15 +155,15 @@ def _spec(digits_dir: Path, work: Path) -> Path:
         data={"train": {"uri": str(work / "train")}, "columns": ["id", "pixels", "label"],
               "batch_size": BATCH, "shuffle": {"seed": 7, "buffer_size": 300}, "cache": "never"},
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 2},
-        checkpoint={"every_n_steps": EVERY, "keep": 3, "monitor": "val_acc", "mode": "max"},
+        checkpoint={"every_n_steps": "auto", "keep": 3, "monitor": "val_acc", "mode": "max"},
         failure={"max_failures": 20},
     )  # fmt: skip
     (work / "ids.json").write_text(json.dumps(ids))
     return write_spec(work / "soak.yaml", spec)
 
 
-def _start(spec: Path, work: Path, attempt: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "raytrain", "run", str(spec), "--json"]
+def _start(spec: Path, work: Path, attempt: int, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "raytrain", "run", str(spec), "--json", *extra]
     log = open(work / f"driver-{attempt}.log", "w")  # noqa: SIM115 (the child holds it)
     return subprocess.Popen(cmd, env=cli_env(), cwd=work, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
@@ -180,7 +186,7 @@ def _soak(digits_dir: Path, work: Path, seed: int, faults: tuple[str, ...]) -> N
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait(timeout=60)
-    second = _start(spec, work, 2)
+    second = _start(spec, work, 2, *CHAOS)
     again = Faults(work, rng, second)
     try:
         hit |= again.inject("restart", hit)
@@ -215,6 +221,19 @@ def _soak(digits_dir: Path, work: Path, seed: int, faults: tuple[str, ...]) -> N
     logged = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train_loss")]
     assert logged == sorted(set(logged)), record
     assert logged[-1] == result["metrics"]["step"]
+    # every_n_steps: auto chose from measured failures, said so, and MLflow has it.
+    said = (work / "driver-1.log").read_text() + out
+    assert "(measured)" in said and "sqrt(2 x save x MTBF)" in said, said[-4000:]
+    assert "(measured)" in runs[0].data.tags["raytrain.checkpoint_interval"]
+    assert client.get_metric_history(runs[0].info.run_id, "checkpoint_interval")
+    # --chaos: its faults in the summary's table and in MLflow, each with what it cost.
+    table = result["chaos"]
+    assert table["chaos/faults"] == len(table["faults"]) >= 1, out[-4000:]
+    assert all(f["lost_steps"] is not None and f["recovery_s"] > 0 for f in table["faults"])
+    assert f"chaos: {len(table['faults'])} fault(s) injected (MTBF 10 s" in out
+    figures = runs[0].data.metrics
+    assert figures["chaos/faults"] == len(table["faults"])
+    assert figures["chaos/overhead"] == pytest.approx(table["chaos/overhead"])
     print(f"soak seed {seed}: {record}")
 
 

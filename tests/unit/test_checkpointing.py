@@ -21,28 +21,28 @@ ROWS = 10
 class _LocalCheckpoints(CheckpointCallback):
     """The callback, each checkpoint saved to ``folder`` instead of reported to Ray."""
 
-    def __init__(self, folder: Path, schedule: CheckpointSchedule, loader: Any, publish: Any):
+    def __init__(self, folder: Path, schedule: CheckpointSchedule, loader: Any, publish: Any,
+                 **auto: Any):  # fmt: skip
         reporter = MetricsReporter(log_every_n_steps=50, schedule=schedule, publish=publish)
-        super().__init__(schedule=schedule, reporter=reporter, train_loader=lambda: loader)
+        super().__init__(schedule=schedule, reporter=reporter, train_loader=lambda: loader,
+                         **auto)  # fmt: skip
         self.folder = folder
         self.saved: list[tuple[str, int, int]] = []  # (kind, step, the report's epoch)
 
-    def _checkpoint(self, trainer: pl.Trainer, kind: str, upload: str | None = None) -> None:
-        metrics = self.reporter.collect(trainer, kind)
-        self.reporter.publish(metrics)
+    def _commit(self, trainer: pl.Trainer, metrics: dict[str, Any], upload: str) -> None:
         trainer.save_checkpoint(self.folder / f"{trainer.global_step}.ckpt")
-        self.saved.append((kind, trainer.global_step, metrics["epoch"]))
-        self._last_ckpt_step = trainer.global_step
+        self.saved.append((metrics["kind"], trainer.global_step, metrics["epoch"]))
 
 
 def _fit(
     folder: Path, max_steps: int, trained: list[tuple[int, int]], ckpt: Path | None, *,
     loader: Any = None, every_n_steps: int | None = None, events: list[Any] | None = None,
+    auto: dict[str, Any] | None = None,
 ) -> Any:  # fmt: skip
     """Up to 3 epochs of ``ROWS`` one-row batches (a resumable loader unless ``loader``), or
     ``max_steps``; each row trained goes into ``trained`` as (epoch, row). With
     ``every_n_steps``, a checkpoint and a validation every that many steps, and rank 0's
-    events into ``events``."""
+    events into ``events``. ``auto``: the callback's ``auto`` and ``mtbf`` arguments."""
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:
@@ -62,7 +62,7 @@ def _fit(
     loader = loader if loader is not None else RowIndices(ROWS, 1, rank=0, world_size=1)
     schedule = CheckpointSchedule(every_n_steps=every_n_steps, every_n_epochs=1)
     publish = None if events is None else events.append
-    checkpoints = _LocalCheckpoints(folder, schedule, loader, publish)
+    checkpoints = _LocalCheckpoints(folder, schedule, loader, publish, **(auto or {}))
     val = torch.utils.data.DataLoader(torch.ones(2, 1), batch_size=1) if every_n_steps else None
     trainer = pl.Trainer(
         accelerator="cpu", max_epochs=3, max_steps=max_steps, logger=False,
@@ -116,3 +116,40 @@ def test_a_validation_after_the_last_steps_checkpoint_is_reported_at_the_end(
     assert saved == [("step", 2, 0), ("step", 4, 0)]
     last = events[-1]
     assert (last["kind"], last["step"], last["epoch"]) == ("end", 4, 0) and "val_loss" in last
+
+
+def test_auto_chooses_the_interval_from_the_failure_rate_and_keeps_it_across_a_restore(
+    tmp_path: Path,
+) -> None:
+    """``every_n_steps: auto`` on a real Trainer: after the first checkpoint (step 2 here,
+    which measures a save), a run whose failures come every nanosecond checkpoints every
+    step, one whose failures come once in 30,000 years never again within 30 steps; the
+    interval is reported, and a restore keeps the interval and the step it counts from."""
+    from raytrain.checkpoints.interval import AutoInterval
+    from raytrain.checkpoints.layout import INTERVAL_KEY
+
+    def fit(folder: Path, mtbf: float, steps: int, ckpt: Path | None = None) -> Any:
+        folder.mkdir(exist_ok=True)
+        events: list[dict[str, Any]] = []
+        auto = {"auto": AutoInterval(None), "mtbf": lambda: mtbf}
+        saved = _fit(folder, steps, [], ckpt, every_n_steps=2, events=events, auto=auto)
+        chosen = [e[INTERVAL_KEY] for e in events if INTERVAL_KEY in e]
+        assert all("(measured)" in text and "sqrt(2 x save x MTBF)" in text for text in chosen)
+        intervals = [e["checkpoint_interval"] for e in events if "checkpoint_interval" in e]
+        return saved, intervals, chosen
+
+    often, intervals, chosen = fit(tmp_path / "often", 1e-9, 12)
+    assert len(chosen) == 1  # 2 -> 1, said once
+    assert [step for kind, step, _ in often if kind == "step"] == [2, *range(3, 13)]
+    assert set(intervals) == {1}
+    rarely, intervals, chosen = fit(tmp_path / "rarely", 1e12, 30)
+    assert len(chosen) == 1
+    assert [(kind, step) for kind, step, _ in rarely] == [
+        ("step", 2), ("epoch", 10), ("epoch", 20), ("epoch", 30),
+    ]  # fmt: skip
+    assert intervals and min(intervals) > 30
+    # Restored from step 4 of the first run: its interval (1, from step 3) goes on at once,
+    # before this run has measured anything of its own.
+    again, _, chosen = fit(tmp_path / "often", 1e-9, 7, tmp_path / "often" / "4.ckpt")
+    assert chosen == []
+    assert [step for kind, step, _ in again if kind == "step"] == [5, 6, 7]

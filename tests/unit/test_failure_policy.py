@@ -140,3 +140,20 @@ def test_a_loss_spike_is_rolled_back_without_counting_and_a_spent_budget_stops()
     assert decide(p, Wrapped(LossSpikeLimitError("spent")), LossSpikeError("x")) == RAISE
     assert decide(policy(max_failures=-1), LossSpikeLimitError("spent")) == RAISE
     assert decide(p, RuntimeError("worker died")) == RAISE  # max_failures 0 untouched
+
+
+def test_injected_faults_are_retried_without_counting_against_max_failures() -> None:
+    """``failure.chaos``: each injected kill is claimed by one failure, retried and not
+    counted; a failure with no kill to claim counts as ever (and a NaN is never retried)."""
+    kills = [True, True]
+
+    def injected() -> bool:
+        return kills.pop() if kills else False
+
+    config = FailureConfig(max_failures=0, max_preemption_failures=-1)
+    p = PolicyAdapter(config, FailurePolicy(-1, injected=injected))
+    died = RuntimeError("worker died")
+    assert [decide(p, died), decide(p, died), decide(p, died)] == [RETRY, RETRY, RAISE]
+    kills.append(True)
+    assert decide(p, _nan()) == RAISE
+    assert kills == [True]  # a NaN is decided before any kill is claimed

@@ -45,3 +45,21 @@ def test_terminal_redraws_one_line_in_place() -> None:
     assert text.count("\r") == 3
     assert text.count("\n") == 1
     assert "step 30" in text.split("\r")[-1]
+
+
+def test_the_sink_measures_the_mean_time_between_failures() -> None:
+    """What ``checkpoint.every_n_steps: auto`` asks the driver: this driver's time over the
+    worker-group failures the failure policy noticed; none before the first."""
+    import time
+
+    from raytrain.checkpoints.layout import FAILURE_KEY
+    from raytrain.driver.progress import MetricsSink
+
+    sink = MetricsSink()
+    sink.put({"step": 3})
+    assert sink.mtbf() is None
+    began = time.time()
+    sink.put({FAILURE_KEY: "worker 1 died"})
+    sink.put({FAILURE_KEY: "worker 0 died"})
+    mtbf = sink.mtbf()
+    assert mtbf is not None and 0 < mtbf <= (time.time() - began) / 2 + (began - sink._started)
