@@ -12,11 +12,7 @@ from typing import Any
 
 from raytrain import storage
 from raytrain.checkpoints.layout import (
-    INTERVAL_KEY,
-    MONITOR_MISSING,
-    PRECISION_KEY,
     SCORE_KEY,
-    STOPPED_KEY,
     latest_committed,
     real_score,
 )
@@ -104,9 +100,15 @@ def final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> d
     if not metrics:
         committed = latest_committed(runstate.run_dir(job), job.storage)
         metrics = dict(committed[1]) if committed else dict(result.metrics or {})
-    for key in (SCORE_KEY, "kind", MONITOR_MISSING, STOPPED_KEY, PRECISION_KEY, INTERVAL_KEY):
-        metrics.pop(key, None)
-    return metrics
+    return user_metrics(metrics)
+
+
+def user_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` without what raytrain adds to reports for itself: every such key begins
+    with ``_`` (``layout``'s ``*_KEY``s: the score, a failure's notice, the checkpoint
+    interval's figures, ...), and ``kind``. A list of keys to drop missed each new one: the
+    summary of a run with ``--chaos`` printed ``_failure=WorkerHealthCheckFailedError``."""
+    return {k: v for k, v in metrics.items() if not k.startswith("_") and k != "kind"}
 
 
 def best_checkpoint(job: JobSpec, result: Any) -> str | None:

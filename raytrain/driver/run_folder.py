@@ -20,7 +20,6 @@ from typing import Any
 
 from raytrain import storage
 from raytrain.checkpoints.layout import (
-    SCORE_KEY,
     epochs_done,
     latest_committed,
     read_snapshot,
@@ -29,7 +28,7 @@ from raytrain.checkpoints.layout import (
 )
 from raytrain.driver import runstate
 from raytrain.driver.lease import Lease, check_free
-from raytrain.driver.results import FitResult
+from raytrain.driver.results import FitResult, user_metrics
 from raytrain.errors import RunStateError
 from raytrain.redaction import redact
 from raytrain.spec import JobSpec, StorageSpec
@@ -145,7 +144,7 @@ def already_complete(
         "raise trainer.max_epochs or trainer.max_steps; to start over, pass --fresh",
         file=sys.stderr,
     )
-    shown = {k: v for k, v in metrics.items() if k not in (SCORE_KEY, "kind")}
+    shown = user_metrics(metrics)
     return FitResult(
         name=job.name,
         metrics=shown,
