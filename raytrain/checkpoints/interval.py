@@ -57,8 +57,8 @@ class AutoInterval:
     blocking time, and the training time between checkpoints (less their own time) over
     the steps it covered. Each is the mean of its last ``window`` samples."""
 
-    def __init__(self, mtbf_s: float | None, window: int = 5):
-        self.mtbf_s = mtbf_s
+    def __init__(self, mtbf_s: float | None, mtbf_from: str = "failure.mtbf_s", window: int = 5):
+        self.mtbf_s, self.mtbf_from = mtbf_s, mtbf_from
         self.window = window
         self._saves: list[float] = []
         self._steps: list[float] = []
@@ -72,13 +72,14 @@ class AutoInterval:
 
     def choose(self, measured_mtbf_s: float | None) -> IntervalChoice | None:
         """The interval for the figures so far (None until a save and a step are known):
-        a measured MTBF first, else ``failure.mtbf_s``, else ``ASSUMED_MTBF_S``."""
+        a measured MTBF first, else the spec's (``mtbf_from`` names it: ``failure.mtbf_s``
+        or a chaos run's ``failure.chaos.mtbf_s``), else ``ASSUMED_MTBF_S``."""
         if not self._saves or not self._steps:
             return None
         if measured_mtbf_s is not None:
             mtbf, source = measured_mtbf_s, "measured"
         elif self.mtbf_s is not None:
-            mtbf, source = self.mtbf_s, "failure.mtbf_s"
+            mtbf, source = self.mtbf_s, self.mtbf_from
         else:
             mtbf, source = ASSUMED_MTBF_S, "assumed"
         save = sum(self._saves) / len(self._saves)

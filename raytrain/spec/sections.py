@@ -215,7 +215,8 @@ class CheckpointSpec(_Section):
         description="Checkpoint every N steps; `auto`: the interval that wastes least, "
         "sqrt(2 x a save's blocking time x the mean time between failures) over the step "
         "time (Young/Daly), from the run's own measurements, re-chosen at each checkpoint "
-        "(the MTBF: measured from the run's failures, else failure.mtbf_s, else a day).",
+        "(the MTBF: measured from the run's failures, else failure.mtbf_s, else "
+        "failure.chaos.mtbf_s, else a day).",
     )
     every_n_epochs: int | None = Field(
         default=1, ge=1, description="Checkpoint every N epochs; null: only by steps."
@@ -331,6 +332,16 @@ class FailureSpec(_Section):
         "its last checkpoint before it and skips the rows of the steps up to and including "
         "the spiked batch (recorded in rollbacks.json and MLflow); null: off.",
     )
+
+    def expected_mtbf(self) -> tuple[float | None, str]:
+        """The MTBF ``checkpoint.every_n_steps: auto`` starts from, and where it came from:
+        ``mtbf_s``, else the injected faults' mean (``chaos``: the user said faults come
+        that often), else None (the interval's assumption)."""
+        if self.mtbf_s is not None:
+            return self.mtbf_s, "failure.mtbf_s"
+        if self.chaos is not None:
+            return self.chaos.mtbf_s, "failure.chaos.mtbf_s"
+        return None, "assumed"
 
     def hang_limits(self) -> HangLimits:
         """The hang settings, for ``worker.hang_watchdog``."""

@@ -77,7 +77,7 @@ def build_callbacks(
     ``mtbf``: the run's measured mean time between failures (rank 0's), for
     ``checkpoint.every_n_steps: auto``."""
     ckpt = spec.checkpoint
-    auto = AutoInterval(spec.failure.mtbf_s) if ckpt.every_n_steps == "auto" else None
+    auto = AutoInterval(*spec.failure.expected_mtbf()) if ckpt.every_n_steps == "auto" else None
     first = FIRST_AUTO_STEPS if ckpt.every_n_steps == "auto" else ckpt.every_n_steps
     schedule = CheckpointSchedule(first, ckpt.every_n_epochs)
     system = SystemMetrics() if publish is not None else None

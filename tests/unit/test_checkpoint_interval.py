@@ -48,6 +48,26 @@ def test_the_mtbf_comes_measured_else_from_the_spec_else_assumed() -> None:
     assert "sqrt(2 x save x MTBF)" in choice.describe()
 
 
+def test_a_chaos_run_starts_from_its_injected_mtbf_and_failure_mtbf_s_wins() -> None:
+    """A `--chaos 15` run with `every_n_steps: auto` chose from a day's MTBF (every 3,000
+    steps) though its user had said a fault would come every 15 s."""
+    from raytrain.spec import FailureSpec
+
+    chaos = FailureSpec.model_validate({"chaos": {"mtbf_s": 15}})
+    assert chaos.expected_mtbf() == (15.0, "failure.chaos.mtbf_s")
+    both = FailureSpec.model_validate({"chaos": {"mtbf_s": 15}, "mtbf_s": 600})
+    assert both.expected_mtbf() == (600.0, "failure.mtbf_s")
+    assert FailureSpec().expected_mtbf() == (None, "assumed")
+    auto = AutoInterval(*chaos.expected_mtbf())
+    auto.saved(0.2)
+    auto.trained(10, 1.0)
+    choice = auto.choose(None)
+    assert choice is not None and (choice.mtbf_s, choice.mtbf_from) == (
+        15.0,
+        "failure.chaos.mtbf_s",
+    )
+
+
 def test_the_figures_are_means_of_the_last_samples() -> None:
     auto = AutoInterval(None, window=2)
     for blocked in (9.0, 1.0, 3.0):
