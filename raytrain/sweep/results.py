@@ -54,12 +54,21 @@ class SweepResult:
                  self.metric: r.score(self.metric), **r.values} for r in rows]  # fmt: skip
 
 
-def rank_key(row: TrialRow, metric: str, mode: str) -> tuple[int, float]:
-    """Sorts trials best first; trials without the metric last."""
-    score = row.score(metric)
+def best_first(score: float | None, name: str, mode: str) -> tuple[int, float, str]:
+    """The sort key of a trial named ``name`` scoring ``score``: best first by ``mode``
+    (``max`` or ``min``), trials without a score last, equal scores by name.
+
+    Every listing of a sweep's trials sorts with this one key, so the summary, ``trials.json``
+    and ``raytrain report`` list them in one order: with the score alone, two trials of equal
+    val_acc came in the order each source happened to hold them (Tune's, MLflow's)."""
     if score is None:
-        return (1, 0.0)
-    return (0, -score if mode == "max" else score)
+        return (1, 0.0, name)
+    return (0, -score if mode == "max" else score, name)
+
+
+def rank_key(row: TrialRow, metric: str, mode: str) -> tuple[int, float, str]:
+    """Sorts trials best first (``best_first``)."""
+    return best_first(row.score(metric), row.name, mode)
 
 
 def best_of(rows: list[TrialRow], metric: str, mode: str) -> TrialRow | None:

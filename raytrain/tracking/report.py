@@ -18,6 +18,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytrain.sweep.results import best_first
 from raytrain.terminal import printable
 
 # Keys that are bookkeeping, not curves: the step counters and checkpoint timing.
@@ -178,17 +179,17 @@ def sweep_table(
     sampled = sorted({k for t in trials for k in t["tags"] if k.startswith(SAMPLED)})
     columns = ["trial", "status", metric, *(k.removeprefix(SAMPLED) for k in sampled), "run"]
 
-    def order(trial: dict[str, Any]) -> tuple[int, float]:
-        value = trial["metrics"].get(metric)
-        if value is None:
-            return (1, 0.0)
-        return (0, -value if mode == "max" else value)
+    def name(trial: dict[str, Any]) -> str:
+        return str(trial["tags"].get("raytrain.trial", trial["name"]))
+
+    def order(trial: dict[str, Any]) -> tuple[int, float, str]:
+        return best_first(trial["metrics"].get(metric), name(trial), mode)
 
     rows = []
     for trial in sorted(trials, key=order):
         tags = trial["tags"]
         status = "stopped" if "raytrain.stopped" in tags else trial["status"].lower()
-        rows.append([tags.get("raytrain.trial", trial["name"]), status,
+        rows.append([name(trial), status,
                      _fmt(trial["metrics"].get(metric, "-")),
                      *(tags.get(k, "-") for k in sampled), trial["run_id"][:8]])  # fmt: skip
     return columns, rows

@@ -385,6 +385,24 @@ def test_the_best_trial_is_by_metric_and_mode_and_trials_without_it_rank_last() 
     assert best_of([_row("x", None)], "val_loss", "min") is None
 
 
+def test_trials_of_equal_score_are_listed_in_one_order_by_the_summary_and_the_report() -> None:
+    """Equal val_acc is common (a few hundred validation images); the summary sorted Tune's
+    trials and ``raytrain report`` MLflow's runs, each stably, so CI saw 001 and 002 swapped."""
+    from raytrain.sweep.results import SweepResult
+    from raytrain.tracking.report import sweep_table
+
+    rows = [_row("t-002", 0.5), _row("t-000", 0.2), _row("t-001", 0.5), _row("t-003", None)]
+    result = SweepResult(name="t", metric="val_loss", mode="min", best=None, best_spec_path=None,
+                         best_checkpoint_uri=None, trials=rows, mlflow_run_id="0",
+                         tracking_uri="", sweep_dir="")  # fmt: skip
+    runs = [{"name": r.name, "status": "FINISHED", "run_id": "0" * 8, "tags": {},
+             "metrics": r.metrics} for r in reversed(rows)]  # fmt: skip
+    _, report = sweep_table(runs, "val_loss", "min")
+    order = ["t-000", "t-001", "t-002", "t-003"]
+    assert [row["trial"] for row in result.table()] == order
+    assert [row[0] for row in report] == order
+
+
 def test_optunas_tpe_draws_every_trial_inside_the_space_and_repeats_with_its_seed(
     digits_dir: Path, tmp_path: Path
 ) -> None:
