@@ -171,6 +171,25 @@ def resolved_tree(spec: JobSpec) -> dict[str, Any]:
     return {k: v for k, v in dumped.items() if v is not None and v != {}}
 
 
+def print_config(spec: JobSpec) -> str:
+    """The YAML ``--print_config`` prints: LightningCLI's keys as jsonargparse resolves them,
+    raytrain's sections beside them (as ``validate`` resolves them), credentials masked."""
+    import yaml
+
+    from raytrain.redaction import redact_tree
+
+    lightning = resolved_tree(spec)
+    exclude = {"model", "optimizer", "lr_scheduler", *({"tune"} if spec.tune is None else ())}
+    if isinstance(spec.data, DataModuleSpec):
+        exclude.add("data")
+    own = spec.model_dump(mode="json", exclude=exclude)
+    for key in ("callbacks", "logger"):
+        own["trainer"].pop(key, None)
+    trainer = {**lightning.pop("trainer", {}), **own.pop("trainer")}
+    tree = {"name": own.pop("name"), **lightning, "trainer": trainer, **own}
+    return yaml.safe_dump(redact_tree(tree), sort_keys=False)
+
+
 @dataclass
 class UserObjects:
     """What a worker builds from the config: the model (with LightningCLI's automatic
