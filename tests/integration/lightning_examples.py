@@ -63,15 +63,16 @@ class LitClassifier(pl.LightningModule):
 def write_mnist(data_dir: Path, train: int = 640, test: int = 64) -> None:
     """MNIST-shaped files (uint8 28x28 images, int64 labels) where ``MNISTDataModule``
     reads them with ``PL_USE_MOCKED_MNIST`` set: each class a bright band of its own rows
-    plus noise, so a model learns them in a few steps."""
+    over noise, so a model learns them in a few steps."""
     folder = data_dir / "MNIST" / "complete"
     folder.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(0)
     for name, count in (("training.pt", train), ("test.pt", test)):
         targets = torch.arange(count) % 10
-        images = torch.randint(0, 60, (count, 28, 28), generator=generator)
+        # small pixel values: _MNIST standardizes them as if they were 0-1 floats
+        images = torch.randint(0, 2, (count, 28, 28), generator=generator)
         for label in range(10):
-            images[targets == label, 2 * label + 4 : 2 * label + 7, :] = 255
+            images[targets == label, 2 * label + 4 : 2 * label + 7, :] = 3
         torch.save((images.to(torch.uint8), targets), folder / name)
 
 
