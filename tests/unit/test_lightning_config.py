@@ -156,3 +156,29 @@ def test_explain_names_a_list_entry_and_a_missing_class() -> None:
     assert explain(message, tree) == "trainer.callbacks.1.init_args.x: Option 'x' is not accepted"
     message = 'Parser key "data":\n  Import path a.D does not correspond to a subclass of X'
     assert explain(message, tree).startswith("data.class_path: Import path a.D")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _shipped_configs() -> list[tuple[str, dict[str, Any]]]:
+    """Every LightningCLI config shipped: jobs/*.yaml and the README's YAML blocks that
+    name a model."""
+    import re
+
+    out = [(str(p.relative_to(ROOT)), yaml.safe_load(p.read_text()))
+           for p in sorted((ROOT / "jobs").glob("*.yaml"))]  # fmt: skip
+    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    for index, block in enumerate(blocks):
+        tree = yaml.safe_load(block)
+        if isinstance(tree, dict) and isinstance(tree.get("model"), dict):
+            out.append((f"README.md yaml block {index}", {"name": "readme", **tree}))
+    return out
+
+
+@pytest.mark.parametrize(("where", "tree"), _shipped_configs(), ids=lambda v: str(v)[:40])
+def test_every_shipped_config_parses_with_lightning_clis_parser(
+    where: str, tree: dict[str, Any]
+) -> None:
+    tree.pop("tune", None)
+    assert config_problems(load_spec({"name": "shipped", **tree})) == [], where
