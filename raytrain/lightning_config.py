@@ -149,10 +149,32 @@ def config_problems(spec: JobSpec) -> list[str]:
     driver's check: nothing is instantiated)."""
     try:
         _, parser = build_parser(spec.lightning_cli)
-        parse(parser, cli_tree(spec))
+        config = parse(parser, cli_tree(spec))
     except SpecError as exc:
         return exc.problems
-    return []
+    return _checkpoint_subclasses(config)
+
+
+def _checkpoint_subclasses(config: Any) -> list[str]:
+    """A callback deriving from ModelCheckpoint (Lightning's own is read as ``checkpoint``
+    before parsing, ``spec.model_checkpoint``) would write checkpoints raytrain neither
+    commits nor resumes from: refused, naming it."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    callbacks = _listed((config.get("trainer") or {}).get("callbacks"))
+    problems = []
+    for index, callback in enumerate(callbacks):
+        path = str(callback.get("class_path", ""))
+        try:
+            cls = import_object(":".join(path.rsplit(".", 1)))
+        except Exception:
+            continue  # parsed, so importable; nothing to say if not
+        if isinstance(cls, type) and issubclass(cls, ModelCheckpoint):
+            problems.append(f"trainer.callbacks.{index}.class_path: {path} is a "
+                            "ModelCheckpoint subclass, whose checkpoints raytrain would "
+                            "neither commit nor resume from: use Lightning's ModelCheckpoint "
+                            "(read as checkpoint.*) or the checkpoint section")  # fmt: skip
+    return problems
 
 
 def resolved_tree(spec: JobSpec) -> dict[str, Any]:

@@ -130,6 +130,11 @@ def test_model_checkpoint_becomes_raytrains_checkpoint_settings(
     twice["trainer"]["callbacks"][1] = "ModelCheckpoint"
     with pytest.raises(SpecError, match=r"trainer\.callbacks\.0 and trainer\.callbacks\.1"):
         load_spec(twice)
+    # a ModelCheckpoint subclass: its checkpoints would be neither committed nor resumed
+    own = _backbone_config(tmp_path)
+    own["trainer"]["callbacks"][0]["class_path"] = f"{EXAMPLES}.EveryEpochCheckpoint"
+    (problem,) = config_problems(load_spec(own))
+    assert problem.startswith("trainer.callbacks.0.class_path: ") and "subclass" in problem
 
 
 def test_print_config_prints_the_resolved_config_and_runs_nothing(tmp_path: Path) -> None:
