@@ -20,7 +20,14 @@ def run_fresh(code: str, arg: Any, cwd: Path, *, pythonpath: str, timeout: float
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**env, "RAY_ADDRESS": "", "PYTHONPATH": pythonpath},
+        # the caller's PYTHONPATH after ``pythonpath``: a worktree's raytrain stays first
+        env={
+            **env,
+            "RAY_ADDRESS": "",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p
+            ),
+        },
         cwd=cwd,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -74,6 +74,19 @@ def _parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="print the resolved spec, or every problem")
     validate.add_argument("spec", help="path to a job spec (YAML)")
     validate.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
+    for cmd in (run, validate):
+        cmd.add_argument(
+            "--cli",
+            metavar="MODULE:CLASS",
+            help="the project's LightningCLI subclass whose parser reads the config "
+            "(lightning_cli)",
+        )
+        cmd.add_argument(
+            "--print_config",
+            action="store_true",
+            help="print the config as LightningCLI's parser resolves it, raytrain's sections "
+            "beside, and exit without running",
+        )
 
     export = sub.add_parser(
         "export", help="write a checkpoint's model weights (sharded or not) as one state dict"
@@ -319,6 +332,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "tune":
             return _tune(args)
+        if getattr(args, "cli", None):
+            args.overrides.append(f"lightning_cli={args.cli}")
+        if getattr(args, "print_config", False):
+            from raytrain.lightning_config import print_config
+            from raytrain.spec import load_spec
+
+            print(print_config(load_spec(args.spec, args.overrides)), end="")
+            return EXIT_OK
         if args.command == "validate":
             from raytrain.driver.launcher import validate
             from raytrain.spec import dump_spec

@@ -68,9 +68,10 @@ def check_before_ray(job: JobSpec) -> JobSpec:
     the machine); the model's import is checked while Ray starts (``fit``) or after."""
     check_supported()
     capacity = None if ray_runtime.joins_cluster() else preflight.local_capacity(job)
+    located = preflight.check_model_located(job)  # a model not found: no parse to add
     preflight.raise_if(
-        preflight.check_model_located(job)
-        + class_check.check_classes(job)
+        located
+        + ([] if located else class_check.check_classes(job))
         + strategy_problems(job)
         + (preflight.check_capacity(job, capacity) if capacity is not None else [])
         + (preflight.check_local_cpus(job) if capacity is not None else [])

@@ -65,9 +65,11 @@ def check_model(spec: JobSpec) -> list[str]:
         if isinstance(cls, type) and old_namespace(cls):
             return [f"model.class_path: {path!r}: {OLD_NAMESPACE_HINT}"]
         return [f"model.class_path: {path!r} is not a lightning.pytorch.LightningModule subclass"]
-    from raytrain.driver.class_check import check_init_args
+    from raytrain import lightning_config
 
-    problems = check_init_args("model", cls, spec.model.init_args, 0)
+    # the model's arguments, by LightningCLI's parser (done before Ray when it names more)
+    needs = lightning_config.needs_lightning(spec)
+    problems = [] if needs else lightning_config.config_problems(spec)
     if needs_configure_model(spec) and cls.configure_model is pl.LightningModule.configure_model:
         problems.append(_NO_CONFIGURE_MODEL.format(path=path))
     return problems

@@ -20,6 +20,7 @@ from raytrain.errors import SpecError
 from raytrain.spec.data import DataModuleSpec, DataSpec, MixSourceSpec, SourceSpec
 from raytrain.spec.fields import _CREDENTIALS_REFUSED, _section_type
 from raytrain.spec.lightning_cli import lightning_cli_tree
+from raytrain.spec.model_checkpoint import adopt_model_checkpoint
 from raytrain.spec.sections import JobSpec
 from raytrain.spec.yaml_io import MAX_OVERRIDE_PARTS, load_yaml, read_spec_file
 
@@ -126,6 +127,10 @@ def parse_spec(tree: Any, source: str = "spec") -> JobSpec:
     if not isinstance(tree, dict):
         raise SpecError(f"{source}: expected a mapping of sections, got {type(tree).__name__}")
     tree, problems = lightning_cli_tree(tree)
+    tree, notes, checkpoint_problems = adopt_model_checkpoint(tree)
+    problems += checkpoint_problems
+    for note in notes:
+        print(f"raytrain: {note}", file=sys.stderr)
     try:
         spec = JobSpec.model_validate(tree)
     except ValidationError as exc:

@@ -447,6 +447,14 @@ class JobSpec(_Section):
         description="LightningCLI's automatic LR scheduler over `optimizer` (stepped each "
         "epoch; ReduceLROnPlateau's `monitor` names its metric).",
     )
+    lightning_cli: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*[:.][A-Za-z_]\w*$",
+        description="A project's LightningCLI subclass (`package.module:MyCLI`) whose "
+        "parser reads `model`, `data`, `optimizer`, `lr_scheduler` and `trainer.callbacks`/"
+        "`logger`: its add_arguments_to_parser and link_arguments apply. Default: "
+        "LightningCLI's own.",
+    )
     ckpt_path: str | None = Field(
         default=None,
         min_length=1,

@@ -34,7 +34,6 @@ import lightning.pytorch as pl
 from raytrain.checkpoints.interval import FIRST_AUTO_STEPS, AutoInterval
 from raytrain.checkpoints.layout import run_dir
 from raytrain.global_batch import GlobalBatch
-from raytrain.imports import import_object
 from raytrain.spec import JobSpec
 from raytrain.worker.accumulation import AccumulationAlignment
 from raytrain.worker.checkpointing import CheckpointCallback
@@ -68,6 +67,7 @@ def build_callbacks(
     watchdog: HangWatchdog | None = None,
     batching: GlobalBatch | None = None,
     mtbf: Callable[[], float | None] | None = None,
+    user: list[pl.Callback] | None = None,
 ) -> WorkerCallbacks:
     """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
     events to the driver), which also times its loop; ``timeline`` times every rank's
@@ -75,7 +75,8 @@ def build_callbacks(
     ``failure.hang_timeout_s`` is 0). ``train_loader`` returns the train loader, once
     there is one. ``batching``: what a step trains on, reported as ``global_batch``.
     ``mtbf``: the run's measured mean time between failures (rank 0's), for
-    ``checkpoint.every_n_steps: auto``."""
+    ``checkpoint.every_n_steps: auto``. ``user``: the config's ``trainer.callbacks``, built
+    (``lightning_config.instantiate``)."""
     ckpt = spec.checkpoint
     auto = AutoInterval(*spec.failure.expected_mtbf()) if ckpt.every_n_steps == "auto" else None
     first = FIRST_AUTO_STEPS if ckpt.every_n_steps == "auto" else ckpt.every_n_steps
@@ -116,7 +117,7 @@ def build_callbacks(
         *spikes[:1],
         MixRows(train_loader, spec.trainer.log_every_n_steps),
         reporter,
-        *(import_object(c.class_path)(**c.init_args) for c in spec.trainer.callbacks),
+        *(user or []),
         checkpoints,
         preemption,
         LoaderPosition(train_loader),

@@ -105,20 +105,14 @@ def train_loop(config: dict[str, Any]) -> None:
 
     from raytrain.checkpoints.layout import PRECISION_KEY, restore_path, run_dir
     from raytrain.global_batch import global_batch
-    from raytrain.imports import import_object
+    from raytrain.lightning_config import instantiate
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
     from raytrain.worker.hang_watchdog import HangWatchdog
     from raytrain.worker.precision import decide
     from raytrain.worker.reporting import ReportLogger
     from raytrain.worker.step_timeline import StepTimeline
     from raytrain.worker.strategy import data_rank
-    from raytrain.worker.user_code import (
-        build_profiler,
-        configure_optimizers,
-        start_from,
-        upload_profiles,
-        user_loggers,
-    )
+    from raytrain.worker.user_code import build_profiler, start_from, upload_profiles
     from raytrain.worker.user_data import worker_data
 
     imported = time.time()
@@ -133,11 +127,13 @@ def train_loop(config: dict[str, Any]) -> None:
 
         pl.seed_everything(spec.trainer.seed, workers=True, verbose=False)
 
-    model = import_object(spec.model.class_path)(**spec.model.init_args)
+    # the config's objects, built by LightningCLI's parser (nested class paths, links)
+    user = instantiate(spec, logs_under=run_dir(spec))
+    model = user.model
     rank, world_size = context.get_world_rank(), context.get_world_size()
     # a tensor-parallel group's ranks read the same rows: data is sharded by replica
     replica, replicas = data_rank(spec, rank, world_size)
-    data, loaders = worker_data(spec, work, model, replica, replicas)
+    data, loaders = worker_data(spec, work, user, replica, replicas)
     on_gpu = spec.scaling.use_gpu is True
     startup: dict[str, Any] = {
         "_worker_started_at": _process_started_at(entered),
@@ -161,9 +157,8 @@ def train_loop(config: dict[str, Any]) -> None:
         print(f"raytrain: {batching.describe()}", flush=True)
     mtbf = _mtbf_reader(work.sink) if rank == 0 else None
     callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching,
-                                mtbf)  # fmt: skip
-    configure_optimizers(spec, model)
-    loggers = [ReportLogger(callbacks.reporter), *user_loggers(spec)]
+                                mtbf, user.callbacks)  # fmt: skip
+    loggers = [ReportLogger(callbacks.reporter), *user.loggers]
     profiler, profiles = build_profiler(spec, rank)
     ordered = callbacks.ordered
     if work.chaos is not None:  # failure.chaos: tell the fault injector where and how far

@@ -1,6 +1,6 @@
-"""The parts of a LightningCLI config that become objects in each worker: the optimizer
-and LR scheduler (LightningCLI's automatic ``configure_optimizers``), the user's loggers,
-and the Lightning checkpoint a new run starts from (``ckpt_path``)."""
+"""The parts of a spec that become objects in each worker beside the LightningCLI config's
+(which ``lightning_config.instantiate`` builds): the profiler, and the Lightning
+checkpoint a new run starts from (``ckpt_path``)."""
 
 from __future__ import annotations
 
@@ -11,47 +11,9 @@ from typing import Any
 
 from raytrain import storage
 from raytrain.checkpoints.layout import PROFILES, run_dir
-from raytrain.imports import import_object
 from raytrain.spec import JobSpec
 
 logger = logging.getLogger(__name__)
-
-
-def configure_optimizers(spec: JobSpec, model: Any) -> None:
-    """With ``optimizer`` (and ``lr_scheduler``), give ``model`` the ``configure_optimizers``
-    LightningCLI gives it: the optimizer over the model's parameters, the scheduler over
-    the optimizer, returned as LightningCLI's ``configure_optimizers`` returns them (a
-    ReduceLROnPlateau with its ``monitor``). Set on the instance, as LightningCLI does."""
-    if spec.optimizer is None:
-        return
-    from lightning.pytorch.cli import LightningCLI
-
-    optimizer_spec, scheduler_spec = spec.optimizer, spec.lr_scheduler
-    optimizer_class = import_object(optimizer_spec.class_path)
-    scheduler_class = import_object(scheduler_spec.class_path) if scheduler_spec else None
-
-    def configure() -> Any:
-        optimizer = optimizer_class(model.parameters(), **optimizer_spec.init_args)
-        scheduler = None
-        if scheduler_class is not None and scheduler_spec is not None:
-            scheduler = scheduler_class(optimizer, **scheduler_spec.init_args)
-        return LightningCLI.configure_optimizers(model, optimizer, scheduler)
-
-    model.configure_optimizers = configure
-
-
-def user_loggers(spec: JobSpec) -> list[Any]:
-    """The spec's ``trainer.logger`` entries, built; a relative ``save_dir`` (or none) is
-    under the run's folder in ``checkpoint.storage``. Lightning's loggers write on rank 0."""
-    out = []
-    for entry in spec.trainer.logger:
-        cls = import_object(entry.class_path)
-        args = dict(entry.init_args)
-        save_dir = str(args.get("save_dir", "logs"))
-        if storage.is_relative_path(save_dir):
-            args["save_dir"] = storage.join(run_dir(spec), save_dir)
-        out.append(cls(**args))
-    return out
 
 
 def build_profiler(spec: JobSpec, rank: int) -> tuple[Any, str | None]:

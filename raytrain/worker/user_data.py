@@ -31,7 +31,7 @@ from torch.utils.data import (
 
 from raytrain.contract import WorkerConfig
 from raytrain.data.loaders import EpochSchedule, worker_loaders
-from raytrain.imports import import_object
+from raytrain.lightning_config import UserObjects
 from raytrain.spec import DataSpec, JobSpec
 
 # What a ShardedLoader keeps of the user's DataLoader: how a batch is made and loaded.
@@ -161,12 +161,13 @@ class UserData:
 
 
 def worker_data(
-    spec: JobSpec, work: WorkerConfig, model: Any, rank: int, world_size: int
+    spec: JobSpec, work: WorkerConfig, user: UserObjects, rank: int, world_size: int
 ) -> tuple[Callable[[], Any], dict[str, Any]]:
     """This worker's data for ``trainer.fit`` (``rank`` and ``world_size``: its replica's,
     ``worker.strategy.data_rank``): a function returning the train loader (for
     ``LoaderPosition``; a DataModule's exists only once fit asks for it) and ``fit``'s
-    data arguments: file loaders, the DataModule, or none (the model's own loaders)."""
+    data arguments: file loaders, the DataModule, or none (the model's own loaders).
+    ``user``: the config's model and DataModule, built."""
     if isinstance(spec.data, DataSpec):
         train, val = worker_loaders(spec.data, work.cached, work.streamed, work.mixed,
                                     spec.storage, rank, world_size)  # fmt: skip
@@ -176,8 +177,8 @@ def worker_data(
     seed = 0 if spec.trainer.seed is None else spec.trainer.seed
     tp = tensor_parallel_size(spec)
     if spec.data is None:
-        user = UserData(model, rank=rank, world_size=world_size, seed=seed, tensor_parallel=tp)
-        return (lambda: user.train_loader), {}
-    datamodule = import_object(spec.data.class_path)(**spec.data.init_args)
-    user = UserData(datamodule, rank=rank, world_size=world_size, seed=seed, tensor_parallel=tp)
-    return (lambda: user.train_loader), {"datamodule": datamodule}
+        own = UserData(user.model, rank=rank, world_size=world_size, seed=seed, tensor_parallel=tp)
+        return (lambda: own.train_loader), {}
+    datamodule = user.datamodule
+    own = UserData(datamodule, rank=rank, world_size=world_size, seed=seed, tensor_parallel=tp)
+    return (lambda: own.train_loader), {"datamodule": datamodule}

@@ -66,7 +66,10 @@ CASES = {
         ["trainer.callbacks=[{class_path: EarlyStopping, init_args: {monitr: val_acc}}]"],
         "trainer.callbacks.0.init_args.monitr",
     ),
-    "model_checkpoint_refused": (["trainer.callbacks=[ModelCheckpoint]"], "trainer.callbacks.0"),
+    "two_model_checkpoints_refused": (
+        ["trainer.callbacks=[ModelCheckpoint, ModelCheckpoint]"],
+        "trainer.callbacks: two ModelCheckpoints",
+    ),
 }
 
 

@@ -76,7 +76,7 @@ def test_the_sections_own_checks(digits_dir: Path, tmp_path: Path) -> None:
         ({"trainer.max_epochs": {"randint": [0, 3]}}, "trainer.max_epochs: Input should be"),
         ({"data.batch_size": {"choice": [32, -1]}}, "tune.search_space.data.batch_size: -1"),
         # a constructor argument the model does not take
-        ({"model.init_args.lrr": {"uniform": [0.1, 0.2]}}, "DigitsCNN takes no argument 'lrr'"),
+        ({"model.init_args.lrr": {"uniform": [0.1, 0.2]}}, "model.init_args.lrr: Option 'lrr'"),
         # inside a value that is not a section
         ({"model.class_path.x": {"choice": [1]}}, "cannot set inside model.class_path"),
     ],

@@ -1,0 +1,330 @@
+"""LightningCLI's keys of a spec, read by LightningCLI's own parser (jsonargparse).
+
+``model``, ``data`` (a DataModule), ``optimizer``, ``lr_scheduler``, ``trainer.callbacks``,
+``trainer.logger`` and the other Trainer arguments written beside raytrain's are handed to a
+``LightningArgumentParser`` set up exactly as ``LightningCLI`` sets up its own: a bare
+instance of ``LightningCLI`` (or of the project's subclass, ``lightning_cli: module:MyCLI``)
+runs its ``init_parser`` and ``_add_arguments`` (seed, Trainer, model and data in subclass
+mode, the project's ``add_arguments_to_parser`` and ``link_arguments``, the automatic
+optimizer and scheduler). So every nested ``class_path`` becomes an object, types are
+checked from the classes' signatures, and the errors are jsonargparse's own, condensed here
+to one line that names the full field path (``model.init_args.backbone.init_args.x``).
+
+Where each half runs:
+
+- the driver parses (``config_problems``), it does not instantiate. jsonargparse reads each
+  class's signature, so the driver imports Lightning, jsonargparse and the module of every
+  class the config names, nested ones included (the model's, the DataModule's, the
+  callbacks', the loggers', the optimizer's and the scheduler's, and the CLI subclass's):
+  module-level code of those modules runs there; no constructor does.
+- each worker parses again and instantiates (``instantiate``): objects are built where they
+  train, with ``apply_on="instantiate"`` links (``data.num_classes`` → ``model``) applied,
+  LightningCLI's instantiators (so ``save_hyperparameters`` records the config, as under
+  ``LightningCLI``) and its automatic ``configure_optimizers``.
+
+raytrain's own sections (``data.train``, ``scaling``, ``checkpoint``, ...) and raytrain's
+own Trainer fields (``max_epochs``, ``precision``, ``seed``, ...) are never given to the
+parser: they stand beside LightningCLI's keys, read by the spec's own sections.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from raytrain import storage
+from raytrain.errors import SpecError
+from raytrain.imports import import_object
+from raytrain.spec import ClassSpec, DataModuleSpec, JobSpec
+
+
+def _entry(section: ClassSpec) -> dict[str, Any]:
+    """A spec's class section as LightningCLI writes it: a dotted class path."""
+    return {"class_path": section.class_path.replace(":", "."),
+            "init_args": dict(section.init_args)}  # fmt: skip
+
+
+def cli_tree(spec: JobSpec, logs_under: str | None = None) -> dict[str, Any]:
+    """The LightningCLI config of ``spec``: what ``LightningCLI``'s parser reads.
+
+    ``logs_under``: a folder a logger's relative ``save_dir`` (default ``logs``) is put
+    under (the run's folder in checkpoint.storage; the workers set it)."""
+    tree: dict[str, Any] = {"model": _entry(spec.model)}
+    if isinstance(spec.data, DataModuleSpec):
+        tree["data"] = _entry(spec.data)
+    if spec.optimizer is not None:
+        tree["optimizer"] = _entry(spec.optimizer)
+    if spec.lr_scheduler is not None:
+        tree["lr_scheduler"] = _entry(spec.lr_scheduler)
+    trainer = dict(spec.trainer.passthrough)
+    if spec.trainer.callbacks:
+        trainer["callbacks"] = [_entry(c) for c in spec.trainer.callbacks]
+    loggers = [_entry(c) for c in spec.trainer.logger]
+    if logs_under is not None:
+        for logger in loggers:
+            save_dir = str(logger["init_args"].get("save_dir", "logs"))
+            if storage.is_relative_path(save_dir):
+                logger["init_args"]["save_dir"] = storage.join(logs_under, save_dir)
+    if loggers:
+        trainer["logger"] = loggers
+    if trainer:
+        tree["trainer"] = trainer
+    return tree
+
+
+def needs_lightning(spec: JobSpec) -> bool:
+    """Whether the config names classes beside a plain model (a DataModule, callbacks,
+    loggers, an optimizer, a CLI class, or a ``class_path`` nested in ``model.init_args``):
+    then the driver parses it before Ray starts; a plain model's arguments are parsed while
+    Ray starts (``preflight.check_model``), as its import always was."""
+    return bool(
+        isinstance(spec.data, DataModuleSpec)
+        or spec.trainer.callbacks
+        or spec.trainer.logger
+        or spec.optimizer is not None
+        or spec.lightning_cli is not None
+        or _nests_class(spec.model.init_args)
+    )
+
+
+def _nests_class(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "class_path" in value or any(_nests_class(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_nests_class(v) for v in value)
+    return False
+
+
+def build_parser(cli_path: str | None) -> tuple[Any, Any]:
+    """A ``LightningCLI`` (``cli_path``'s subclass, or LightningCLI itself) and its parser,
+    set up as ``LightningCLI.__init__`` sets them up with ``run=False``: model and data in
+    subclass mode (the config gives their ``class_path``), no config saving. The CLI's
+    ``__init__`` is not run (it would parse ``sys.argv`` and train)."""
+    from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+    cls: Any = LightningCLI
+    if cli_path is not None:
+        path = cli_path if ":" in cli_path else ":".join(cli_path.rsplit(".", 1))
+        try:
+            cls = import_object(path)
+        except Exception as exc:
+            raise SpecError(f"lightning_cli: cannot import {cli_path!r}: "
+                            f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+        if not (isinstance(cls, type) and issubclass(cls, LightningCLI)):
+            raise SpecError(f"lightning_cli: {cli_path!r} is not a "
+                            "lightning.pytorch.cli.LightningCLI subclass")  # fmt: skip
+    cli = cls.__new__(cls)
+    # LightningCLI.__init__'s attributes, for a CLI given no model or data class
+    cli.save_config_callback, cli.save_config_kwargs = None, {}
+    cli.trainer_class, cli.trainer_defaults = Trainer, {}
+    cli.seed_everything_default, cli.parser_kwargs = True, {}
+    cli.parser_class, cli.auto_configure_optimizers = LightningArgumentParser, True
+    cli.model_class, cli._model_class, cli.subclass_mode_model = None, LightningModule, True
+    cli.datamodule_class, cli._datamodule_class = None, LightningDataModule
+    cli.subclass_mode_data, cli.subcommand = True, None
+    try:
+        parser = cli.init_parser(exit_on_error=False)
+        cli._add_arguments(parser)
+    except Exception as exc:
+        raise SpecError(f"lightning_cli: setting up {cls.__qualname__}'s parser failed: "
+                        f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+    cli.parser = parser
+    return cli, parser
+
+
+def parse(parser: Any, tree: dict[str, Any]) -> Any:
+    """``tree`` parsed by ``parser`` (a jsonargparse Namespace); raises ``SpecError`` with
+    jsonargparse's reason, on one line naming the field."""
+    try:
+        return parser.parse_object(tree)
+    except Exception as exc:  # jsonargparse raises argparse.ArgumentError, or a user's error
+        raise SpecError(explain(str(exc), tree)) from None
+
+
+def config_problems(spec: JobSpec) -> list[str]:
+    """Every problem LightningCLI's parser finds in ``spec``'s LightningCLI keys (the
+    driver's check: nothing is instantiated)."""
+    try:
+        _, parser = build_parser(spec.lightning_cli)
+        config = parse(parser, cli_tree(spec))
+    except SpecError as exc:
+        return exc.problems
+    return _checkpoint_subclasses(config)
+
+
+def _checkpoint_subclasses(config: Any) -> list[str]:
+    """A callback deriving from ModelCheckpoint (Lightning's own is read as ``checkpoint``
+    before parsing, ``spec.model_checkpoint``) would write checkpoints raytrain neither
+    commits nor resumes from: refused, naming it."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    callbacks = _listed((config.get("trainer") or {}).get("callbacks"))
+    problems = []
+    for index, callback in enumerate(callbacks):
+        path = str(callback.get("class_path", ""))
+        try:
+            cls = import_object(":".join(path.rsplit(".", 1)))
+        except Exception:
+            continue  # parsed, so importable; nothing to say if not
+        if isinstance(cls, type) and issubclass(cls, ModelCheckpoint):
+            problems.append(f"trainer.callbacks.{index}.class_path: {path} is a "
+                            "ModelCheckpoint subclass, whose checkpoints raytrain would "
+                            "neither commit nor resume from: use Lightning's ModelCheckpoint "
+                            "(read as checkpoint.*) or the checkpoint section")  # fmt: skip
+    return problems
+
+
+def resolved_tree(spec: JobSpec) -> dict[str, Any]:
+    """``spec``'s LightningCLI keys as jsonargparse resolves them (full class paths, every
+    default from the signatures), as ``--print_config`` writes them; raises ``SpecError``."""
+    import yaml
+
+    _, parser = build_parser(spec.lightning_cli)
+    config = parse(parser, cli_tree(spec))
+    dumped = yaml.safe_load(parser.dump(config, skip_link_targets=False, format="yaml"))
+    given = cli_tree(spec)
+    trainer = dumped.get("trainer") or {}
+    # only the Trainer arguments the spec gives: raytrain's own fields stand beside them
+    dumped["trainer"] = {k: v for k, v in trainer.items() if k in given.get("trainer", {})}
+    dumped.pop("seed_everything", None)  # raytrain's trainer.seed
+    return {k: v for k, v in dumped.items() if v is not None and v != {}}
+
+
+def print_config(spec: JobSpec) -> str:
+    """The YAML ``--print_config`` prints: LightningCLI's keys as jsonargparse resolves them,
+    raytrain's sections beside them (as ``validate`` resolves them), credentials masked."""
+    import yaml
+
+    from raytrain.redaction import redact_tree
+
+    lightning = resolved_tree(spec)
+    exclude = {"model", "optimizer", "lr_scheduler", *({"tune"} if spec.tune is None else ())}
+    if isinstance(spec.data, DataModuleSpec):
+        exclude.add("data")
+    own = spec.model_dump(mode="json", exclude=exclude)
+    for key in ("callbacks", "logger"):
+        own["trainer"].pop(key, None)
+    trainer = {**lightning.pop("trainer", {}), **own.pop("trainer")}
+    tree = {"name": own.pop("name"), **lightning, "trainer": trainer, **own}
+    return yaml.safe_dump(redact_tree(tree), sort_keys=False)
+
+
+@dataclass
+class UserObjects:
+    """What a worker builds from the config: the model (with LightningCLI's automatic
+    ``configure_optimizers`` when the config has an ``optimizer``), the DataModule (or
+    None), the user's callbacks and loggers."""
+
+    model: Any
+    datamodule: Any = None
+    callbacks: list[Any] = field(default_factory=list)
+    loggers: list[Any] = field(default_factory=list)
+
+
+def instantiate(spec: JobSpec, logs_under: str | None = None) -> UserObjects:
+    """Parse ``spec``'s LightningCLI keys and build them, as ``LightningCLI`` does after
+    parsing (instantiators, links on instantiate, automatic optimizers)."""
+    cli, parser = build_parser(spec.lightning_cli)
+    cli.config = parse(parser, cli_tree(spec, logs_under))
+    cli._add_instantiators()
+    build = getattr(parser, "instantiate", None) or parser.instantiate_classes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cli.config_init = build(cli.config)
+    cli.model, cli.datamodule = cli.config_init.get("model"), cli.config_init.get("data")
+    cli._add_configure_optimizers_method_to_model(None)
+    trainer = cli.config_init.get("trainer") or {}
+    return UserObjects(
+        model=cli.model,
+        datamodule=cli.datamodule,
+        callbacks=_listed(trainer.get("callbacks")),
+        loggers=_listed(trainer.get("logger")),
+    )
+
+
+def _listed(value: Any) -> list[Any]:
+    if value is None or isinstance(value, bool):
+        return []
+    return list(value) if isinstance(value, list) else [value]
+
+
+_KEY = re.compile(r'^Parser key "([^"]+)":$')
+_CLASS = re.compile(r"^- Problem with given class_path '([^']+)':$")
+_OPTION = re.compile(r"^(?:- )?(?:Option|Key) '([^']+)' is not accepted")
+_IMPORT = re.compile(
+    r"^(Import path |module '|No module named |Problem importing|.* has no attribute )"
+)
+_NOISE = re.compile(
+    r"^(- )?(Does not validate against|Subtypes:|Errors:|Given value|Expected a <class "
+    r"'NoneType'>|Not a valid subclass of|Subclass types expect|a class path \(str\)|a dict "
+    r"with|a dict without)"
+)
+
+
+def explain(message: str, tree: dict[str, Any]) -> str:
+    """jsonargparse's nested error ``message`` as one line: the deepest reason, after the
+    full field path to it (``model.init_args.backbone.init_args.hiden_dim: Option
+    'hiden_dim' is not accepted``); a list entry is named by its index in ``tree``."""
+    stack: list[tuple[int, list[str]]] = []  # (indent, path parts) of open keys/classes
+    best: list[str] | None = None
+    reasons: list[str] = []
+    for raw in message.splitlines():
+        text = raw.strip()
+        if not text:
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parts = [p for _, ps in stack for p in ps]
+        key, cls = _KEY.match(text), _CLASS.match(text)
+        if key:
+            stack.append((indent, key.group(1).split(".")))
+        elif cls:
+            stack.append((indent, _class_parts(tree, parts, cls.group(1))))
+        elif not _NOISE.match(text):
+            option = _OPTION.match(text)
+            where = parts + ([option.group(1)] if option else [])
+            reason = text.removeprefix("- ")
+            if best is None or len(where) > len(best):
+                best, reasons = where, [reason]
+            elif where == best and reason not in reasons:
+                reasons.append(reason)  # a union's alternatives: each type's reason
+    if best is None:
+        return " ".join(message.split())
+    if _IMPORT.match(reasons[0]):  # the class itself, not its arguments
+        best = _class_path_field(tree, best, reasons[0])
+    return f"{'.'.join(best) or '(config)'}: {'; '.join(reasons)}"
+
+
+def _class_path_field(tree: dict[str, Any], where: list[str], reason: str) -> list[str]:
+    """The ``class_path`` field a problem importing a class is about, from its block's
+    path (``...init_args`` or the key itself; a list's entry found by the path named)."""
+    if where and where[-1] == "init_args":
+        return [*where[:-1], "class_path"]
+    node: Any = tree
+    for part in where:
+        node = node.get(part) if isinstance(node, dict) else None
+    named = re.search(r"Import path (\S+)", reason)
+    if isinstance(node, list) and named:
+        for index, item in enumerate(node):
+            path = item.get("class_path") if isinstance(item, dict) else item
+            if path == named.group(1):
+                return [*where, str(index), "class_path"]
+    return [*where, "class_path"]
+
+
+def _class_parts(tree: dict[str, Any], parts: list[str], class_path: str) -> list[str]:
+    """The path parts a class's block adds: its index when the value at ``parts`` is a list
+    (``trainer.callbacks.1``), then ``init_args``."""
+    node: Any = tree
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            path = item.get("class_path") if isinstance(item, dict) else item
+            if isinstance(path, str) and path.endswith(class_path.rsplit(".", 1)[-1]):
+                return [str(index), "init_args"]
+    return ["init_args"]

@@ -1,0 +1,189 @@
+"""LightningCLI's keys read by LightningCLI's own parser (``raytrain.lightning_config``) and a
+user's ModelCheckpoint read as ``checkpoint.*`` (``spec.model_checkpoint``): parsed,
+refused and built in this process, no Ray."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from raytrain.cli.app import main
+from raytrain.errors import SpecError
+from raytrain.lightning_config import config_problems, explain, instantiate
+from raytrain.spec import load_spec
+
+EXAMPLES = "tests.integration.lightning_examples"
+
+
+def _backbone_config(tmp_path: Path, **backbone_args: Any) -> dict[str, Any]:
+    """Lightning's backbone example as a LightningCLI config: the backbone nested, and its
+    activation nested in it (two levels of class_path)."""
+    return {
+        "name": "backbone",
+        "model": {"class_path": f"{EXAMPLES}.LitClassifier", "init_args": {
+            "learning_rate": 0.01,
+            "backbone": {"class_path": f"{EXAMPLES}.Backbone", "init_args": {
+                "hidden_dim": 16, "activation": {"class_path": "torch.nn.Tanh"},
+                **backbone_args}}}},
+        "data": {"class_path": "lightning.pytorch.demos.mnist_datamodule.MNISTDataModule",
+                 "init_args": {"data_dir": str(tmp_path / "mnist"), "num_workers": 0}},
+        "trainer": {"max_epochs": 1, "callbacks": [
+            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+             "init_args": {"monitor": "valid_loss_epoch", "mode": "min"}},
+            {"class_path": "EarlyStopping", "init_args": {"monitor": "valid_loss_epoch"}}]},
+        "checkpoint": {"storage": str(tmp_path / "runs")},
+    }  # fmt: skip
+
+
+def _cli(tmp_path: Path, config: dict[str, Any], *args: str) -> tuple[int, str, str]:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([args[0], str(path), *args[1:]])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_nested_class_paths_two_levels_deep_are_built(tmp_path: Path) -> None:
+    import torch
+
+    spec = load_spec(_backbone_config(tmp_path))
+    assert config_problems(spec) == []
+    built = instantiate(spec)
+    backbone = built.model.backbone
+    assert type(backbone).__name__ == "Backbone" and backbone.l1.out_features == 16
+    assert isinstance(backbone.activation, torch.nn.Tanh)  # the second level
+    assert type(built.datamodule).__name__ == "MNISTDataModule"
+    assert [type(c).__name__ for c in built.callbacks] == ["EarlyStopping"]
+    assert built.model.hparams.learning_rate == 0.01
+
+
+def test_a_wrong_nested_key_is_refused_before_ray_naming_its_path(tmp_path: Path) -> None:
+    rc, _, err = _cli(tmp_path, _backbone_config(tmp_path, hiden_dim=64), "validate")
+    assert rc == 2
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: model.init_args.backbone.init_args.hiden_dim: Option 'hiden_dim' "
+                      "is not accepted"], err  # fmt: skip
+    assert "Traceback" not in err
+    # a wrong type two levels down: jsonargparse's reason, after the full path
+    config = _backbone_config(tmp_path)
+    config["model"]["init_args"]["backbone"]["init_args"]["activation"] = {
+        "class_path": "torch.nn.Linear", "init_args": {"in_features": "x"}}  # fmt: skip
+    (problem,) = config_problems(load_spec(config))
+    assert problem.startswith("model.init_args.backbone.init_args.activation"), problem
+
+
+def test_a_cli_subclass_links_the_datamodules_num_classes_into_the_model(tmp_path: Path) -> None:
+    config = {
+        "name": "linked",
+        "lightning_cli": f"{EXAMPLES}:LinkedCLI",
+        "model": {"class_path": f"{EXAMPLES}.ClassesModel", "init_args": {"hidden": 4}},
+        "data": {"class_path": f"{EXAMPLES}.ClassesData", "init_args": {"num_classes": 7}},
+        "checkpoint": {"storage": str(tmp_path / "runs")},
+    }
+    built = instantiate(load_spec(config))
+    assert built.model.head.out_features == 7 and built.model.hparams.num_classes == 7
+    # without the CLI class, num_classes is missing: jsonargparse says so
+    plain = {k: v for k, v in config.items() if k != "lightning_cli"}
+    (problem,) = config_problems(load_spec(plain))
+    assert problem.startswith("model") and "num_classes" in problem, problem
+    # --cli names the class on the command line instead
+    rc, out, _ = _cli(tmp_path, plain, "validate", "--cli", f"{EXAMPLES}:LinkedCLI")
+    assert rc == 0 and f"lightning_cli: {EXAMPLES}:LinkedCLI" in out
+    rc, _, err = _cli(tmp_path, plain, "validate", "--cli", "torch.nn:Linear")
+    assert rc == 2 and "error: lightning_cli: 'torch.nn:Linear' is not a" in err
+
+
+def test_model_checkpoint_becomes_raytrains_checkpoint_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _backbone_config(tmp_path)
+    config["trainer"]["callbacks"][0]["init_args"].update(
+        save_top_k=2, every_n_train_steps=5, save_last=True)  # fmt: skip
+    spec = load_spec(config)
+    assert (spec.checkpoint.monitor, spec.checkpoint.mode) == ("valid_loss_epoch", "min")
+    assert (spec.checkpoint.keep, spec.checkpoint.every_n_steps) == (2, 5)
+    assert [c.class_path for c in spec.trainer.callbacks] == [
+        "lightning.pytorch.callbacks:EarlyStopping"]  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("ModelCheckpoint becomes raytrain's checkpoint settings") == 1
+    assert "warning" not in err
+    # the spec's checkpoint section wins, and says so; what has no counterpart is named
+    config["checkpoint"]["keep"] = 4
+    config["trainer"]["callbacks"][0]["init_args"].update(
+        dirpath="/elsewhere", filename="{epoch}-{valid_loss_epoch:.2f}")  # fmt: skip
+    spec = load_spec(config)
+    assert spec.checkpoint.keep == 4
+    err = capsys.readouterr().err
+    assert "checkpoint.keep set in the spec win" in err
+    assert "ignored: dirpath '/elsewhere'" in err and "filename '{epoch}" in err
+    # save_weights_only: refused; two ModelCheckpoints: refused naming both
+    config["trainer"]["callbacks"][0]["init_args"]["save_weights_only"] = True
+    with pytest.raises(SpecError, match=r"callbacks\.0\.init_args\.save_weights_only"):
+        load_spec(config)
+    twice = _backbone_config(tmp_path)
+    twice["trainer"]["callbacks"][1] = "ModelCheckpoint"
+    with pytest.raises(SpecError, match=r"trainer\.callbacks\.0 and trainer\.callbacks\.1"):
+        load_spec(twice)
+    # a ModelCheckpoint subclass: its checkpoints would be neither committed nor resumed
+    own = _backbone_config(tmp_path)
+    own["trainer"]["callbacks"][0]["class_path"] = f"{EXAMPLES}.EveryEpochCheckpoint"
+    (problem,) = config_problems(load_spec(own))
+    assert problem.startswith("trainer.callbacks.0.class_path: ") and "subclass" in problem
+
+
+def test_print_config_prints_the_resolved_config_and_runs_nothing(tmp_path: Path) -> None:
+    config = _backbone_config(tmp_path)
+    config["tracking"] = {"mlflow": {"tracking_uri": "https://user:hunter2@mlflow.example"}}
+    rc, out, _ = _cli(tmp_path, config, "run", "--print_config")
+    assert rc == 0
+    printed = yaml.safe_load(out)
+    backbone = printed["model"]["init_args"]["backbone"]
+    assert backbone["init_args"]["activation"] == {"class_path": "torch.nn.Tanh"}
+    # the DataModule's defaults from its signature, resolved as jsonargparse resolves them
+    assert printed["data"]["init_args"]["batch_size"] == 32
+    assert printed["checkpoint"]["monitor"] == "valid_loss_epoch"  # raytrain's, beside
+    assert "hunter2" not in out
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_explain_names_a_list_entry_and_a_missing_class() -> None:
+    tree = {"trainer": {"callbacks": [{"class_path": "a.B"}, {"class_path": "a.C"}]}}
+    message = (
+        'Parser key "trainer.callbacks":\n  Errors:\n'
+        "    - Problem with given class_path 'a.C':\n        Option 'x' is not accepted\n"
+    )
+    assert explain(message, tree) == "trainer.callbacks.1.init_args.x: Option 'x' is not accepted"
+    message = 'Parser key "data":\n  Import path a.D does not correspond to a subclass of X'
+    assert explain(message, tree).startswith("data.class_path: Import path a.D")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _shipped_configs() -> list[tuple[str, dict[str, Any]]]:
+    """Every LightningCLI config shipped: jobs/*.yaml and the README's YAML blocks that
+    name a model."""
+    import re
+
+    out = [(str(p.relative_to(ROOT)), yaml.safe_load(p.read_text()))
+           for p in sorted((ROOT / "jobs").glob("*.yaml"))]  # fmt: skip
+    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    for index, block in enumerate(blocks):
+        tree = yaml.safe_load(block)
+        if isinstance(tree, dict) and isinstance(tree.get("model"), dict):
+            out.append((f"README.md yaml block {index}", {"name": "readme", **tree}))
+    return out
+
+
+@pytest.mark.parametrize(("where", "tree"), _shipped_configs(), ids=lambda v: str(v)[:40])
+def test_every_shipped_config_parses_with_lightning_clis_parser(
+    where: str, tree: dict[str, Any]
+) -> None:
+    tree.pop("tune", None)
+    assert config_problems(load_spec({"name": "shipped", **tree})) == [], where
