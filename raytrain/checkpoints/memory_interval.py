@@ -3,7 +3,7 @@ memory, chosen so that keeping it costs at most ``BUDGET`` of training.
 
 Keeping the state costs the sender a snapshot (the state copied off the live tensors, on
 the training thread) and a send (serialised and handed to the keeper, on a background
-thread, which still takes the sender's CPU). Every step is kept where that costs at most
+thread: its CPU time, which training shares; the wait for the keeper's answer is free). Every step is kept where that costs at most
 5% of a step; else the smallest interval that keeps the cost within 5%, so that a fault
 loses as few steps as the budget allows. Pure functions and a small accumulator, no
 Lightning, no Ray: unit-tested on the rule; rank 0 alone runs it (it alone keeps the state).
@@ -12,6 +12,7 @@ Lightning, no Ray: unit-tested on the rule; rank 0 alone runs it (it alone keeps
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 # The share of training time the in-memory state may cost.
@@ -56,10 +57,11 @@ class MemoryChoice:
 
 class MemoryCost:
     """The figures ``memory_steps`` needs, measured as the run goes: each keep's snapshot
-    and send times, and the step time (training between steps, less the snapshots). Each
-    is the mean of its last ``window`` samples."""
+    time and send (CPU) time, and the step time (training between steps, less the
+    snapshots). Each is the median of its last ``window`` samples: a step that ran a
+    validation or a checkpoint is not a step's cost."""
 
-    def __init__(self, window: int = 8):
+    def __init__(self, window: int = 20):
         self.window = window
         self._snapshots: list[float] = []
         self._sends: list[float] = []
@@ -79,7 +81,7 @@ class MemoryCost:
         """The interval for the figures so far (None until a keep and a step are known)."""
         if not self._snapshots or not self._sends or not self._steps:
             return None
-        snap = sum(self._snapshots) / len(self._snapshots)
-        send = sum(self._sends) / len(self._sends)
-        step = sum(self._steps) / len(self._steps)
+        snap = statistics.median(self._snapshots)
+        send = statistics.median(self._sends)
+        step = statistics.median(self._steps)
         return MemoryChoice(memory_steps(snap + send, step), snap, send, step)

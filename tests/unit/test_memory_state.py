@@ -42,7 +42,7 @@ def test_every_step_is_kept_where_it_costs_at_most_five_percent_of_a_step() -> N
 
 
 def test_the_cost_is_measured_as_the_run_goes_and_said_with_its_figures() -> None:
-    cost = MemoryCost(window=2)
+    cost = MemoryCost(window=3)
     assert cost.choose() is None  # nothing measured
     cost.snapshot(0.001)
     cost.stepped(0.1)
@@ -52,9 +52,12 @@ def test_the_cost_is_measured_as_the_run_goes_and_said_with_its_figures() -> Non
     assert choice is not None and choice.steps == 1 and choice.cost == pytest.approx(0.04)
     text = choice.describe()
     assert "every 1 step(s)" in text and "snapshot 0.001 s" in text and "send 0.003 s" in text
-    cost.sent(0.049)  # slower sends (mean of the last 2: 0.026): re-chosen
+    cost.sent(0.049)  # slower sends (median of the last 2: 0.026): re-chosen
     choice = cost.choose()
     assert choice is not None and choice.steps == memory_steps(0.001 + 0.026, 0.1) == 6
+    cost.stepped(0.1)
+    cost.stepped(5.0)  # a step with a validation in it: the median is still a step's
+    assert cost.choose() == choice
     cost.stepped(0.0)  # not a step: ignored
     assert cost.choose() == choice
 
