@@ -3,10 +3,11 @@ memory, chosen so that keeping it costs at most ``BUDGET`` of training.
 
 Keeping the state costs the sender a snapshot (the state copied off the live tensors, on
 the training thread) and a send (serialised and handed to the keeper, on a background
-thread: its CPU time, which training shares; the wait for the keeper's answer is free). Every step is kept where that costs at most
-5% of a step; else the smallest interval that keeps the cost within 5%, so that a fault
-loses as few steps as the budget allows. Pure functions and a small accumulator, no
-Lightning, no Ray: unit-tested on the rule; rank 0 alone runs it (it alone keeps the state).
+thread: its CPU time, which training shares; the wait for the keeper's answer is free).
+Every step is kept where that costs at most 5% of a step; else the smallest interval that
+keeps the cost within 5%, so that a fault loses as few steps as the budget allows. Pure
+functions and a small accumulator, no Lightning, no Ray: unit-tested on the rule; rank 0
+alone runs it (it alone keeps the state).
 """
 
 from __future__ import annotations
