@@ -92,7 +92,7 @@ class MemoryState(pl.Callback):
         self._step_ended: float | None = None
         self._sending: Future[float] | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._told = False  # the first auto choice was said
+        self._told: int | None = None  # the auto interval last said
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_step = trainer.global_step
@@ -152,14 +152,18 @@ class MemoryState(pl.Callback):
         self._sending = None
 
     def _retune(self) -> None:
-        """Under ``auto``: the interval for the figures so far, said when first chosen
-        and whenever it changes."""
+        """Under ``auto``: the interval for the figures so far, said when first chosen and
+        when it is twice or half the last one said (on digits the choice wanders between
+        3 and 8 steps with the machine's load: each step of that said would be noise)."""
         choice = self.cost.choose() if self.auto else None
-        if choice is None or (self._told and choice.steps == self.every_n_steps):
+        if choice is None:
             return
-        self.every_n_steps, self._told = choice.steps, True
-        if self.on_choice is not None:
-            self.on_choice(choice)
+        self.every_n_steps = choice.steps
+        told = self._told
+        if told is None or not told / 2 < choice.steps < told * 2:
+            self._told = choice.steps
+            if self.on_choice is not None:
+                self.on_choice(choice)
 
     def finish(self) -> None:
         """Wait for the send on its way (its figures count) and stop the thread."""
