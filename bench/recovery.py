@@ -11,10 +11,15 @@ failures (the baseline), and with rank 1 SIGKILLed at 3 steps, twice:
 - ``after commit``: each kill waits until Ray Train has committed the worker's last
   checkpoint, so the restore is from it: what a failure long after a checkpoint costs.
 
+With ``--memory N|auto`` (``checkpoint.memory_every_n_steps``) it runs, instead, four ways:
+uninterrupted without and with the in-memory state (their median ``samples_per_second``
+over the run's reports gives the overhead of keeping the state, same process, same
+cluster), and kills at any time without and with it: steps trained again per kill.
+
 The model (tests/integration/models.py, ``KillAtStepsCNN``) records wall-clock times of each
 kill and of the first step finished after each (re)start. It prints a table and writes JSON.
 
-    python -m bench.recovery [--kills 40,100,170] [--out FILE.json]
+    python -m bench.recovery [--kills 40,100,170] [--memory auto] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def run(work: Path, name: str, kills: list[int], wait_for_commit: bool) -> dict:
+def run(
+    work: Path, name: str, kills: list[int], wait_for_commit: bool, memory: int | str | None = None
+) -> dict:
     import raytrain
 
     out = work / name
@@ -45,7 +52,8 @@ def run(work: Path, name: str, kills: list[int], wait_for_commit: bool) -> dict:
                  "val": {"uri": str(work / "digits" / "val")},
                  "columns": ["pixels", "label"], "batch_size": 32},
         "trainer": {"max_epochs": 10, "log_every_n_steps": 10, "seed": 42},
-        "checkpoint": {"storage": str(out / "runs"), "every_n_epochs": 1, "keep": 3},
+        "checkpoint": {"storage": str(out / "runs"), "every_n_epochs": 1, "keep": 3,
+                       "memory_every_n_steps": memory},
         "failure": {"max_failures": len(kills)},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{out / 'mlflow.db'}"}},
     }  # fmt: skip
@@ -62,15 +70,53 @@ def run(work: Path, name: str, kills: list[int], wait_for_commit: bool) -> dict:
                            "steps_trained_again": event["step"] - restored,
                            "kill_to_next_step_s": nxt["at"] - event["at"]})  # fmt: skip
     return {"val_acc": result.metrics["val_acc"], "step": result.metrics["step"],
-            "wall_s": result.wall_time_s, "recoveries": recoveries}  # fmt: skip
+            "wall_s": result.wall_time_s, "recoveries": recoveries,
+            **_throughput(result)}  # fmt: skip
+
+
+def _throughput(result: object) -> dict:
+    """The run's median ``samples_per_second`` over its reports, and the in-memory
+    interval ``auto`` chose (its MLflow tag), from the run's MLflow record."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(result.tracking_uri)  # type: ignore[attr-defined]
+    run_id = result.mlflow_run_id  # type: ignore[attr-defined]
+    rates = [m.value for m in client.get_metric_history(run_id, "samples_per_s")]
+    tags = client.get_run(run_id).data.tags
+    return {"samples_per_second": statistics.median(rates) if rates else None,
+            "memory_interval": tags.get("raytrain.memory_interval")}  # fmt: skip
+
+
+def _memory_table(results: dict) -> None:
+    """Steps trained again per kill, kill -> next step, and the overhead of the state."""
+    print(f"{'state':<10} {'kills':>5} {'retrained (each)':<26} {'median':>6} "
+          f"{'kill->step s (median)':>22}")  # fmt: skip
+    for name in ("storage only", "memory"):
+        recs = results[f"{name} any time"]["recoveries"]
+        again = [r["steps_trained_again"] for r in recs]
+        times = [r["kill_to_next_step_s"] for r in recs]
+        print(f"{name:<10} {len(recs):>5} {','.join(map(str, again)):<26} "
+              f"{statistics.median(again):>6} {statistics.median(times):>22.2f}")  # fmt: skip
+    off = results["storage only uninterrupted"]["samples_per_second"]
+    on = results["memory uninterrupted"]["samples_per_second"]
+    print(f"samples/s uninterrupted: storage only {off:.1f}, with the state in memory {on:.1f}: "
+          f"overhead {100 * (off / on - 1):+.1f}% of a step")  # fmt: skip
+    print(f"auto's choice: {results['memory uninterrupted']['memory_interval']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", default="40,100,170", help="steps at which rank 1 is killed")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "recovery.json"))
+    parser.add_argument(
+        "--memory",
+        default=None,
+        help="checkpoint.memory_every_n_steps (N or auto): compare with it",
+    )
     args = parser.parse_args()
     kills = [int(k) for k in args.kills.split(",")]
+    memory = None if args.memory is None else (
+        args.memory if args.memory == "auto" else int(args.memory))  # fmt: skip
 
     from raytrain.datasets.digits import write_splits
     from raytrain.driver.ray_runtime import DATA_CPUS, start_local
@@ -79,6 +125,21 @@ def main() -> None:
         work = Path(tmp)
         write_splits(str(work / "digits" / "train"), str(work / "digits" / "val"))
         handle = start_local(2 + DATA_CPUS)
+        if memory is not None:
+            results = {
+                "storage only uninterrupted": run(work, "off-plain", [], False),
+                "memory uninterrupted": run(work, "on-plain", [], False, memory),
+                "storage only any time": run(work, "off-kills", kills, False),
+                "memory any time": run(work, "on-kills", kills, False, memory),
+            }
+            handle.shutdown()
+            _memory_table(results)
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"kills": kills, "memory": memory, "results": results},
+                                      indent=2))  # fmt: skip
+            print(f"wrote {out}")
+            return
         results = {
             "uninterrupted": run(work, "uninterrupted", [], False),
             "any time": run(work, "any-time", kills, False),

@@ -75,6 +75,7 @@ class WorkerConfig:
     streamed: Mapping[str, StreamedSet] = field(default_factory=dict)  # by split name
     mixed: Mapping[str, MixedSet] = field(default_factory=dict)  # by split name (train)
     chaos: ActorHandle | None = None  # failure.chaos's ChaosMonkey every rank marks
+    keeper: ActorHandle | None = None  # the StateKeeper of checkpoint.memory_every_n_steps
 
     def as_train_loop_config(self) -> dict[str, Any]:
         """The ``train_loop_config`` Ray Train pickles to every worker."""

@@ -103,6 +103,13 @@ def accumulate_from(trainer: Any, offset: Callable[[], int]) -> None:
     loop._accumulated_batches_reached = reached
 
 
+def dump_state(trainer: Any) -> dict[str, Any]:
+    """The full Lightning state, as ``trainer.save_checkpoint`` would write it (weights,
+    optimizers, schedulers, loops and the loaders' positions, callbacks), without writing
+    it or waiting on the other ranks: its tensors are the live ones."""
+    return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+
+
 def checkpoint_loader_states(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
     """The train loaders' states a Lightning checkpoint holds, as the list the fit loop will
     load into them (changing its items changes what they resume from); empty when none

@@ -50,6 +50,9 @@ PRECISION_KEY = "_precision"
 # The key of rank 0's report of the checkpoint interval ``every_n_steps: auto`` chose, and
 # the figures that chose it, when it changes (the interval itself: ``checkpoint_interval``).
 INTERVAL_KEY = "_checkpoint_interval"
+# checkpoint.memory_every_n_steps: auto's interval and the figures that chose it, when it
+# changes (rank 0's report; the driver prints it and tags the MLflow run).
+MEMORY_INTERVAL_KEY = "_memory_interval"
 # The key of rank 0's event of a report that carries a checkpoint (not in the checkpoint's
 # own metrics): the status record waits for Ray's snapshot to show it committed.
 CHECKPOINT_KEY = "_checkpoint"

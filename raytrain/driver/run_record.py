@@ -15,7 +15,13 @@ from typing import Any
 
 import yaml
 
-from raytrain.checkpoints.layout import INTERVAL_KEY, MONITOR_MISSING, PRECISION_KEY, STOPPED_KEY
+from raytrain.checkpoints.layout import (
+    INTERVAL_KEY,
+    MEMORY_INTERVAL_KEY,
+    MONITOR_MISSING,
+    PRECISION_KEY,
+    STOPPED_KEY,
+)
 from raytrain.driver import runstate
 from raytrain.driver.background import Background
 from raytrain.driver.model_log import ModelLog
@@ -133,6 +139,9 @@ class RunRecord:
         if INTERVAL_KEY in event:  # checkpoint.every_n_steps: auto chose anew
             print(f"raytrain: at step {step}: {event[INTERVAL_KEY]}", file=sys.stderr)
             tracker.set_tags({"raytrain.checkpoint_interval": str(event[INTERVAL_KEY])})
+        if MEMORY_INTERVAL_KEY in event:  # checkpoint.memory_every_n_steps: auto chose anew
+            print(f"raytrain: at step {step}: {event[MEMORY_INTERVAL_KEY]}", file=sys.stderr)
+            tracker.set_tags({"raytrain.memory_interval": str(event[MEMORY_INTERVAL_KEY])})
         if STOPPED_KEY in event:
             print(f"raytrain: stopped early at step {step}: {event[STOPPED_KEY]}",
                   file=sys.stderr)  # fmt: skip

@@ -77,11 +77,12 @@ def run_config(job: JobSpec) -> Any:
 
 
 def make_trainer(
-    job: JobSpec, ray_handle: RayHandle, sink: Any, splits: Splits, chaos: Any = None
-) -> Any:
+    job: JobSpec, ray_handle: RayHandle, sink: Any, splits: Splits, chaos: Any = None,
+    keeper: Any = None,
+) -> Any:  # fmt: skip
     """The run's trainer: ``worker.loop.train_loop`` on every worker, with its
     ``WorkerConfig``; ``chaos``: ``failure.chaos``'s injector (its kills are retried, not
-    counted)."""
+    counted); ``keeper``: the ``StateKeeper`` of ``checkpoint.memory_every_n_steps``."""
     from ray.train.torch import TorchConfig
     from ray.train.v2.api.config import ScalingConfig
 
@@ -92,7 +93,8 @@ def make_trainer(
     from raytrain.worker.loop import train_loop
 
     work = WorkerConfig(spec=for_workers(job), sink=sink, cached=splits.cached,
-                        streamed=splits.streamed, mixed=splits.mixed, chaos=chaos)  # fmt: skip
+                        streamed=splits.streamed, mixed=splits.mixed, chaos=chaos,
+                        keeper=keeper)  # fmt: skip
     return build_trainer(
         embedded_env=ray_handle.embedded_env,
         ends_with_run=ray_handle.started_here,
@@ -131,6 +133,7 @@ def train(
     their straggler to ``status`` too, and all of them to ``timeline.json`` at the end;
     the ranks' hang reports to stderr, MLflow and ``status``; the reports, timelines and
     hangs also to Ray's metrics (``tracking.prometheus``)."""
+    from raytrain.checkpoints.keeper import keeps_memory_state, start_keeper, stop_keeper
     from raytrain.data.sources import build_datasets
     from raytrain.driver.progress import start_sink, stop_sink
 
@@ -144,9 +147,10 @@ def train(
     timelines = _timelines(record, status, line)
     hangs = _hangs(job, record, status)
     chaos = _start_chaos(job)
+    keeper = start_keeper() if keeps_memory_state(job) else None
     began = time.time()
     try:
-        trainer = make_trainer(job, ray_handle, sink, splits, chaos)
+        trainer = make_trainer(job, ray_handle, sink, splits, chaos, keeper)
         # A run that cannot be recorded does not train: opening the records aborts it; so
         # does another run taking the lease over.
         record.start(on_error=lambda exc: trainer.abort())
@@ -162,6 +166,7 @@ def train(
         result, latest = _fit(job, trainer, sink, record, held, line, mark, handlers, by_rank)
     finally:
         stop_sink(sink)
+        stop_keeper(keeper)
         _log_timelines(record, timelines)
         faults = _stop_chaos(chaos)
     summary = None

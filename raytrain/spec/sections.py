@@ -221,6 +221,16 @@ class CheckpointSpec(_Section):
     every_n_epochs: int | None = Field(
         default=1, ge=1, description="Checkpoint every N epochs; null: only by steps."
     )
+    memory_every_n_steps: int | Literal["auto"] | None = Field(
+        default=None,
+        description="Every N steps rank 0 keeps its full training state (with the data "
+        "position) in memory outside the training processes (a Ray actor the driver "
+        "starts), replacing the one before; a restart after a worker's or node's loss "
+        "resumes from it when it is newer than the checkpoint in storage. `auto`: every "
+        "step where keeping it costs at most 5% of a step, else the smallest interval that "
+        "does, from the run's own measurements; `off` or null: storage only. DDP only "
+        "(FSDP and model_parallel resume from storage).",
+    )
     keep: int | None = Field(default=3, ge=1, description="Checkpoints kept; null: all.")
     monitor: str | None = Field(default=None, description="Metric ranking checkpoints to keep.")
     mode: Literal["min", "max"] = Field(default="min", description="Best `monitor` is min/max.")
@@ -237,6 +247,17 @@ class CheckpointSpec(_Section):
             return value
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError("expected a number of steps (1 or more), auto, or null")
+        return value
+
+    @field_validator("memory_every_n_steps", mode="before")
+    @classmethod
+    def _memory_steps(cls, value: Any) -> Any:
+        if value is False or value == "off":  # YAML reads a bare off as false
+            return None
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("expected a number of steps (1 or more), auto, off, or null")
         return value
 
 

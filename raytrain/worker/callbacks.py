@@ -13,7 +13,8 @@ Lightning calls each hook on the callbacks in list order, and the order matters:
 4. the user's ``trainer.callbacks``, in their order, before the checkpoint: a checkpoint
    taken at a validation's end holds what an EarlyStopping made of that validation (with
    them after it, a resume restored their state one validation behind),
-5. ``CheckpointCallback``, whose report of a step includes them,
+5. ``CheckpointCallback``, whose report of a step includes them, then ``MemoryState``
+   (rank 0, ``checkpoint.memory_every_n_steps``), whose state of a step is a checkpoint's,
 6. ``PreemptionGuard``, which may checkpoint through 5 and then stop the run,
 7. ``LoaderPosition``, the loader's data position, then ``RollbackSkip``, which moves a
    restored loader past the last spike (after ``LoaderPosition`` has set an epoch's
@@ -40,6 +41,7 @@ from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
 from raytrain.worker.hang_watchdog import HangWatchdog
 from raytrain.worker.loader_position import LoaderPosition
+from raytrain.worker.memory_state import MemoryState
 from raytrain.worker.mix_rows import MixRows
 from raytrain.worker.reporting import MetricsReporter, Publish
 from raytrain.worker.schedule import CheckpointSchedule
@@ -68,6 +70,8 @@ def build_callbacks(
     batching: GlobalBatch | None = None,
     mtbf: Callable[[], float | None] | None = None,
     user: list[pl.Callback] | None = None,
+    keeper: Any = None,
+    keeper_token: int = 0,
 ) -> WorkerCallbacks:
     """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
     events to the driver), which also times its loop; ``timeline`` times every rank's
@@ -76,7 +80,9 @@ def build_callbacks(
     there is one. ``batching``: what a step trains on, reported as ``global_batch``.
     ``mtbf``: the run's measured mean time between failures (rank 0's), for
     ``checkpoint.every_n_steps: auto``. ``user``: the config's ``trainer.callbacks``, built
-    (``lightning_config.instantiate``)."""
+    (``lightning_config.instantiate``). ``keeper``: the run's ``StateKeeper`` (None: no
+    in-memory state), which rank 0 keeps its state in, with ``keeper_token`` (what
+    ``memory_state.restore_from_memory`` opened it with)."""
     ckpt = spec.checkpoint
     auto = AutoInterval(*spec.failure.expected_mtbf()) if ckpt.every_n_steps == "auto" else None
     first = FIRST_AUTO_STEPS if ckpt.every_n_steps == "auto" else ckpt.every_n_steps
@@ -103,6 +109,13 @@ def build_callbacks(
         mtbf=mtbf,
     )
     preemption = PreemptionGuard(checkpoints, spec.failure.preemption_check_s)
+    memory: list[pl.Callback] = []
+    if keeper is not None and publish is not None:  # rank 0 alone keeps its state
+        steps = ckpt.memory_every_n_steps
+        memory = [MemoryState(
+            keeper, keeper_token, steps if isinstance(steps, int) else None, train_loader,
+            on_choice=lambda choice: setattr(reporter, "memory_choice", choice.describe()),
+        )]  # fmt: skip
     spike = spec.failure.spike
     spikes: list[pl.Callback] = []
     if spike is not None:
@@ -119,6 +132,7 @@ def build_callbacks(
         reporter,
         *(user or []),
         checkpoints,
+        *memory,
         preemption,
         LoaderPosition(train_loader),
         *spikes[1:],

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -156,8 +158,15 @@ def train_loop(config: dict[str, Any]) -> None:
     if rank == 0:  # at every start and resize: what one optimizer step trains on
         print(f"raytrain: {batching.describe()}", flush=True)
     mtbf = _mtbf_reader(work.sink) if rank == 0 else None
+    checkpoint = ray.train.get_checkpoint()
+    token, from_memory = 0, None
+    if work.keeper is not None:  # checkpoint.memory_every_n_steps: a newer state in memory?
+        from raytrain.worker.memory_state import restore_from_memory
+
+        token, from_memory = restore_from_memory(work.keeper, _checkpoint_step(checkpoint))
     callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching,
-                                mtbf, user.callbacks)  # fmt: skip
+                                mtbf, user.callbacks, keeper=work.keeper,
+                                keeper_token=token)  # fmt: skip
     loggers = [ReportLogger(callbacks.reporter), *user.loggers]
     profiler, profiles = build_profiler(spec, rank)
     ordered = callbacks.ordered
@@ -170,8 +179,13 @@ def train_loop(config: dict[str, Any]) -> None:
 
     from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
 
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
+    if from_memory is not None:  # the same content as a checkpoint's, newer
+        try:
+            with lightning_globals():
+                trainer.fit(model, **loaders, ckpt_path=from_memory, weights_only=True)
+        finally:
+            shutil.rmtree(os.path.dirname(from_memory), ignore_errors=True)
+    elif checkpoint is None:
         start = start_from(spec)  # a Lightning checkpoint of the user's, or none
         with lightning_globals():
             trainer.fit(model, **loaders, ckpt_path=start, weights_only=True)
@@ -186,6 +200,23 @@ def train_loop(config: dict[str, Any]) -> None:
     upload_profiles(spec, profiles)
     if rank == 0 and work.sink is not None:
         ray.get(work.sink.ping.remote())  # the driver has every event before the run ends
+
+
+def _checkpoint_step(checkpoint: Any) -> int | None:
+    """The step of the checkpoint Ray Train restores from (None: none), from its
+    ``raytrain.json``, read alone; a step no state in memory is newer than where that
+    cannot be read (the restore then uses the checkpoint)."""
+    import json
+
+    from raytrain.checkpoints.layout import META_FILE
+
+    if checkpoint is None:
+        return None
+    try:
+        with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{META_FILE}") as handle:
+            return int(json.loads(handle.read())["step"])
+    except Exception:
+        return sys.maxsize
 
 
 def _mtbf_reader(sink: Any) -> Callable[[], float | None] | None:

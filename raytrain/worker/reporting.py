@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import Logger
 from raytrain._compat.lightning import epoch_cut_short, epoch_in_progress
 from raytrain.checkpoints.layout import (
     INTERVAL_KEY,
+    MEMORY_INTERVAL_KEY,
     MONITOR_MISSING,
     SCORE_KEY,
     STOPPED_KEY,
@@ -118,6 +119,7 @@ class MetricsReporter(pl.Callback):
         # changed, what chose it; each sent once
         self.checkpoint_interval: int | None = None
         self.interval_choice: str | None = None
+        self.memory_choice: str | None = None  # memory_every_n_steps: auto's, sent once
         self._last_step = -1
         self._last_report_step = -1
         self._samples = 0
@@ -215,6 +217,9 @@ class MetricsReporter(pl.Callback):
         if self.interval_choice is not None:
             metrics[INTERVAL_KEY] = self.interval_choice
             self.interval_choice = None
+        if self.memory_choice is not None:
+            metrics[MEMORY_INTERVAL_KEY] = self.memory_choice
+            self.memory_choice = None
         if self._startup is not None and "_first_step_at" in self._startup:
             metrics.update(self._startup)  # wall clock times, once: the startup breakdown
             self._startup = None

@@ -107,6 +107,13 @@ def data_rank(spec: JobSpec, rank: int, world_size: int) -> tuple[int, int]:
     return rank // tp, world_size // tp
 
 
+def rank_zero_holds_state(spec: JobSpec) -> bool:
+    """Whether rank 0 alone holds the whole training state and can dump it without the
+    other ranks (DDP): what ``checkpoint.memory_every_n_steps`` keeps. Under FSDP and
+    model parallelism each rank holds a shard (a full state dict is a collective)."""
+    return spec.strategy.name == "ddp"
+
+
 def shards_checkpoints(spec: JobSpec) -> bool:
     """Whether every rank writes its own shard of a checkpoint (sharded FSDP, or the
     model-parallel strategy's DTensors)."""

@@ -1,0 +1,222 @@
+"""Rank 0 keeps its training state in memory, outside the training processes, and a
+restarted group resumes from it (``checkpoint.memory_every_n_steps``; the keeper and the
+choice of state: ``checkpoints.keeper``).
+
+``MemoryState`` runs on rank 0 at the end of every optimizer step that is due. It takes a
+snapshot of the full Lightning state, the content of a checkpoint at this step with the
+loops' and the loader's position (copied off the live tensors on the training thread, so
+the next step cannot change it), and hands it to a background thread that serialises it
+and sends it to the keeper. Never two sends at once: a keep due while the last is still
+on its way is skipped. Under ``auto`` the interval is chosen from the measured cost
+(``checkpoints.memory_interval``) at each keep, and rank 0 tells the driver when it
+changes. A loader that keeps no position is kept only where a checkpoint would be
+(never mid-epoch): not at all, here.
+
+``restore_from_memory`` runs on every rank before ``fit``: rank 0 opens the keeper (fencing
+off the dead group's sends) and decides, every rank takes its decision by a broadcast,
+fetches the state by its step and writes it to a local file, which ``fit`` resumes from as
+from a checkpoint in storage. Every rank must have it, or all resume from storage.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from raytrain._compat.lightning import dump_state
+from raytrain.checkpoints.keeper import memory_is_newer
+from raytrain.checkpoints.layout import CKPT_FILE
+from raytrain.checkpoints.memory_interval import MemoryChoice, MemoryCost
+from raytrain.worker.loader_position import keeps_position
+
+SEND_TIMEOUT_S = 300
+
+
+def frozen(value: Any) -> Any:
+    """``value`` with every tensor copied to the CPU and every container copied, so that
+    training on cannot change it while it is serialised in the background."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        copied = value.copy()
+        for key, item in value.items():
+            copied[key] = frozen(item)
+        return copied
+    if isinstance(value, list):
+        return [frozen(item) for item in value]
+    if isinstance(value, tuple):
+        items = [frozen(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
+def serialised(state: dict[str, Any]) -> bytes:
+    """``state`` as a Lightning checkpoint file's bytes (what ``torch.save`` writes)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+class MemoryState(pl.Callback):
+    """Keeps rank 0's state in the keeper every ``every_n_steps`` steps (None: ``auto``)
+    (see the module docstring). ``token``: what ``restore_from_memory`` opened the keeper
+    with. ``train_loader`` returns the train loader. ``on_choice`` is told the figures of
+    each new ``auto`` choice (rank 0's reporter sends them to the driver)."""
+
+    def __init__(
+        self,
+        keeper: Any,
+        token: int,
+        every_n_steps: int | None,
+        train_loader: Callable[[], Any] = lambda: None,
+        on_choice: Callable[[MemoryChoice], None] | None = None,
+    ):
+        self.keeper, self.token = keeper, token
+        self.auto = every_n_steps is None
+        self.every_n_steps = every_n_steps or 1
+        self.train_loader = train_loader
+        self.on_choice = on_choice
+        self.cost = MemoryCost()
+        self.kept = 0
+        self.skipped = 0  # due while the last send was still on its way
+        self._last_step = -1
+        self._last_keep: int | None = None
+        self._step_ended: float | None = None
+        self._sending: Future[float] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._told: int | None = None  # the auto interval last said
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_step = trainer.global_step
+        self._last_keep = trainer.global_step
+        self._step_ended = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        step = trainer.global_step
+        if trainer.global_rank != 0 or step == self._last_step:  # accumulating gradients
+            return
+        self._last_step = step
+        now = time.perf_counter()
+        if self._step_ended is not None:
+            self.cost.stepped(now - self._step_ended)
+        if step - (self._last_keep or 0) >= self.every_n_steps and keeps_position(
+            self.train_loader()
+        ):
+            self._keep(trainer, step)
+        self._step_ended = time.perf_counter()  # the snapshot is not the step's time
+
+    def _keep(self, trainer: pl.Trainer, step: int) -> None:
+        sending = self._sending
+        if sending is not None and not sending.done():
+            self.skipped += 1
+            return
+        if sending is not None:
+            self._sent(sending)
+        began = time.perf_counter()
+        state = frozen(dump_state(trainer))
+        self.cost.snapshot(time.perf_counter() - began)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raytrain-memory")
+        self._sending = self._pool.submit(self._send, step, state)
+        self._last_keep = step
+        self.kept += 1
+        self._retune()
+
+    def _send(self, step: int, state: dict[str, Any]) -> float:
+        """Serialise and send (the background thread); returns the CPU seconds it took
+        this thread: its cost to training (waiting for the keeper's answer costs none)."""
+        import ray
+
+        began = time.thread_time()
+        data = serialised(state)
+        reply = self.keeper.put.remote(self.token, step, data)
+        spent = time.thread_time() - began
+        ray.get(reply, timeout=SEND_TIMEOUT_S)
+        return spent
+
+    def _sent(self, sending: Future[float]) -> None:
+        try:
+            self.cost.sent(sending.result())
+        except Exception as exc:  # a keeper gone: training goes on, restores use storage
+            print(f"raytrain: warning: the in-memory state was not kept: {exc}", flush=True)
+        self._sending = None
+
+    def _retune(self) -> None:
+        """Under ``auto``: the interval for the figures so far, said when first chosen and
+        when it is twice or half the last one said (on digits the choice wanders between
+        3 and 8 steps with the machine's load: each step of that said would be noise)."""
+        choice = self.cost.choose() if self.auto else None
+        if choice is None:
+            return
+        self.every_n_steps = choice.steps
+        told = self._told
+        if told is None or not told / 2 < choice.steps < told * 2:
+            self._told = choice.steps
+            if self.on_choice is not None:
+                self.on_choice(choice)
+
+    def finish(self) -> None:
+        """Wait for the send on its way (its figures count) and stop the thread."""
+        if self._sending is not None:
+            self._sent(self._sending)  # bounded: the send waits SEND_TIMEOUT_S at most
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.finish()
+
+
+def restore_from_memory(keeper: Any, storage_step: int | None) -> tuple[int, str | None]:
+    """Every rank, before ``fit``: open the keeper (rank 0) and, if the state it holds is
+    newer than the checkpoint in storage (at ``storage_step``), fetch it into a local file.
+    Returns the keeper's token (for rank 0's ``MemoryState``) and the file to resume from
+    (None: resume from storage). Every rank gets the same answer."""
+    import ray
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    token, chosen = 0, -1
+    if rank == 0:
+        token, held = ray.get(keeper.open.remote(), timeout=60)
+        if memory_is_newer(held, storage_step):
+            chosen = int(held or 0)
+    chosen = int(_agree([chosen], "max")[0])
+    if chosen < 0:
+        return token, None
+    data = ray.get(keeper.get.remote(chosen), timeout=SEND_TIMEOUT_S)
+    if int(_agree([0 if data is None else 1], "min")[0]) == 0:
+        return token, None
+    folder = tempfile.mkdtemp(prefix="raytrain-memory-")
+    path = os.path.join(folder, CKPT_FILE)
+    with open(path, "wb") as handle:
+        handle.write(data)
+    if rank == 0:
+        storage = "none" if storage_step is None else f"step {storage_step}"
+        print(f"raytrain: resuming from the in-memory state at step {chosen} (the "
+              f"checkpoint in storage: {storage})", flush=True)  # fmt: skip
+    return token, path
+
+
+def _agree(values: list[int], op: str) -> list[int]:
+    """``values`` reduced over the ranks (``max`` or ``min``), by the group Ray Train set
+    up; as they are without one."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN)
+    return [int(v) for v in tensor.tolist()]
