@@ -110,7 +110,7 @@ def build_parser(cli_path: str | None) -> tuple[Any, Any]:
         path = cli_path if ":" in cli_path else ":".join(cli_path.rsplit(".", 1))
         try:
             cls = import_object(path)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a module may call sys.exit at import
             raise SpecError(f"lightning_cli: cannot import {cli_path!r}: "
                             f"{type(exc).__name__}: {exc}") from None  # fmt: skip
         if not (isinstance(cls, type) and issubclass(cls, LightningCLI)):
@@ -128,7 +128,7 @@ def build_parser(cli_path: str | None) -> tuple[Any, Any]:
     try:
         parser = cli.init_parser(exit_on_error=False)
         cli._add_arguments(parser)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # the user's add_arguments_to_parser
         raise SpecError(f"lightning_cli: setting up {cls.__qualname__}'s parser failed: "
                         f"{type(exc).__name__}: {exc}") from None  # fmt: skip
     cli.parser = parser
@@ -140,7 +140,7 @@ def parse(parser: Any, tree: dict[str, Any]) -> Any:
     jsonargparse's reason, on one line naming the field."""
     try:
         return parser.parse_object(tree)
-    except Exception as exc:  # jsonargparse raises argparse.ArgumentError, or a user's error
+    except (Exception, SystemExit) as exc:  # argparse.ArgumentError, or a user module's
         raise SpecError(explain(str(exc), tree)) from None
 
 

@@ -41,7 +41,7 @@ def check_classes(spec: JobSpec) -> list[str]:
 def _import_class(path: str) -> type | None:
     try:
         value = import_object(path)
-    except Exception:
+    except (Exception, SystemExit):
         return None
     return value if isinstance(value, type) else None
 

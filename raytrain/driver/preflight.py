@@ -57,7 +57,7 @@ def check_model(spec: JobSpec) -> list[str]:
     except AttributeError:
         module = path.partition(":")[0]
         return [f"model.class_path: module {module!r} has no attribute {path.partition(':')[2]!r}"]
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: a module that calls sys.exit
         return [f"model.class_path: importing {path!r} failed: {type(exc).__name__}: {exc}"]
     import lightning.pytorch as pl
 

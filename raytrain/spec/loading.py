@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from raytrain.errors import SpecError
+from raytrain.redaction import redact_tree
 from raytrain.spec.data import DataModuleSpec, DataSpec, MixSourceSpec, SourceSpec
 from raytrain.spec.fields import _CREDENTIALS_REFUSED, _section_type
 from raytrain.spec.lightning_cli import lightning_cli_tree
@@ -165,6 +166,9 @@ def load_spec(
 
 
 def dump_spec(spec: JobSpec) -> str:
-    """The resolved spec as YAML, defaults filled in (no ``tune`` key unless it sweeps)."""
+    """The resolved spec as YAML, defaults filled in (no ``tune`` key unless it sweeps),
+    credentials masked as everywhere raytrain shows a spec (``redaction.redact_tree``):
+    ``raytrain validate`` printed a tracking URI's password and a tag's token as written."""
     exclude = {"tune"} if spec.tune is None else None
-    return yaml.safe_dump(spec.model_dump(mode="json", exclude=exclude), sort_keys=False)
+    tree = redact_tree(spec.model_dump(mode="json", exclude=exclude))
+    return yaml.safe_dump(tree, sort_keys=False)

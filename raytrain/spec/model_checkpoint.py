@@ -16,6 +16,7 @@ refused, naming both. Pure: a tree in, a tree, notes and problems out; nothing i
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from raytrain.spec.classes import normalize_class_path
@@ -38,6 +39,39 @@ HONOURED = {
 }
 # Arguments that ask for what raytrain does anyway, at any value.
 ACCEPTED = frozenset({"save_last", "verbose", "auto_insert_metric_name", "enable_version_counter"})
+# Every argument of Lightning 2.6's ModelCheckpoint: any other key is a typo, refused as
+# jsonargparse refuses one in any other class (pinned against the installed signature).
+ARGUMENTS = frozenset({
+    "dirpath", "filename", "monitor", "verbose", "save_last", "save_top_k", "save_on_exception",
+    "save_weights_only", "mode", "auto_insert_metric_name", "every_n_train_steps",
+    "train_time_interval", "every_n_epochs", "save_on_train_epoch_end", "enable_version_counter",
+})  # fmt: skip
+# The most checkpoints a run keeps, and the longest interval in steps or epochs: past these a
+# value is a slip (1e20), not a plan.
+MAX_KEEP = 100_000
+MAX_INTERVAL = 10**9
+
+
+def _honoured_value(key: str, value: Any) -> tuple[Any, str | None]:
+    """``value`` of the honoured argument ``key`` as raytrain's field takes it, or a reason it
+    cannot be, as Lightning's ModelCheckpoint would refuse it (a value it would coerce or
+    refuse at the run's start is refused here, before Ray). ``(None, None)``: off."""
+    if key == "monitor":
+        return (value, None) if isinstance(value, str) and value else (None, "a metric name")
+    if key == "mode":
+        return (value, None) if value in ("min", "max") else (None, "'min' or 'max'")
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None, "a whole number"
+    if key == "save_top_k":
+        if value == 0:
+            return None, ("0 saves nothing, and a run resumes from its checkpoints: give -1 "
+                          "(all) or at least 1")  # fmt: skip
+        if value < -1 or value > MAX_KEEP:
+            return None, f"-1 (all) or 1 to {MAX_KEEP:,}"
+        return (None if value == -1 else value), None
+    if value < 0 or value > MAX_INTERVAL:
+        return None, f"0 (off) to {MAX_INTERVAL:,}"
+    return (value or None), None
 
 
 def is_model_checkpoint(entry: Any) -> bool:
@@ -70,8 +104,20 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> tuple[dict[str, Any], list[s
                           "one set of checkpoints: give one"]  # fmt: skip
     index, entry = found[0]
     field = f"trainer.callbacks.{index}"
+    # The tree without the callback: what the rest of the spec is checked on, so a problem
+    # found here is said once, not again by the spec's own check of the entry.
+    out = dict(tree)
+    out["trainer"] = {**trainer, "callbacks": [c for i, c in enumerate(listed) if i != index]}
     args = entry.get("init_args") if isinstance(entry, dict) else None
+    if args is not None and not isinstance(args, dict):
+        return out, [], [f"{field}.init_args: a mapping of ModelCheckpoint's arguments, "
+                         f"got {type(args).__name__}"]  # fmt: skip
     args = dict(args or {})
+    unknown = sorted(str(k) for k in args if k not in ARGUMENTS)
+    if unknown:
+        near = {k: difflib.get_close_matches(k, ARGUMENTS, n=1) for k in unknown}
+        said = ", ".join(k + (f" (did you mean {near[k][0]}?)" if near[k] else "") for k in unknown)
+        return out, [], [f"{field}.init_args: ModelCheckpoint takes no {said}"]
     section = tree.get("checkpoint")
     section = dict(section) if isinstance(section, dict) else {}
     adopted, kept, ignored, problems = [], [], [], []
@@ -93,17 +139,20 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> tuple[dict[str, Any], list[s
             continue
         if value is None:
             continue
-        if key == "save_top_k":
-            value = None if value == -1 else max(int(value), 1)
+        given = value
+        value, reason = _honoured_value(key, given)
+        if reason is not None:
+            problems.append(f"{field}.init_args.{key}: {reason}, got {repr(given)[:80]}")
+            continue
+        if value is None and key != "save_top_k":  # 0: off, as in Lightning
+            continue
         if target in section:
             kept.append(f"checkpoint.{target}")
             continue
         section[target] = value
         adopted.append(f"{key} → checkpoint.{target}={value!r}")
     if problems:
-        return tree, [], problems
-    out = dict(tree)
-    out["trainer"] = {**trainer, "callbacks": [c for i, c in enumerate(listed) if i != index]}
+        return out, [], problems
     out["checkpoint"] = section
     said = ", ".join(adopted) or "nothing to adopt"
     notes = [f"{field}: ModelCheckpoint becomes raytrain's checkpoint settings: {said}"

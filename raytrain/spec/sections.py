@@ -256,8 +256,9 @@ class CheckpointSpec(_Section):
             return None
         if value is None or value == "auto":
             return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError("expected a number of steps (1 or more), auto, off, or null")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**9:
+            raise ValueError("expected a number of steps (1 to 1,000,000,000), auto, off, "
+                             "or null")  # fmt: skip
         return value
 
 
@@ -552,6 +553,7 @@ RESUMABLE_FIELDS = (
     "tracking.",
     "checkpoint.keep",
     "checkpoint.upload",
+    "checkpoint.memory_every_n_steps",  # how a failure is recovered, not what is trained
     "storage.",
 )
 

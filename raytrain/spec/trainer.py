@@ -60,13 +60,17 @@ class TrainerSpec(_Section):
     )
     callbacks: list[CallbackSpec] = Field(
         default_factory=list,
+        max_length=100,  # each is parsed by jsonargparse: 3,000 took over a minute to refuse
         description="Lightning callbacks as `{class_path, init_args}` (or a class name from "
-        "lightning.pytorch.callbacks), run on every rank, their state in every checkpoint.",
+        "lightning.pytorch.callbacks), run on every rank, their state in every checkpoint; "
+        "at most 100.",
     )
     logger: list[LoggerSpec] = Field(
         default_factory=list,
+        max_length=100,
         description="Loggers beside MLflow (TensorBoardLogger, CSVLogger, ...): rank 0 writes; "
-        "a relative save_dir is under the run's storage. `true`/`false`/null: none.",
+        "a relative save_dir is under the run's storage. `true`/`false`/null: none; at most "
+        "100.",
     )
 
     profiler: Profiler | None = Field(

@@ -30,8 +30,8 @@ UNSUPPORTED_MP_PRECISION = ("16-mixed", "16", "64-true", "64")
 def strategy_problems(spec: JobSpec) -> list[str]:
     """Problems of ``spec.strategy`` the schema cannot see: a strategy's options only come
     with it (they would silently do nothing), hybrid sharding needs GPUs, a model-parallel
-    mesh must hold every worker. The driver checks them before Ray starts; nothing here
-    imports Lightning."""
+    mesh must hold every worker, the in-memory state needs DDP. The driver checks them
+    before Ray starts; nothing here imports Lightning."""
     from raytrain.spec import FsdpSpec, ModelParallelSpec
 
     name = spec.strategy.name
@@ -43,6 +43,11 @@ def strategy_problems(spec: JobSpec) -> list[str]:
         # Lightning builds the hybrid (nodes x workers) device mesh on CUDA devices
         return ["strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true, or "
                 "auto on a cluster with GPUs); on CPU workers use full"]  # fmt: skip
+    if spec.checkpoint.memory_every_n_steps is not None and not rank_zero_holds_state(spec):
+        # rank 0's whole state is what is kept; without this the setting was dropped unsaid
+        return [f"checkpoint.memory_every_n_steps: DDP only: under strategy.name {name} each "
+                "rank holds a shard and a restart resumes from storage; remove it or set it "
+                "to off"]  # fmt: skip
     if name == "model_parallel":
         return mesh_problems(spec)
     return []

@@ -187,3 +187,94 @@ def test_every_shipped_config_parses_with_lightning_clis_parser(
 ) -> None:
     tree.pop("tune", None)
     assert config_problems(load_spec({"name": "shipped", **tree})) == [], where
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({"save_top_k": "lots"}, "trainer.callbacks.0.init_args.save_top_k: a whole number"),
+        ({"save_top_k": float("inf")}, "trainer.callbacks.0.init_args.save_top_k: a whole"),
+        ({"save_top_k": 0}, "trainer.callbacks.0.init_args.save_top_k: 0 saves nothing"),
+        ({"save_top_k": -5}, "trainer.callbacks.0.init_args.save_top_k: -1 (all) or 1 to"),
+        ({"save_top_k": 10**20}, "trainer.callbacks.0.init_args.save_top_k: -1 (all) or 1 to"),
+        ({"every_n_train_steps": -3}, "trainer.callbacks.0.init_args.every_n_train_steps: 0"),
+        ({"every_n_epochs": "x"}, "trainer.callbacks.0.init_args.every_n_epochs: a whole"),
+        ({"mode": "sideways"}, "trainer.callbacks.0.init_args.mode: 'min' or 'max'"),
+        ({"monitor": 5}, "trainer.callbacks.0.init_args.monitor: a metric name"),
+        (
+            {"monitr": "x"},
+            "trainer.callbacks.0.init_args: ModelCheckpoint takes no monitr (did "
+            "you mean monitor?)",
+        ),
+        ([1, 2], "trainer.callbacks.0.init_args: a mapping of ModelCheckpoint's arguments"),
+    ],
+)
+def test_a_model_checkpoint_value_lightning_would_refuse_is_refused_naming_its_own_field(
+    tmp_path: Path, args: Any, expected: str
+) -> None:
+    """Each was a traceback (``save_top_k: lots``, a list of init_args), a silent ``keep: 1``
+    (``save_top_k`` 0, -5), a warning (a typo) or an error naming ``checkpoint.*``, a field
+    the user never wrote."""
+    config = _backbone_config(tmp_path)
+    config["trainer"]["callbacks"][0]["init_args"] = args
+    rc, _, err = _cli(tmp_path, config, "validate")
+    assert rc == 2 and err.startswith(f"error: {expected}") and err.count("\n") == 1, err
+
+
+def test_user_code_that_exits_is_an_error_not_a_silent_pass(tmp_path: Path) -> None:
+    """A module or a CLI class that calls ``sys.exit`` ended ``raytrain validate`` with its
+    code and no word (``SystemExit(0)``: a validation that looked passed)."""
+    import sys
+
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(0)\n")
+    (tmp_path / "exiting_cli.py").write_text(
+        "from lightning.pytorch.cli import LightningCLI\n"
+        "class CLI(LightningCLI):\n"
+        "    def add_arguments_to_parser(self, parser):\n"
+        "        raise SystemExit(0)\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        config = _backbone_config(tmp_path)
+        config["trainer"]["callbacks"] = []
+        config["lightning_cli"] = "exiting_cli:CLI"
+        rc, _, err = _cli(tmp_path, config, "validate")
+        assert rc == 2 and err.startswith("error: lightning_cli: setting up CLI's parser"), err
+        config["lightning_cli"] = "exits_at_import:CLI"
+        rc, _, err = _cli(tmp_path, config, "validate")
+        assert rc == 2 and err.startswith("error: lightning_cli: cannot import"), err
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("exits_at_import", None)
+        sys.modules.pop("exiting_cli", None)
+
+
+def test_validate_prints_the_resolved_spec_with_credentials_masked(tmp_path: Path) -> None:
+    """``validate`` printed the spec as written: a tracking URI's password, a tag's token."""
+    config = _backbone_config(tmp_path)
+    config["tracking"] = {"mlflow": {"tracking_uri": "https://alice:s3cr3tpw@mlflow.example",
+                                     "tags": {"api_key": "tok-abcdef123456"}}}  # fmt: skip
+    rc, out, _ = _cli(tmp_path, config, "validate")
+    assert rc == 0 and "tracking_uri:" in out
+    assert "s3cr3tpw" not in out and "tok-abcdef123456" not in out
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
+def test_memory_state_is_refused_where_rank_0_holds_a_shard(tmp_path: Path, strategy: str) -> None:
+    """It was dropped without a word: the in-memory state is rank 0's whole state."""
+    config = _backbone_config(tmp_path)
+    config["strategy"] = {"name": strategy}
+    config["checkpoint"]["memory_every_n_steps"] = 1
+    rc, _, err = _cli(tmp_path, config, "validate")
+    assert rc == 2 and "\nerror: checkpoint.memory_every_n_steps: DDP only: under " in err, err
+
+
+def test_more_than_100_callbacks_are_refused_before_jsonargparse_parses_them(
+    tmp_path: Path,
+) -> None:
+    """Each is parsed by jsonargparse: 3,000 ran for over a minute without a word."""
+    config = _backbone_config(tmp_path)
+    config["trainer"]["callbacks"] = [{"class_path": "EarlyStopping",
+                                       "init_args": {"monitor": "m"}}] * 101  # fmt: skip
+    rc, _, err = _cli(tmp_path, config, "validate")
+    assert rc == 2 and err.startswith("error: trainer.callbacks: ") and "100" in err, err

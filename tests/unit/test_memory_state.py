@@ -20,6 +20,7 @@ from raytrain.checkpoints.memory_interval import (
 from raytrain.errors import SpecError
 from raytrain.spec import load_spec
 from raytrain.worker.memory_state import frozen, serialised
+from raytrain.worker.strategy import strategy_problems
 
 
 def test_every_step_is_kept_where_it_costs_at_most_five_percent_of_a_step() -> None:
@@ -94,8 +95,10 @@ def test_memory_every_n_steps_is_a_count_auto_or_off_and_ddp_only() -> None:
         assert spec.checkpoint.memory_every_n_steps == expected
     assert keeps_memory_state(load_spec(base, ["checkpoint.memory_every_n_steps=auto"]))
     fsdp = load_spec(base, ["checkpoint.memory_every_n_steps=1", "strategy.name=fsdp"])
-    assert not keeps_memory_state(fsdp)  # a shard per rank: storage only
-    for bad in ("0", "true", "often"):
+    assert not keeps_memory_state(fsdp)  # a shard per rank: refused before Ray, not dropped
+    (problem,) = strategy_problems(fsdp)
+    assert problem.startswith("checkpoint.memory_every_n_steps: DDP only")
+    for bad in ("0", "true", "often", "99999999999999999999999"):
         with pytest.raises(SpecError) as excinfo:
             load_spec(base, [f"checkpoint.memory_every_n_steps={bad}"])
         (problem,) = excinfo.value.problems
