@@ -90,6 +90,8 @@ def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
             secret = _CREDENTIALS_REFUSED in item["msg"]
             # a section's own check (a model validator) gets the section, not one value
             shown = "" if secret or isinstance(got, dict | list | BaseModel) else f", got {got!r}"
+            if shown and repr(got) in item["msg"]:  # the check's own message shows it
+                shown = ""
             lines.append(f"{path}: {item['msg']}{shown}")
     return lines
 

@@ -278,3 +278,11 @@ def test_more_than_100_callbacks_are_refused_before_jsonargparse_parses_them(
                                        "init_args": {"monitor": "m"}}] * 101  # fmt: skip
     rc, _, err = _cli(tmp_path, config, "validate")
     assert rc == 2 and err.startswith("error: trainer.callbacks: ") and "100" in err, err
+
+
+def test_a_refused_value_is_shown_once() -> None:
+    """A check whose message shows the value had it repeated: "got 'a:b:c', got 'a:b:c'"."""
+    with pytest.raises(SpecError) as excinfo:
+        load_spec({"name": "x", "model": {"class_path": "a:b:c"}})
+    assert any(p.startswith("model.class_path: ") for p in excinfo.value.problems)
+    assert all(p.count("'a:b:c'") == 1 for p in excinfo.value.problems), excinfo.value.problems
