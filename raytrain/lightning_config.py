@@ -147,12 +147,41 @@ def parse(parser: Any, tree: dict[str, Any]) -> Any:
 def config_problems(spec: JobSpec) -> list[str]:
     """Every problem LightningCLI's parser finds in ``spec``'s LightningCLI keys (the
     driver's check: nothing is instantiated)."""
+    tree = cli_tree(spec)
+    unimportable = import_problems(tree)
+    if unimportable:
+        return unimportable
     try:
         _, parser = build_parser(spec.lightning_cli)
-        config = parse(parser, cli_tree(spec))
+        config = parse(parser, tree)
     except SpecError as exc:
         return exc.problems
     return _checkpoint_subclasses(config)
+
+
+def import_problems(node: Any, where: str = "") -> list[str]:
+    """Each ``class_path`` in ``node`` (a LightningCLI tree, walked to any depth) whose
+    module fails to import, named by its field, with the exception's type and message.
+
+    jsonargparse tries every type of a union and reports the exception's message alone
+    among its reasons (``trainer.callbacks: boom at import``): neither the field's index,
+    nor the class, nor that it was an import. These imports are the ones parsing makes."""
+    problems: list[str] = []
+    if isinstance(node, dict):
+        path = node.get("class_path")
+        if isinstance(path, str) and "." in path and ":" not in path:
+            try:
+                import_object(":".join(path.rsplit(".", 1)))
+            except (Exception, SystemExit) as exc:
+                problems.append(f"{where}class_path: importing {path!r} failed: "
+                                f"{type(exc).__name__}: {exc}")  # fmt: skip
+        for key, value in node.items():
+            if key != "class_path":
+                problems += import_problems(value, f"{where}{key}.")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            problems += import_problems(value, f"{where}{index}.")
+    return problems
 
 
 def _checkpoint_subclasses(config: Any) -> list[str]:
@@ -296,7 +325,14 @@ def explain(message: str, tree: dict[str, Any]) -> str:
         return " ".join(message.split())
     if _IMPORT.match(reasons[0]):  # the class itself, not its arguments
         best = _class_path_field(tree, best, reasons[0])
-    return f"{'.'.join(best) or '(config)'}: {'; '.join(reasons)}"
+    said = "; ".join(reasons)
+    if len(said) > MAX_REASON:  # a reason can quote a whole nested value (1,700 characters)
+        said = said[:MAX_REASON] + "..."
+    return f"{'.'.join(best) or '(config)'}: {said}"
+
+
+# The longest reason an error line quotes: the field path before it says where to look.
+MAX_REASON = 300
 
 
 def _class_path_field(tree: dict[str, Any], where: list[str], reason: str) -> list[str]:

@@ -286,3 +286,29 @@ def test_a_refused_value_is_shown_once() -> None:
         load_spec({"name": "x", "model": {"class_path": "a:b:c"}})
     assert any(p.startswith("model.class_path: ") for p in excinfo.value.problems)
     assert all(p.count("'a:b:c'") == 1 for p in excinfo.value.problems), excinfo.value.problems
+
+
+def test_a_class_whose_module_fails_to_import_is_named_by_its_field(tmp_path: Path) -> None:
+    """jsonargparse said only ``trainer.callbacks: boom at import``: not which entry, not
+    which class, not that an import failed."""
+    import sys
+
+    (tmp_path / "boom_at_import.py").write_text("raise RuntimeError('boom at import')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        config = _backbone_config(tmp_path)
+        config["trainer"]["callbacks"] = [{"class_path": "boom_at_import.X"}]
+        rc, _, err = _cli(tmp_path, config, "validate")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("boom_at_import", None)
+    assert rc == 2 and err == (
+        "error: trainer.callbacks.0.class_path: importing "
+        "'boom_at_import.X' failed: RuntimeError: boom at import\n"
+    ), err
+
+
+def test_a_reason_quoting_a_deeply_nested_value_is_cut_to_one_readable_line() -> None:
+    message = 'Parser key "model":\n  Problem with given class_path "a.B":\n    - ' + "x" * 2000
+    line = explain(message, {"model": {"class_path": "a.B"}})
+    assert line.startswith("model") and len(line) < 400 and line.endswith("..."), line
