@@ -29,6 +29,7 @@ parser: they stand beside LightningCLI's keys, read by the spec's own sections.
 
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -138,8 +139,9 @@ def build_parser(cli_path: str | None) -> tuple[Any, Any]:
 def parse(parser: Any, tree: dict[str, Any]) -> Any:
     """``tree`` parsed by ``parser`` (a jsonargparse Namespace); raises ``SpecError`` with
     jsonargparse's reason, on one line naming the field."""
-    try:
-        return parser.parse_object(tree)
+    try:  # a copy: jsonargparse turns the tree's list entries into Namespaces as it goes,
+        # and ``explain`` reads the tree as written to name an entry by its index
+        return parser.parse_object(copy.deepcopy(tree))
     except (Exception, SystemExit) as exc:  # argparse.ArgumentError, or a user module's
         raise SpecError(explain(str(exc), tree)) from None
 

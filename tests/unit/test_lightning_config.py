@@ -312,3 +312,12 @@ def test_a_reason_quoting_a_deeply_nested_value_is_cut_to_one_readable_line() ->
     message = 'Parser key "model":\n  Problem with given class_path "a.B":\n    - ' + "x" * 2000
     line = explain(message, {"model": {"class_path": "a.B"}})
     assert line.startswith("model") and len(line) < 400 and line.endswith("..."), line
+
+
+def test_a_callback_given_by_its_bare_name_is_named_by_its_index(tmp_path: Path) -> None:
+    """jsonargparse turned the parsed tree's entries into Namespaces, so the error said
+    ``trainer.callbacks.init_args``, no index."""
+    config = _backbone_config(tmp_path)
+    config["trainer"]["callbacks"] = "EarlyStopping"
+    rc, _, err = _cli(tmp_path, config, "validate")
+    assert rc == 2 and err.startswith("error: trainer.callbacks.0.init_args: "), err
