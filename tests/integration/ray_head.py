@@ -166,6 +166,14 @@ def _with_descendants(found: set[int], table: dict[int, tuple[int, str]]) -> set
     return found
 
 
+def processes_below(pid: int) -> dict[int, str]:
+    """The processes descended from ``pid`` now, with their command lines: a local Ray that
+    a test process started (its raylet, and the raylet's workers) and nothing of another Ray
+    on the same machine."""
+    table = _process_table()
+    return {p: table[p][1] for p in _with_descendants({pid}, table) - {pid} if p in table}
+
+
 def _processes_under(marker: str) -> set[int]:
     """Pids whose command line names ``marker`` (the cluster's temp dir), and all their
     descendants (Ray's agents rename themselves and lose it)."""

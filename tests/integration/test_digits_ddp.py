@@ -20,6 +20,7 @@ from raytrain.checkpoints.layout import CKPT_FILE
 from raytrain.cli.app import main
 from raytrain.run_status import read_status
 from tests.conftest import digits_spec, write_spec
+from tests.integration.ray_head import processes_below
 
 pytestmark = pytest.mark.integration
 EPOCHS = 4
@@ -68,17 +69,14 @@ def test_two_worker_ddp_learns_digits(first_run) -> None:
 
 
 def _ray_processes(*names: str) -> list[str]:
-    """This machine's processes that run one of the named actors (``ray::NAME``)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")[0].decode(errors="replace").strip()
-        except OSError:  # it ended while being read
-            continue
-        if cmd in {f"ray::{name}" for name in names}:
-            found.append(f"{pid} {cmd}")
-    return found
+    """The processes of this test's local Ray that run one of the named actors (``ray::NAME``):
+    another Ray on the machine (a second suite, a soak) runs actors of the same names."""
+    actors = {f"ray::{name}" for name in names}
+    return [
+        f"{pid} {cmd}"
+        for pid, cmd in processes_below(os.getpid()).items()
+        if cmd.split()[:1] and cmd.split()[0] in actors
+    ]
 
 
 def test_a_finished_run_leaves_no_actor_and_the_callers_sigint_handler(first_run) -> None:
