@@ -3,10 +3,12 @@
 ``Backbone`` and ``LitClassifier`` follow Lightning's
 ``examples/pytorch/basics/backbone_image_classifier.py``: the model takes its backbone as
 an argument, which a LightningCLI config gives as a nested ``class_path`` block; here the
-backbone's activation is a class too, so a config nests classes two levels deep.
+backbone's activation is a class too, so a config nests classes two levels deep, and its
+output width is an argument (``num_classes``, 10 in Lightning's) for a link to set.
 ``write_mnist`` writes MNIST-shaped files where Lightning's ``MNISTDataModule`` reads them
 under ``PL_USE_MOCKED_MNIST`` (nothing is downloaded). ``LinkedCLI`` links the DataModule's
-``num_classes`` into the model's, as LightningCLI's docs show.
+``num_classes`` into the model's, as LightningCLI's docs show; ``BackboneCLI`` links
+``MNISTClasses``' into the nested backbone's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.demos.mnist_datamodule import MNISTDataModule
 from torch import nn
 from torch.nn import functional as F
 
@@ -25,10 +28,12 @@ from torch.nn import functional as F
 class Backbone(nn.Module):
     """Lightning's example backbone: two linear layers over a flattened 28x28 image."""
 
-    def __init__(self, hidden_dim: int = 128, activation: nn.Module | None = None) -> None:
+    def __init__(
+        self, hidden_dim: int = 128, activation: nn.Module | None = None, num_classes: int = 10
+    ) -> None:
         super().__init__()
         self.l1 = nn.Linear(28 * 28, hidden_dim)
-        self.l2 = nn.Linear(hidden_dim, 10)
+        self.l2 = nn.Linear(hidden_dim, num_classes)
         self.activation = activation if activation is not None else nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,4 +110,30 @@ class LinkedCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments(
             "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
+        )
+
+
+class MNISTClasses(MNISTDataModule):
+    """Lightning's MNISTDataModule told how many classes its model's head should have
+    (``num_classes`` is 10 in Lightning's; more leaves some never seen, which a test can
+    tell from the backbone's default)."""
+
+    def __init__(self, classes: int = 10, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.classes = classes
+
+    @property
+    def num_classes(self) -> int:
+        return self.classes
+
+
+class BackboneCLI(LightningCLI):
+    """A project's CLI: the DataModule's ``num_classes`` → the nested backbone's, once the
+    DataModule is built."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments(
+            "data.num_classes",
+            "model.init_args.backbone.init_args.num_classes",
+            apply_on="instantiate",
         )

@@ -243,67 +243,107 @@ def test_an_iterable_datamodule_resumes_at_the_epoch_boundary_exactly(
     assert counts[ids].tolist() == [2] * len(ids) and int(counts.sum()) == 2 * len(ids)
 
 
-def test_lightnings_backbone_example_runs_from_its_cli_config_with_its_model_checkpoint(
-    tmp_path: Path, clean_env: None
-) -> None:
-    """Lightning's backbone_image_classifier example (``LitClassifier`` given a nested
-    ``Backbone`` class_path, whose activation is a class_path too) on Lightning's own
-    MNISTDataModule, over MNIST-shaped files written here (PL_USE_MOCKED_MNIST: no
-    download), its ModelCheckpoint(monitor=valid_loss_epoch, mode=min) read as raytrain's
-    checkpoint settings: the nested classes are built on the workers (else DDP refuses a
-    model with no parameters), train_loss falls, valid_loss is logged, and the checkpoints
-    kept are the best by valid_loss_epoch."""
-    from mlflow.tracking import MlflowClient
+EXAMPLES = "tests.integration.lightning_examples"
 
-    from tests.integration.lightning_examples import write_mnist
 
-    write_mnist(tmp_path / "mnist")
-    examples = "tests.integration.lightning_examples"
-    config = {
+def _backbone_config(tmp_path: Path, data: str, callbacks: list[Any]) -> dict[str, Any]:
+    """Lightning's backbone example as LightningCLI writes its config: ``LitClassifier``
+    given a nested ``Backbone`` class_path, whose activation is a class_path too."""
+    return {
         "seed_everything": 7,
-        "model": {"class_path": f"{examples}.LitClassifier", "init_args": {
+        "model": {"class_path": f"{EXAMPLES}.LitClassifier", "init_args": {
             "learning_rate": 0.001,
-            "backbone": {"class_path": f"{examples}.Backbone", "init_args": {
+            "backbone": {"class_path": f"{EXAMPLES}.Backbone", "init_args": {
                 "hidden_dim": 32, "activation": {"class_path": "torch.nn.Tanh"}}}}},
-        "data": {"class_path": "lightning.pytorch.demos.mnist_datamodule.MNISTDataModule",
+        "data": {"class_path": data,
                  "init_args": {"data_dir": str(tmp_path / "mnist"), "val_split": 128,
                                "num_workers": 0, "batch_size": 32}},
         "trainer": {"max_epochs": 4, "log_every_n_steps": 2, "precision": "32-true",
-                    "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                                   "init_args": {"monitor": "valid_loss_epoch", "mode": "min",
-                                                 "save_top_k": 2}}]},
+                    "callbacks": callbacks},
         "checkpoint": {"storage": "runs"},
         "tracking": _tracking(tmp_path),
     }  # fmt: skip
+
+
+def _run_backbone(tmp_path: Path, config: dict[str, Any], *args: str) -> tuple[dict, str]:
+    """``raytrain validate`` then ``raytrain run`` of ``config`` in a fresh process, over
+    MNIST-shaped files written here: (the run's JSON result, its stderr)."""
+    from tests.integration.lightning_examples import write_mnist
+
+    write_mnist(tmp_path / "mnist")
     path = tmp_path / "backbone.yaml"
     path.write_text(yaml.safe_dump(config))
     env = cli_env(PL_USE_MOCKED_MNIST="1")
     check = subprocess.run(
-        [sys.executable, "-m", "raytrain", "validate", str(path)],
+        [sys.executable, "-m", "raytrain", "validate", str(path), *args],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert check.returncode == 0, check.stderr
     proc = subprocess.run(
-        [sys.executable, "-m", "raytrain", "run", str(path), "--json"],
+        [sys.executable, "-m", "raytrain", "run", str(path), "--json", *args],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert proc.stderr.count("ModelCheckpoint becomes raytrain's checkpoint settings") == 1
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["metrics"]["step"] == 4 * 8  # 512 rows, 2 workers, 32 a batch
+    return result, proc.stderr
+
+
+def _learned(result: dict[str, Any]) -> list[float]:
+    """Asserts train_loss fell by more than half and valid_loss was logged every epoch;
+    returns the epochs' valid_loss_epoch."""
+    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(result["tracking_uri"])
     train = [m.value for m in client.get_metric_history(result["mlflow_run_id"], "train_loss_step")]
     assert len(train) >= 8 and sum(train[-3:]) < 0.5 * sum(train[:3]), train
     valid = client.get_metric_history(result["mlflow_run_id"], "valid_loss_epoch")
     assert len(valid) == 4 and all(v.value > 0 for v in valid)
+    return [v.value for v in valid]
+
+
+def test_lightnings_backbone_example_runs_from_its_cli_config_with_its_model_checkpoint(
+    tmp_path: Path, clean_env: None
+) -> None:
+    """Lightning's backbone_image_classifier example on Lightning's own MNISTDataModule,
+    over MNIST-shaped files written here (PL_USE_MOCKED_MNIST: no download), its
+    ModelCheckpoint(monitor=valid_loss_epoch, mode=min) read as raytrain's checkpoint
+    settings: the nested classes are built on the workers (else DDP refuses a model with no
+    parameters), train_loss falls, valid_loss is logged, and the checkpoints kept are the
+    best by valid_loss_epoch."""
+    checkpoint = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"monitor": "valid_loss_epoch", "mode": "min", "save_top_k": 2},
+    }
+    mnist = "lightning.pytorch.demos.mnist_datamodule.MNISTDataModule"
+    result, stderr = _run_backbone(tmp_path, _backbone_config(tmp_path, mnist, [checkpoint]))
+    assert stderr.count("ModelCheckpoint becomes raytrain's checkpoint settings") == 1
+    valid = _learned(result)
 
     # ranked by valid_loss_epoch, min: the best is the lowest, and the kept ones the 2 best
     def loss(checkpoint: str) -> float:
         meta = json.loads((Path(checkpoint) / META_FILE).read_text())
         return float(meta["valid_loss_epoch"])
 
-    assert loss(result["best_checkpoint_uri"]) == pytest.approx(min(v.value for v in valid))
-    best_two = sorted(v.value for v in valid)[:2]
+    assert loss(result["best_checkpoint_uri"]) == pytest.approx(min(valid))
     kept = sorted(loss(c) for c in result["checkpoints"])
-    assert kept[:2] == pytest.approx(best_two)
+    assert kept[:2] == pytest.approx(sorted(valid)[:2])
+
+
+def test_the_backbone_example_without_model_checkpoint_under_a_cli_class_that_links(
+    tmp_path: Path, clean_env: None
+) -> None:
+    """The same config without its ModelCheckpoint, run with ``--cli`` naming a project's
+    LightningCLI subclass whose ``link_arguments`` gives the DataModule's ``num_classes``
+    (12 here) to the backbone nested in the model, once the DataModule is built: the head
+    trained has 12 outputs (10 without the link), train_loss falls, valid_loss is logged,
+    and raytrain's own checkpoint defaults apply (the latest kept, ranked by step)."""
+    config = _backbone_config(tmp_path, f"{EXAMPLES}.MNISTClasses", [])
+    config["data"]["init_args"]["classes"] = 12
+    result, stderr = _run_backbone(tmp_path, config, "--cli", f"{EXAMPLES}:BackboneCLI")
+    assert "ModelCheckpoint" not in stderr
+    _learned(result)
+    state = torch.load(Path(result["latest_checkpoint_uri"]) / CKPT_FILE,
+                       map_location="cpu", weights_only=False)["state_dict"]  # fmt: skip
+    assert state["backbone.l2.weight"].shape == (12, 32)
+    assert result["best_checkpoint_uri"] == result["latest_checkpoint_uri"]
