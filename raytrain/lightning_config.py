@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain import storage
-from raytrain.errors import SpecError
+from raytrain.errors import SpecError, root_cause
 from raytrain.imports import import_object
 from raytrain.spec import ClassSpec, DataModuleSpec, JobSpec
 
@@ -152,13 +152,59 @@ def config_problems(spec: JobSpec) -> list[str]:
     tree = cli_tree(spec)
     unimportable = import_problems(tree)
     if unimportable:
-        return unimportable
+        return [spec.as_written(p) for p in unimportable]
     try:
         _, parser = build_parser(spec.lightning_cli)
         config = parse(parser, tree)
     except SpecError as exc:
-        return exc.problems
-    return _checkpoint_subclasses(config)
+        return [spec.as_written(p) for p in exc.problems]
+    return [spec.as_written(p) for p in _checkpoint_subclasses(config) or trial_problems(config)]
+
+
+# Callbacks from these packages are built on the driver to check their values: Lightning's
+# own construct nothing but their settings. A project's callback may start anything.
+_TRIED_CALLBACKS = ("lightning.pytorch.", "pytorch_lightning.")
+
+
+def trial_problems(config: Any) -> list[str]:
+    """What the constructors of ``config``'s optimizer, scheduler and Lightning's own
+    callbacks refuse, each named by its field (``optimizer.init_args: torch.optim.Adam
+    refused them: ValueError: Invalid learning rate: -1``).
+
+    jsonargparse checks types, not values: without this, a negative learning rate passed
+    ``validate`` and failed on every rank once Ray had started. The optimizer is built over
+    a stand-in parameter and the scheduler over it; the model, the DataModule and the
+    loggers are not built here (they may load data or open connections)."""
+    import torch
+
+    problems: list[str] = []
+    stand_in = torch.nn.Parameter(torch.zeros(1))
+    optimizer: Any = torch.optim.SGD([stand_in], lr=0.1)  # what a lone scheduler is tried on
+    if config.get("optimizer") is not None:
+        built = _tried("optimizer", config.optimizer, [stand_in], problems)
+        optimizer = built if built is not None else None
+    if config.get("lr_scheduler") is not None and optimizer is not None:
+        _tried("lr_scheduler", config.lr_scheduler, optimizer, problems)
+    callbacks = _listed((config.get("trainer") or {}).get("callbacks"))
+    for index, callback in enumerate(callbacks):
+        if str(callback.get("class_path", "")).startswith(_TRIED_CALLBACKS):
+            _tried(f"trainer.callbacks.{index}", callback, None, problems)
+    return problems
+
+
+def _tried(where: str, block: Any, first: Any, problems: list[str]) -> Any:
+    """``block`` (a parsed ``class_path``/``init_args``) built, given ``first`` as its first
+    argument unless None; None, and a problem naming ``where``, if its constructor raised."""
+    path = str(block.get("class_path"))
+    init_args = block.get("init_args")
+    kwargs = init_args.as_dict() if init_args is not None else {}
+    try:
+        cls = import_object(":".join(path.rsplit(".", 1)))
+        return cls(**kwargs) if first is None else cls(first, **kwargs)
+    except (Exception, SystemExit) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        problems.append(f"{where}.init_args: {path} refused them: {_cut(reason)}")
+        return None
 
 
 def import_problems(node: Any, where: str = "") -> list[str]:
@@ -264,7 +310,10 @@ def instantiate(spec: JobSpec, logs_under: str | None = None) -> UserObjects:
     build = getattr(parser, "instantiate", None) or parser.instantiate_classes
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        cli.config_init = build(cli.config)
+        try:
+            cli.config_init = build(cli.config)
+        except Exception as exc:  # a constructor refused: jsonargparse's 9-line union report
+            raise SpecError(_refused(exc, cli_tree(spec))) from exc
     cli.model, cli.datamodule = cli.config_init.get("model"), cli.config_init.get("data")
     cli._add_configure_optimizers_method_to_model(None)
     trainer = cli.config_init.get("trainer") or {}
@@ -327,10 +376,42 @@ def explain(message: str, tree: dict[str, Any]) -> str:
         return " ".join(message.split())
     if _IMPORT.match(reasons[0]):  # the class itself, not its arguments
         best = _class_path_field(tree, best, reasons[0])
-    said = "; ".join(reasons)
-    if len(said) > MAX_REASON:  # a reason can quote a whole nested value (1,700 characters)
-        said = said[:MAX_REASON] + "..."
-    return f"{'.'.join(best) or '(config)'}: {said}"
+    # a reason can quote a whole nested value (1,700 characters)
+    return f"{'.'.join(best) or '(config)'}: {_cut('; '.join(reasons))}"
+
+
+_GIVEN_CLASS = re.compile(r"class_path='([^']+)'")
+
+
+def _refused(error: BaseException, tree: dict[str, Any]) -> str:
+    """A constructor's refusal while jsonargparse instantiated ``tree`` as one line: the
+    block of the class it names (jsonargparse's report names no field), then the innermost
+    exception, the constructor's own."""
+    named = _GIVEN_CLASS.search(str(error))
+    where = _block_of(tree, named.group(1)) if named else None
+    field = ".".join([*where, "init_args"]) if where is not None else "(config)"
+    return f"{field}: {_cut(root_cause(error))}"
+
+
+def _block_of(node: Any, class_path: str, where: tuple[str, ...] = ()) -> list[str] | None:
+    """The path to the first block of ``node`` whose ``class_path`` is ``class_path``."""
+    if isinstance(node, dict):
+        if node.get("class_path") == class_path:
+            return list(where)
+        items: Any = node.items()
+    elif isinstance(node, list):
+        items = ((str(i), v) for i, v in enumerate(node))
+    else:
+        return None
+    for key, value in items:
+        found = _block_of(value, class_path, (*where, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _cut(reason: str) -> str:
+    return reason[:MAX_REASON] + "..." if len(reason) > MAX_REASON else reason
 
 
 # The longest reason an error line quotes: the field path before it says where to look.

@@ -21,7 +21,7 @@ from raytrain.redaction import redact_tree
 from raytrain.spec.data import DataModuleSpec, DataSpec, MixSourceSpec, SourceSpec
 from raytrain.spec.fields import _CREDENTIALS_REFUSED, _section_type
 from raytrain.spec.lightning_cli import lightning_cli_tree
-from raytrain.spec.model_checkpoint import adopt_model_checkpoint
+from raytrain.spec.model_checkpoint import adopt_model_checkpoint, as_written
 from raytrain.spec.sections import JobSpec
 from raytrain.spec.yaml_io import MAX_OVERRIDE_PARTS, load_yaml, read_spec_file
 
@@ -130,16 +130,18 @@ def parse_spec(tree: Any, source: str = "spec") -> JobSpec:
     if not isinstance(tree, dict):
         raise SpecError(f"{source}: expected a mapping of sections, got {type(tree).__name__}")
     tree, problems = lightning_cli_tree(tree)
-    tree, notes, checkpoint_problems = adopt_model_checkpoint(tree)
-    problems += checkpoint_problems
-    for note in notes:
+    adopted = adopt_model_checkpoint(tree)
+    problems += adopted.problems
+    for note in adopted.notes:
         print(f"raytrain: {note}", file=sys.stderr)
     try:
-        spec = JobSpec.model_validate(tree)
+        spec = JobSpec.model_validate(adopted.tree)
     except ValidationError as exc:
-        raise SpecError(problems + _format_errors(exc, JobSpec)) from None
+        found = [as_written(p, adopted.taken_from) for p in _format_errors(exc, JobSpec)]
+        raise SpecError(problems + found) from None
     if problems:
         raise SpecError(problems)
+    spec._callbacks_taken_from = adopted.taken_from
     return spec
 
 

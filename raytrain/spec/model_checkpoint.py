@@ -17,7 +17,8 @@ refused, naming both. Pure: a tree in, a tree, notes and problems out; nothing i
 from __future__ import annotations
 
 import difflib
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
 from raytrain.spec.classes import normalize_class_path
 
@@ -86,22 +87,30 @@ def is_model_checkpoint(entry: Any) -> bool:
         return False
 
 
-def adopt_model_checkpoint(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+class Adopted(NamedTuple):
+    """What ``adopt_model_checkpoint`` made of a tree."""
+
+    tree: dict[str, Any]  # without the ModelCheckpoint, its settings in ``checkpoint``
+    notes: list[str]  # what was adopted, what is ignored: to print
+    problems: list[str]
+    taken_from: int | None  # the callback's index in ``trainer.callbacks`` as written
+
+
+def adopt_model_checkpoint(tree: dict[str, Any]) -> Adopted:
     """``tree`` with a ModelCheckpoint in ``trainer.callbacks`` taken out and its settings
-    moved into ``checkpoint`` (fields the section sets win). Returns the new tree, notes to
-    print (what was adopted, what is ignored) and problems. ``tree`` is not changed."""
+    moved into ``checkpoint`` (fields the section sets win). ``tree`` is not changed."""
     trainer = tree.get("trainer")
     if not isinstance(trainer, dict):
-        return tree, [], []
+        return Adopted(tree, [], [], None)
     callbacks = trainer.get("callbacks")
     listed = callbacks if isinstance(callbacks, list) else [callbacks]
     found = [(i, c) for i, c in enumerate(listed) if is_model_checkpoint(c)]
     if not found:
-        return tree, [], []
+        return Adopted(tree, [], [], None)
     if len(found) > 1:
         where = " and ".join(f"trainer.callbacks.{i}" for i, _ in found)
-        return tree, [], [f"trainer.callbacks: two ModelCheckpoints ({where}); raytrain keeps "
-                          "one set of checkpoints: give one"]  # fmt: skip
+        return Adopted(tree, [], [f"trainer.callbacks: two ModelCheckpoints ({where}); raytrain "
+                                  "keeps one set of checkpoints: give one"], None)  # fmt: skip
     index, entry = found[0]
     field = f"trainer.callbacks.{index}"
     # The tree without the callback: what the rest of the spec is checked on, so a problem
@@ -110,14 +119,14 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> tuple[dict[str, Any], list[s
     out["trainer"] = {**trainer, "callbacks": [c for i, c in enumerate(listed) if i != index]}
     args = entry.get("init_args") if isinstance(entry, dict) else None
     if args is not None and not isinstance(args, dict):
-        return out, [], [f"{field}.init_args: a mapping of ModelCheckpoint's arguments, "
-                         f"got {type(args).__name__}"]  # fmt: skip
+        return Adopted(out, [], [f"{field}.init_args: a mapping of ModelCheckpoint's "
+                                 f"arguments, got {type(args).__name__}"], index)  # fmt: skip
     args = dict(args or {})
     unknown = sorted(str(k) for k in args if k not in ARGUMENTS)
     if unknown:
         near = {k: difflib.get_close_matches(k, ARGUMENTS, n=1) for k in unknown}
         said = ", ".join(k + (f" (did you mean {near[k][0]}?)" if near[k] else "") for k in unknown)
-        return out, [], [f"{field}.init_args: ModelCheckpoint takes no {said}"]
+        return Adopted(out, [], [f"{field}.init_args: ModelCheckpoint takes no {said}"], index)
     section = tree.get("checkpoint")
     section = dict(section) if isinstance(section, dict) else {}
     adopted, kept, ignored, problems = [], [], [], []
@@ -152,11 +161,31 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> tuple[dict[str, Any], list[s
         section[target] = value
         adopted.append(f"{key} → checkpoint.{target}={value!r}")
     if problems:
-        return out, [], problems
+        return Adopted(out, [], problems, index)
     out["checkpoint"] = section
     said = ", ".join(adopted) or "nothing to adopt"
     notes = [f"{field}: ModelCheckpoint becomes raytrain's checkpoint settings: {said}"
              + (f" ({', '.join(kept)} set in the spec win)" if kept else "")]  # fmt: skip
     if ignored:
         notes.append(f"warning: {field}: ModelCheckpoint options ignored: {'; '.join(ignored)}")
-    return out, notes, []
+    return Adopted(out, notes, [], index)
+
+
+_CALLBACK_INDEX = re.compile(r"\btrainer\.callbacks\.(\d+)\b")
+
+
+def as_written(problem: str, taken_from: int | None) -> str:
+    """``problem`` (about the tree the ModelCheckpoint was taken out of) with each
+    ``trainer.callbacks.N`` numbered as the user's list is.
+
+    Invariant: an index below ``taken_from`` is unchanged, one at or above it is one more
+    (the entries after the callback moved down by one when it was taken out); with
+    ``taken_from`` None, ``problem`` is returned as it is."""
+    if taken_from is None:
+        return problem
+
+    def renumber(found: re.Match[str]) -> str:
+        index = int(found.group(1))
+        return f"trainer.callbacks.{index + 1 if index >= taken_from else index}"
+
+    return _CALLBACK_INDEX.sub(renumber, problem)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import (
     Field,
+    PrivateAttr,
     StrictInt,
     field_validator,
     model_validator,
@@ -31,6 +32,7 @@ from raytrain.spec.fields import (
     check_name,
     field_problem,
 )
+from raytrain.spec.model_checkpoint import as_written
 from raytrain.spec.storage_options import StorageSpec
 from raytrain.spec.trainer import TrainerSpec
 from raytrain.spec.tune import TuneSpec
@@ -433,6 +435,15 @@ class TrackingSpec(_Section):
 
 class JobSpec(_Section):
     """One training job. ``name`` plus ``checkpoint.storage`` identify the run."""
+
+    # Where a ModelCheckpoint read as ``checkpoint.*`` sat in the ``trainer.callbacks`` the
+    # user wrote (``spec.model_checkpoint``), so the other entries' problems name the index
+    # the user wrote, not their index in ``trainer.callbacks`` without it. Not a field.
+    _callbacks_taken_from: int | None = PrivateAttr(default=None)
+
+    def as_written(self, problem: str) -> str:
+        """``problem`` with its ``trainer.callbacks.N`` numbered as in the user's config."""
+        return as_written(problem, self._callbacks_taken_from)
 
     name: str = Field(
         pattern=_NAME,

@@ -99,6 +99,15 @@ class ClassesModel(pl.LightningModule):
         self.head = nn.Linear(hidden, num_classes)
 
 
+class RefusingData(pl.LightningDataModule):
+    """A DataModule whose constructor refuses a value its type allows."""
+
+    def __init__(self, rows: int = 1) -> None:
+        super().__init__()
+        if rows <= 0:
+            raise ValueError(f"rows must be positive, got {rows}")
+
+
 class EveryEpochCheckpoint(ModelCheckpoint):
     """A project's own ModelCheckpoint subclass (what raytrain cannot honour)."""
 

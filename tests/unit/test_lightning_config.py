@@ -16,6 +16,7 @@ from raytrain.cli.app import main
 from raytrain.errors import SpecError
 from raytrain.lightning_config import config_problems, explain, instantiate
 from raytrain.spec import load_spec
+from raytrain.spec.model_checkpoint import as_written
 
 EXAMPLES = "tests.integration.lightning_examples"
 
@@ -321,3 +322,72 @@ def test_a_callback_given_by_its_bare_name_is_named_by_its_index(tmp_path: Path)
     config["trainer"]["callbacks"] = "EarlyStopping"
     rc, _, err = _cli(tmp_path, config, "validate")
     assert rc == 2 and err.startswith("error: trainer.callbacks.0.init_args: "), err
+
+
+def test_arguments_only_a_constructor_refuses_are_refused_before_ray_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    """jsonargparse checks types, not values: a negative learning rate or an EarlyStopping
+    mode Lightning does not know passed ``validate`` and failed on every rank after Ray had
+    started. The driver now builds the optimizer (on a stand-in parameter), the scheduler on
+    it, and Lightning's own callbacks, without the model."""
+    config = _backbone_config(tmp_path)
+    config["optimizer"] = {"class_path": "torch.optim.Adam", "init_args": {"lr": -1}}
+    (problem,) = config_problems(load_spec(config))
+    assert problem.startswith("optimizer.init_args: torch.optim.Adam refused them: ValueError: "
+                              "Invalid learning rate"), problem  # fmt: skip
+
+    config["optimizer"]["init_args"]["lr"] = 0.1
+    steps = {"step_size": 1, "gamma": 0.5, "last_epoch": 3}  # resuming: needs initial_lr
+    config["lr_scheduler"] = {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": steps}
+    (problem,) = config_problems(load_spec(config))
+    assert problem.startswith("lr_scheduler.init_args: torch.optim.lr_scheduler.StepLR refused"
+                              " them: KeyError"), problem  # fmt: skip
+
+    del config["lr_scheduler"]
+    config["trainer"]["callbacks"][1]["init_args"]["mode"] = "maxx"
+    (problem,) = config_problems(load_spec(config))
+    refused = "trainer.callbacks.1.init_args: lightning.pytorch.callbacks.EarlyStopping refused"
+    assert problem.startswith(refused), problem
+    assert "maxx" in problem
+    rc, _, err = _cli(tmp_path, config, "validate")
+    assert rc == 2 and err.count("error:") == 1 and "Traceback" not in err
+
+    config["trainer"]["callbacks"][1]["init_args"]["mode"] = "max"
+    assert config_problems(load_spec(config)) == []
+
+
+def test_a_constructor_a_worker_runs_that_refuses_is_one_line_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    """What only the workers build (the model, the DataModule) and refuses reaches the user
+    as one line naming the field: jsonargparse's was 9 lines of union alternatives, printed
+    with literal \\n by the driver."""
+    config = _backbone_config(tmp_path)
+    config["data"] = {"class_path": f"{EXAMPLES}.RefusingData", "init_args": {"rows": -3}}
+    with pytest.raises(SpecError) as caught:
+        instantiate(load_spec(config))
+    (problem,) = caught.value.problems
+    assert problem == "data.init_args: ValueError: rows must be positive, got -3", problem
+
+
+def test_a_callback_after_a_model_checkpoint_is_named_by_the_index_the_user_wrote(
+    tmp_path: Path,
+) -> None:
+    """The ModelCheckpoint read as ``checkpoint.*`` is taken out of ``trainer.callbacks``:
+    every entry after it moved down by one, and its problems named the entry before it
+    (the ModelCheckpoint itself) instead of it."""
+    assert as_written("trainer.callbacks.0: a; trainer.callbacks.2.init_args: b", 1) == (
+        "trainer.callbacks.0: a; trainer.callbacks.3.init_args: b")  # fmt: skip
+    assert as_written("trainer.callbacks.1: a", None) == "trainer.callbacks.1: a"
+    assert as_written("trainer.callbacks.1: a", 0) == "trainer.callbacks.2: a"
+
+    config = _backbone_config(tmp_path)  # ModelCheckpoint at 0, EarlyStopping at 1
+    config["trainer"]["callbacks"][1] = {"class_path": "not a path!"}  # the spec's own check
+    with pytest.raises(SpecError) as caught:
+        load_spec(config)
+    assert any(p.startswith("trainer.callbacks.1") for p in caught.value.problems), caught.value
+    # a typo jsonargparse finds
+    config["trainer"]["callbacks"][1] = {"class_path": "EarlyStopping", "init_args": {"monitr": 1}}
+    (problem,) = config_problems(load_spec(config))
+    assert problem.startswith("trainer.callbacks.1.init_args"), problem
