@@ -86,13 +86,15 @@ def _format_errors(error: ValidationError, model: type[BaseModel]) -> list[str]:
             lines.append(f"{path}: required field is missing")
         else:
             got = item.get("input")
+            # a check's own message, without pydantic's "Value error, " before it
+            msg = item["msg"].removeprefix("Value error, ")
             # a value refused for holding credentials is not echoed into a log
-            secret = _CREDENTIALS_REFUSED in item["msg"]
+            secret = _CREDENTIALS_REFUSED in msg
             # a section's own check (a model validator) gets the section, not one value
             shown = "" if secret or isinstance(got, dict | list | BaseModel) else f", got {got!r}"
-            if shown and repr(got) in item["msg"]:  # the check's own message shows it
+            if shown and repr(got) in msg:  # the check's own message shows it
                 shown = ""
-            lines.append(f"{path}: {item['msg']}{shown}")
+            lines.append(f"{path}: {msg}{shown}")
     return lines
 
 

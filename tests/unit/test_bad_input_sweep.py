@@ -159,60 +159,60 @@ OVERRIDES |= NAMES_AND_SIZES
 # name: (overrides to sweep.yaml, text the one error line must start with after "error: ")
 TUNE_OVERRIDES: dict[str, tuple[list[str], str]] = {
     "tune_grace_above_max_t": (["tune.scheduler={name: asha, grace_period: 5, max_t: 3}"],
-                               "tune.scheduler: Value error, grace_period (5) is above max_t"),
+                               "tune.scheduler: grace_period (5) is above max_t"),
     "tune_grace_above_max_epochs": (["tune.scheduler={name: asha, grace_period: 5}"],
                                     "tune.scheduler.grace_period: 5 is above max_t (2, "),
     "tune_max_t_above_max_epochs": (["tune.scheduler={name: asha, max_t: 10}"],
                                     "tune.scheduler.max_t: 10 is above trainer.max_epochs"),
     "tune_reduction_factor_tiny": (["tune.scheduler={name: asha, reduction_factor: 1.0000001}"],
-                                   "tune.scheduler.reduction_factor: Value error, 1.0000001 is "
+                                   "tune.scheduler.reduction_factor: 1.0000001 is "
                                    "below 1.5"),
     "tune_rungs_many": (["trainer.max_steps=1000000000", "tune.scheduler={name: asha, "
                          "time_attr: step, reduction_factor: 1.5, max_t: 1000000000}"],
                         "tune.scheduler.reduction_factor: 1.5 makes 52 rungs"),
     "tune_uniform_overflow": (["tune.search_space={model.init_args.lr: {uniform: [-1e308, "
-                               "1e308]}}"], "tune.search_space.model.init_args.lr: Value error, "
+                               "1e308]}}"], "tune.search_space.model.init_args.lr: "
                               "uniform: [-1e+308, 1e+308] is wider than a float"),
     "tune_choice_nan": (["tune.search_space={model.init_args.lr: {choice: [.nan, .inf]}}"],
-                        "tune.search_space.model.init_args.lr: Value error, choice: nan is not"),
+                        "tune.search_space.model.init_args.lr: choice: nan is not"),
     "tune_grid_inside_inf": (["tune.search_space={model.init_args: {grid: [{lr: .inf}]}}"],
-                             "tune.search_space.model.init_args: Value error, grid: {'lr': inf}"),
+                             "tune.search_space.model.init_args: grid: {'lr': inf}"),
     "tune_randint_past_int64": (["tune.search_space={trainer.seed: {randint: [0, "
                                  "100000000000000000000]}}"],
-                                "tune.search_space.trainer.seed: Value error, randint: "),
+                                "tune.search_space.trainer.seed: randint: "),
     "tune_grids_past_the_cap": (["tune.num_samples=10000", "tune.search_space={a: {grid: "
                                  f"{list(range(100))}}}, b: {{grid: {list(range(100))}}}, "
                                  f"c: {{grid: {list(range(100))}}}}}"],
-                                "tune: Value error, num_samples: 10000 x the grids' 100 x 100 "
+                                "tune: num_samples: 10000 x the grids' 100 x 100 "
                                 "x 100 combinations is 10,000,000,000 trials"),
     "tune_sample_checkpoint": (["tune.search_space={checkpoint.storage: {choice: [/etc]}}"],
-                               "tune.search_space: Value error, 'checkpoint.storage': a sweep "
+                               "tune.search_space: 'checkpoint.storage': a sweep "
                                "may not sample it"),
     "tune_sample_checkpoint_section": (["tune.search_space={checkpoint: {choice: [{keep: 1}]}}"],
-                                       "tune.search_space: Value error, 'checkpoint': a sweep"),
+                                       "tune.search_space: 'checkpoint': a sweep"),
     "tune_sample_tracking_uri": (["tune.search_space={tracking.mlflow.tracking_uri: {choice: "
-                                  "[sqlite:///x.db]}}"], "tune.search_space: Value error, "
+                                  "[sqlite:///x.db]}}"], "tune.search_space: "
                                  "'tracking.mlflow.tracking_uri': a sweep may not sample it"),
     "tune_sample_experiment": (["tune.search_space={tracking.mlflow.experiment: {choice: [a]}}"],
-                               "tune.search_space: Value error, 'tracking.mlflow.experiment'"),
+                               "tune.search_space: 'tracking.mlflow.experiment'"),
     "tune_sample_tags": (["tune.search_space={tracking.mlflow.tags: {choice: [{a: b}]}}"],
-                         "tune.search_space: Value error, 'tracking.mlflow.tags'"),
+                         "tune.search_space: 'tracking.mlflow.tags'"),
     "tune_sample_mlflow_section": (["tune.search_space={tracking.mlflow: {choice: [{}]}}"],
-                                   "tune.search_space: Value error, 'tracking.mlflow': a sweep "
+                                   "tune.search_space: 'tracking.mlflow': a sweep "
                                    "may not sample it (it holds tracking.mlflow.tracking_uri)"),
     "tune_sample_bare_tune": (["tune.search_space={tune: {choice: [1]}}"],
-                              "tune.search_space: Value error, 'tune': a sweep may not sample"),
+                              "tune.search_space: 'tune': a sweep may not sample"),
     "tune_sample_name": (["tune.search_space={name: {choice: [a]}}"],
-                         "tune.search_space: Value error, 'name': a sweep may not sample it"),
+                         "tune.search_space: 'name': a sweep may not sample it"),
     "tune_101_fields": (["tune.search_space={" + ", ".join(f"model.init_args.a{i}: {{choice: "
                                                              "[1]}" for i in range(101)) + "}"],
                         "tune.search_space: Dictionary should have at most 100 items"),
 }  # fmt: skip
 TUNE_EXPECTED: dict[str, str] = {
-    "tune_grid_90000": "tune.search_space.data.batch_size: Value error, grid: 90,000 values, "
+    "tune_grid_90000": "tune.search_space.data.batch_size: grid: 90,000 values, "
     "more than the limit of 10,000",
     "tune_choice_10000_last_bad": "tune.search_space.data.train.uri: 'file://host/9999' is not "
-    "a value the spec takes: data.train.uri: Value error, a file:// URI with a host part",
+    "a value the spec takes: data.train.uri: a file:// URI with a host part",
     "tune_fresh_on_a_runs_folder": "holds a run (raytrain-run.json), not a sweep",
     "tune_on_a_runs_folder": "holds a run (raytrain-run.json), not a sweep",
     "run_on_a_sweeps_folder": "holds a sweep (raytrain-sweep.json), not a run",

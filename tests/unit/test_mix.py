@@ -141,10 +141,10 @@ def _mix_spec(tmp_path: Path, sources: list[dict]) -> dict:
      ({"uri": "/d/..", "weight": 1.0}, "data.train.0.uri: its end names the source's "
       "metrics while `name` is unset: '..' cannot name"),
      ({"uri": "/d/.hidden/", "weight": 1.0}, "data.train.0.uri: its end names"),
-     ({"uri": "/d/a", "weight": 1.0, "name": ".."}, "data.train.0.name: Value error, '..' "
+     ({"uri": "/d/a", "weight": 1.0, "name": ".."}, "data.train.0.name: '..' "
       "cannot name files, metrics or labels"),
-     ({"uri": "/d/a", "weight": 1.0, "name": "."}, "data.train.0.name: Value error, '.' "),
-     ({"uri": "/d/a", "weight": 1.0, "name": "a/../b"}, "data.train.0.name: Value error"),
+     ({"uri": "/d/a", "weight": 1.0, "name": "."}, "data.train.0.name: '.' "),
+     ({"uri": "/d/a", "weight": 1.0, "name": "a/../b"}, "data.train.0.name:"),
      ({"uri": "/d/a", "weight": 1.0, "format": "csv"}, "a mix reads Parquet sources only")],
 )  # fmt: skip
 def test_a_bad_mix_source_is_named(tmp_path: Path, source: dict, says: str) -> None:
@@ -170,9 +170,9 @@ def test_a_uri_ending_in_dots_may_run_under_a_name(tmp_path: Path) -> None:
     ("weights", "epoch_rows", "says"),
     [([1e308, 1e308], None, "data.train.1.weight: the sources' weights sum past the largest "
       "float"),
-     ([1.0, 1.0], 10**15, "data.epoch_rows: Value error, 1000000000000000 rows: every rank "
+     ([1.0, 1.0], 10**15, "data.epoch_rows: 1000000000000000 rows: every rank "
       "would hold 9.31e+05 GiB of the epoch's labels"),
-     ([1.0] * 300, 2**29, "data.epoch_rows: Value error, 536870912 rows: every rank would "
+     ([1.0] * 300, 2**29, "data.epoch_rows: 536870912 rows: every rank would "
       "hold 2 GiB")],
 )  # fmt: skip
 def test_weights_and_epochs_past_their_bounds_are_refused(

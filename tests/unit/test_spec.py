@@ -118,7 +118,7 @@ def test_class_path_is_dotted_or_colon_and_read_as_colon() -> None:
     for bad in ("DigitsCNN", "digits.", "1digits.DigitsCNN"):
         with pytest.raises(SpecError) as excinfo:
             load_spec("jobs/digits.yaml", [f"model.class_path={bad}"])
-        assert _problems(excinfo).startswith("model.class_path: Value error, expected")
+        assert _problems(excinfo).startswith("model.class_path: expected")
 
 
 def test_resolved_spec_round_trips_through_yaml(tmp_path: Path) -> None:
@@ -145,9 +145,9 @@ def test_storage_endpoints_never_carry_credentials() -> None:
         load_spec("jobs/digits.yaml", ["storage.s3.endpoint_url=http://key:secret@minio:9000",
                         "storage.azure.endpoint_url=minio:9000"])  # fmt: skip
     problems = excinfo.value.problems
-    assert any(p.startswith("storage.s3.endpoint_url: Value error, credentials do not belong")
+    assert any(p.startswith("storage.s3.endpoint_url: credentials do not belong")
                for p in problems)  # fmt: skip
-    assert any(p.startswith("storage.azure.endpoint_url: Value error, expected http(s)://")
+    assert any(p.startswith("storage.azure.endpoint_url: expected http(s)://")
                for p in problems)  # fmt: skip
     assert "secret" not in str(excinfo.value)  # a refused credential is not echoed
 
@@ -159,7 +159,7 @@ def test_storage_options_and_image_size() -> None:
     assert spec.storage.max_attempts == 3
     # where the stores are may change between attempts without making another experiment
     assert spec.digest() == load_spec("jobs/digits.yaml", ["data.cache=never"]).digest()
-    with pytest.raises(SpecError, match=r"data\.train\.image_size: Value error, height and width"):
+    with pytest.raises(SpecError, match=r"data\.train\.image_size: height and width"):
         load_spec("jobs/digits.yaml", ["data.train.format=images", "data.train.image_size=[0, 8]"])
 
 
