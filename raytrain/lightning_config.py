@@ -43,8 +43,11 @@ from raytrain.spec import ClassSpec, DataModuleSpec, JobSpec
 
 def _entry(section: ClassSpec) -> dict[str, Any]:
     """A spec's class section as LightningCLI writes it: a dotted class path."""
-    return {"class_path": section.class_path.replace(":", "."),
-            "init_args": dict(section.init_args)}  # fmt: skip
+    entry = {"class_path": section.class_path.replace(":", "."),
+             "init_args": dict(section.init_args)}  # fmt: skip
+    if section.dict_kwargs:
+        entry["dict_kwargs"] = dict(section.dict_kwargs)
+    return entry
 
 
 def cli_tree(spec: JobSpec, logs_under: str | None = None) -> dict[str, Any]:
@@ -301,11 +304,26 @@ class UserObjects:
     loggers: list[Any] = field(default_factory=list)
 
 
-def instantiate(spec: JobSpec, logs_under: str | None = None) -> UserObjects:
+def build_model(spec: JobSpec) -> Any:
+    """``spec``'s model built as the workers build it (nested classes, the automatic
+    optimizer), for what the driver does with trained weights (MLflow's model, ``export``):
+    the model alone under LightningCLI's own parser; everything under a project's CLI class,
+    whose links on instantiate may give the model a value only the built DataModule has (a
+    model built alone took the argument's default: a head of 10, weights of 12)."""
+    return instantiate(spec, only_model=spec.lightning_cli is None).model
+
+
+def instantiate(
+    spec: JobSpec, logs_under: str | None = None, only_model: bool = False
+) -> UserObjects:
     """Parse ``spec``'s LightningCLI keys and build them, as ``LightningCLI`` does after
-    parsing (instantiators, links on instantiate, automatic optimizers)."""
+    parsing (instantiators, links on instantiate, automatic optimizers); with
+    ``only_model``, the model (and its optimizer) alone."""
     cli, parser = build_parser(spec.lightning_cli)
-    cli.config = parse(parser, cli_tree(spec, logs_under))
+    tree = cli_tree(spec, logs_under)
+    if only_model:
+        tree = {key: tree[key] for key in ("model", "optimizer", "lr_scheduler") if key in tree}
+    cli.config = parse(parser, tree)
     cli._add_instantiators()
     build = getattr(parser, "instantiate", None) or parser.instantiate_classes
     with warnings.catch_warnings():
@@ -313,7 +331,7 @@ def instantiate(spec: JobSpec, logs_under: str | None = None) -> UserObjects:
         try:
             cli.config_init = build(cli.config)
         except Exception as exc:  # a constructor refused: jsonargparse's 9-line union report
-            raise SpecError(_refused(exc, cli_tree(spec))) from exc
+            raise SpecError(_refused(exc, tree)) from exc
     cli.model, cli.datamodule = cli.config_init.get("model"), cli.config_init.get("data")
     cli._add_configure_optimizers_method_to_model(None)
     trainer = cli.config_init.get("trainer") or {}

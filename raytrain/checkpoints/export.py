@@ -105,12 +105,13 @@ def checkpoint_weights(checkpoint: str, options: StorageSpec | None = None) -> d
 
 
 def trained_model(job: JobSpec, checkpoint: str) -> Any:
-    """The spec's model class with ``checkpoint``'s weights (strict), in eval mode, on CPU:
-    what MLflow logs and serving loads."""
-    from raytrain.imports import import_object
+    """The spec's model, built as the workers build it (nested ``class_path`` blocks too:
+    ``lightning_config.build_model``), with ``checkpoint``'s weights (strict), in eval mode,
+    on CPU: what MLflow logs and serving loads."""
+    from raytrain.lightning_config import build_model
 
     weights = checkpoint_weights(checkpoint, job.storage)  # checked before building the model
-    model = import_object(job.model.class_path)(**job.model.init_args)
+    model = build_model(job)
     model.load_state_dict(weights, strict=True)
     return model.eval()
 

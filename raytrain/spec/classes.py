@@ -66,6 +66,11 @@ class ClassSpec(_Section):
     init_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the class's constructor."
     )
+    dict_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Arguments for a constructor's `**kwargs` (LightningCLI's `dict_kwargs`): "
+        "given as they are, unchecked; a key in its signature goes in `init_args`.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -77,7 +82,7 @@ class ClassSpec(_Section):
     def _normalize(cls, value: str) -> str:
         return normalize_class_path(value, cls.kind)
 
-    @field_validator("init_args", mode="before")
+    @field_validator("init_args", "dict_kwargs", mode="before")
     @classmethod
     def _null_args(cls, value: Any) -> Any:
         return {} if value is None else value  # LightningCLI writes `init_args:` empty

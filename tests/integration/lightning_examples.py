@@ -99,6 +99,15 @@ class ClassesModel(pl.LightningModule):
         self.head = nn.Linear(hidden, num_classes)
 
 
+class ExtraArgsModel(pl.LightningModule):
+    """A model whose constructor takes ``**kwargs`` (what LightningCLI's ``dict_kwargs``
+    gives)."""
+
+    def __init__(self, width: int = 2, **kwargs: Any) -> None:
+        super().__init__()
+        self.width, self.extra = width, kwargs
+
+
 class RefusingData(pl.LightningDataModule):
     """A DataModule whose constructor refuses a value its type allows."""
 

@@ -337,12 +337,20 @@ def test_the_backbone_example_without_model_checkpoint_under_a_cli_class_that_li
     LightningCLI subclass whose ``link_arguments`` gives the DataModule's ``num_classes``
     (12 here) to the backbone nested in the model, once the DataModule is built: the head
     trained has 12 outputs (10 without the link), train_loss falls, valid_loss is logged,
-    and raytrain's own checkpoint defaults apply (the latest kept, ranked by step)."""
+    raytrain's own checkpoint defaults apply (the latest kept, ranked by step), and the
+    model MLflow logs is built as the workers built theirs."""
     config = _backbone_config(tmp_path, f"{EXAMPLES}.MNISTClasses", [])
     config["data"]["init_args"]["classes"] = 12
+    config["tracking"]["mlflow"]["log_model"] = True
     result, stderr = _run_backbone(tmp_path, config, "--cli", f"{EXAMPLES}:BackboneCLI")
     assert "ModelCheckpoint" not in stderr
     _learned(result)
+    # MLflow's model is built as the workers built it: the nested backbone, the linked head
+    from mlflow.tracking import MlflowClient
+
+    tags = MlflowClient(result["tracking_uri"]).get_run(result["mlflow_run_id"]).data.tags
+    assert "raytrain.model_error" not in tags, tags["raytrain.model_error"]
+    assert tags["raytrain.model_uri"]
     state = torch.load(Path(result["latest_checkpoint_uri"]) / CKPT_FILE,
                        map_location="cpu", weights_only=False)["state_dict"]  # fmt: skip
     assert state["backbone.l2.weight"].shape == (12, 32)

@@ -391,3 +391,38 @@ def test_a_callback_after_a_model_checkpoint_is_named_by_the_index_the_user_wrot
     config["trainer"]["callbacks"][1] = {"class_path": "EarlyStopping", "init_args": {"monitr": 1}}
     (problem,) = config_problems(load_spec(config))
     assert problem.startswith("trainer.callbacks.1.init_args"), problem
+
+
+def test_dict_kwargs_reach_a_constructors_kwargs(tmp_path: Path) -> None:
+    """LightningCLI's ``dict_kwargs``: a ``**kwargs`` constructor's extra arguments, given
+    as written; in ``init_args`` the same key is refused (not in the signature)."""
+    config = {"name": "kw", "model": {"class_path": f"{EXAMPLES}.ExtraArgsModel",
+                                      "init_args": {"width": 3}, "dict_kwargs": {"depth": 4}},
+              "checkpoint": {"storage": str(tmp_path / "runs")}}  # fmt: skip
+    assert config_problems(load_spec(config)) == []
+    built = instantiate(load_spec(config))
+    assert (built.model.width, built.model.extra) == (3, {"depth": 4})
+    rc, out, _ = _cli(tmp_path, config, "run", "--print_config")
+    assert rc == 0 and yaml.safe_load(out)["model"]["dict_kwargs"] == {"depth": 4}
+
+    config["model"]["init_args"]["depth"] = config["model"].pop("dict_kwargs")["depth"]
+    (problem,) = config_problems(load_spec(config))
+    assert problem.startswith("model.init_args.depth"), problem
+
+
+def test_the_model_logged_and_exported_is_built_with_its_nested_classes(tmp_path: Path) -> None:
+    """``trained_model`` (MLflow's logged model, serving) built the model by hand as
+    ``cls(**init_args)``: a nested backbone arrived as a dict, and the weights did not load."""
+    import torch
+
+    from raytrain.checkpoints.export import trained_model
+
+    config = _backbone_config(tmp_path)
+    trained = instantiate(load_spec(config)).model
+    folder = tmp_path / "checkpoint_000001"
+    folder.mkdir()
+    torch.save({"state_dict": trained.state_dict()}, folder / "checkpoint.ckpt")
+    model = trained_model(load_spec(config), str(folder))
+    assert isinstance(model.backbone.activation, torch.nn.Tanh)
+    pixels = torch.rand(2, 1, 28, 28)
+    assert torch.equal(model(pixels), trained.eval()(pixels))

@@ -155,7 +155,7 @@ def test_files_a_datamodule_or_nothing(tmp_path: Path) -> None:
     assert _load(tmp_path, config).data is None  # the model's own loaders
     # each kind's own errors, under `data` as written
     assert _problems(tmp_path, _cli_config(data={"class_path": "x.Y", "train": {}})) == [
-        "data.train: unknown field (allowed: class_path, init_args)"
+        "data.train: unknown field (allowed: class_path, dict_kwargs, init_args)"
     ]
     problems = _problems(tmp_path, _cli_config(data={"columns": ["a"]}))
     assert problems == ["data.train: required field is missing"]
