@@ -61,7 +61,10 @@ class Restart(_Record):
     """A restart of the workers within the run: a failure, a preemption, a resize."""
 
     at: float = Field(description="when the new workers first reported (Unix time)")
-    step: int = Field(description="the step they resumed from: the latest committed checkpoint's")
+    step: int = Field(
+        description="the step they resumed from: the in-memory state's "
+        "(checkpoint.memory_every_n_steps) when newer, else the latest committed checkpoint's"
+    )
     world_size: int | None = Field(default=None, description="how many workers came back")
     lost_steps: int = Field(
         default=0,

@@ -16,6 +16,7 @@ driver imports this module.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +57,9 @@ class StateKeeper:
     as a Ray actor by ``start_keeper``."""
 
     def __init__(self) -> None:
-        self._token = 0
+        # a random first token: a keeper Ray restarted (its node lost) never takes a send
+        # meant for the one before, whose tokens counted from another start
+        self._token = secrets.randbits(48)
         self._held: Held | None = None
         self.refused = 0  # sends from a fenced-off group
 
@@ -75,6 +78,13 @@ class StateKeeper:
         self._held = Held(step, bytes(data), token)
         return True
 
+    def drop(self) -> None:
+        """Let go of the state held and fence off every send of the group now open (a loss
+        spike: the rollback goes back to storage, not to the state just before the spike,
+        and a send already on its way must not put one back)."""
+        self._token += 1
+        self._held = None
+
     def get(self, step: int) -> bytes | None:
         """The state held, if it is the one at ``step`` (None: another, or none)."""
         held = self._held
@@ -92,19 +102,19 @@ class StateKeeper:
 def start_keeper() -> Any:
     """Start the run's ``StateKeeper`` actor; returns its handle.
 
-    It takes no CPU. Ray is asked to prefer another alive node than this one (the
-    driver's, where rank 0 often runs too), softly: on one node it still runs in a
-    process of its own, apart from the training workers."""
+    It takes no CPU and runs on the driver's node, in a process of its own. The driver
+    owns it, so the driver's loss ends it wherever it runs; on the driver's node no other
+    loss does (a keeper on a worker's node went with it in the elastic multinode test, so
+    the restart had nothing newer than storage to resume from). Lost
+    anyway (its process killed), Ray starts it again, empty: that restart resumes from
+    storage, and the next group keeps its state in the new keeper."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
-    others = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
-    actor = ray.remote(num_cpus=0, max_restarts=0)(StateKeeper)
-    if others:
-        strategy = NodeAffinitySchedulingStrategy(others[0], soft=True)
-        return actor.options(scheduling_strategy=strategy).remote()
-    return actor.remote()
+    actor = ray.remote(num_cpus=0, max_restarts=-1)(StateKeeper)
+    strategy = NodeAffinitySchedulingStrategy(here, soft=True)
+    return actor.options(scheduling_strategy=strategy).remote()
 
 
 def stop_keeper(keeper: Any) -> None:

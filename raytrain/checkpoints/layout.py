@@ -53,6 +53,11 @@ INTERVAL_KEY = "_checkpoint_interval"
 # checkpoint.memory_every_n_steps: auto's interval and the figures that chose it, when it
 # changes (rank 0's report; the driver prints it and tags the MLflow run).
 MEMORY_INTERVAL_KEY = "_memory_interval"
+# The key of rank 0's first report of a worker group: the step its fit resumed at, as the
+# trainer holds it once restored (from the in-memory state, from storage, or 0 from the
+# start). The driver's status record names it as the restart's step: the checkpoint Ray
+# committed is not where a restore from memory began.
+RESUMED_KEY = "_resumed_step"
 # The key of rank 0's event of a report that carries a checkpoint (not in the checkpoint's
 # own metrics): the status record waits for Ray's snapshot to show it committed.
 CHECKPOINT_KEY = "_checkpoint"

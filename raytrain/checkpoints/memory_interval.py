@@ -36,12 +36,14 @@ def memory_steps(keep_s: float, step_s: float, budget: float = BUDGET) -> int:
 
 @dataclass
 class MemoryChoice:
-    """One choice of the interval and the figures that made it, for the log line."""
+    """One choice of the interval and the figures that made it, for the log line; or, with
+    ``as_set``, a number the spec set and what it costs."""
 
     steps: int
     snapshot_s: float
     send_s: float
     step_s: float
+    as_set: bool = False
 
     @property
     def cost(self) -> float:
@@ -50,10 +52,11 @@ class MemoryChoice:
         return keep / (self.steps * self.step_s) if self.step_s > 0 else math.inf
 
     def describe(self) -> str:
+        bound = "as set" if self.as_set else f"at most {100 * BUDGET:.0f}%"
         return (f"in-memory state every {self.steps} step(s): keeping it costs "
                 f"{self.snapshot_s + self.send_s:.3g} s (snapshot {self.snapshot_s:.3g} s, "
                 f"send {self.send_s:.3g} s), a step {self.step_s:.3g} s: "
-                f"{100 * self.cost:.2g}% of training (at most {100 * BUDGET:.0f}%)")  # fmt: skip
+                f"{100 * self.cost:.2g}% of training ({bound})")  # fmt: skip
 
 
 class MemoryCost:
@@ -78,11 +81,19 @@ class MemoryCost:
         if seconds > 0:
             self._steps = [*self._steps, seconds][-self.window :]
 
-    def choose(self) -> MemoryChoice | None:
-        """The interval for the figures so far (None until a keep and a step are known)."""
+    def choose(self, as_set: int | None = None) -> MemoryChoice | None:
+        """The interval for the figures so far (None until a keep and a step are known);
+        with ``as_set``, that interval and what it costs."""
         if not self._snapshots or not self._sends or not self._steps:
             return None
         snap = statistics.median(self._snapshots)
         send = statistics.median(self._sends)
         step = statistics.median(self._steps)
+        if as_set is not None:
+            return MemoryChoice(as_set, snap, send, step, as_set=True)
         return MemoryChoice(memory_steps(snap + send, step), snap, send, step)
+
+    @property
+    def measured(self) -> int:
+        """How many sends the figures hold (at most ``window``)."""
+        return len(self._sends)

@@ -20,6 +20,7 @@ from raytrain.checkpoints.layout import (
     MEMORY_INTERVAL_KEY,
     MONITOR_MISSING,
     PRECISION_KEY,
+    RESUMED_KEY,
     STOPPED_KEY,
 )
 from raytrain.driver import runstate
@@ -128,7 +129,8 @@ class RunRecord:
                         "raytrain.restarts": str(self.state.restarts),
                         f"raytrain.restart.{self.state.restarts}": (
                             f"attempt {self.state.attempts}: workers restarted, "
-                            f"{event.get('world_size', '?')} of them, first report at step {step}"
+                            f"{event.get('world_size', '?')} of them, resumed at step "
+                            f"{event.get(RESUMED_KEY, '?')}, first report at step {step}"
                         ),
                     }
                 )

@@ -25,6 +25,7 @@ from raytrain import run_status, storage
 from raytrain.checkpoints.layout import (
     CHECKPOINT_KEY,
     FAILURE_KEY,
+    RESUMED_KEY,
     STOPPED_KEY,
     epochs_done,
     latest_committed,
@@ -203,6 +204,8 @@ class StatusRecord:
                 resumed = self._resume if self._failure else self._read_safely()
                 reason = self._failure or "the workers were restarted"
                 start = resumed[0] if resumed else 0
+                if isinstance(event.get(RESUMED_KEY), int):  # the trainer's own: memory too
+                    start = event[RESUMED_KEY]
                 status.restarts.append(Restart(
                     at=now, step=start, reason=reason, world_size=event.get("world_size"),
                     lost_steps=max(0, self._failed_at - start)))  # fmt: skip

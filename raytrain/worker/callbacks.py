@@ -109,18 +109,20 @@ def build_callbacks(
         mtbf=mtbf,
     )
     preemption = PreemptionGuard(checkpoints, spec.failure.preemption_check_s)
-    memory: list[pl.Callback] = []
+    keeping: MemoryState | None = None
     if keeper is not None and publish is not None:  # rank 0 alone keeps its state
         steps = ckpt.memory_every_n_steps
-        memory = [MemoryState(
+        keeping = MemoryState(
             keeper, keeper_token, steps if isinstance(steps, int) else None, train_loader,
             on_choice=lambda choice: setattr(reporter, "memory_choice", choice.describe()),
-        )]  # fmt: skip
+        )  # fmt: skip
+    memory: list[pl.Callback] = [keeping] if keeping is not None else []
     spike = spec.failure.spike
     spikes: list[pl.Callback] = []
     if spike is not None:
         where = run_dir(spec)
-        spikes = [SpikeGuard(spike, where, spec.storage, train_loader),
+        forget = keeping.forget if keeping is not None else None
+        spikes = [SpikeGuard(spike, where, spec.storage, train_loader, forget),
                   RollbackSkip(where, spec.storage, train_loader, publish)]  # fmt: skip
     ordered: list[pl.Callback] = [
         *([system] if system else []),

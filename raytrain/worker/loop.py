@@ -159,14 +159,16 @@ def train_loop(config: dict[str, Any]) -> None:
         print(f"raytrain: {batching.describe()}", flush=True)
     mtbf = _mtbf_reader(work.sink) if rank == 0 else None
     checkpoint = ray.train.get_checkpoint()
-    token, from_memory = 0, None
-    if work.keeper is not None:  # checkpoint.memory_every_n_steps: a newer state in memory?
+    token, from_memory, keeper = None, None, work.keeper
+    if keeper is not None:  # checkpoint.memory_every_n_steps: a newer state in memory?
         from raytrain.worker.memory_state import restore_from_memory
 
-        token, from_memory = restore_from_memory(work.keeper, _checkpoint_step(checkpoint))
+        token, from_memory = restore_from_memory(keeper, _checkpoint_step(checkpoint))
+        if token is None and rank == 0:  # not reachable: this group keeps nothing
+            keeper = None
     callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching,
-                                mtbf, user.callbacks, keeper=work.keeper,
-                                keeper_token=token)  # fmt: skip
+                                mtbf, user.callbacks, keeper=keeper,
+                                keeper_token=token or 0)  # fmt: skip
     loggers = [ReportLogger(callbacks.reporter), *user.loggers]
     profiler, profiles = build_profiler(spec, rank)
     ordered = callbacks.ordered

@@ -94,6 +94,13 @@ class MemoryState(pl.Callback):
         self._pool: ThreadPoolExecutor | None = None
         self._told: int | None = None  # the auto interval last said
 
+    def forget(self) -> None:
+        """The keeper lets go of its state and takes no more of this group's (a loss spike:
+        its rollback resumes from storage; ``SpikeGuard`` calls this on rank 0)."""
+        import ray
+
+        ray.get(self.keeper.drop.remote(), timeout=60)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_step = trainer.global_step
         self._last_keep = trainer.global_step
@@ -154,8 +161,17 @@ class MemoryState(pl.Callback):
     def _retune(self) -> None:
         """Under ``auto``: the interval for the figures so far, said when first chosen and
         when it is twice or half the last one said (on digits the choice wanders between
-        3 and 8 steps with the machine's load: each step of that said would be noise)."""
-        choice = self.cost.choose() if self.auto else None
+        3 and 8 steps with the machine's load: each step of that said would be noise).
+        An interval the spec set is not chosen: what it costs is said once, when a full
+        window of sends has been measured."""
+        if not self.auto:
+            if self._told is None and self.cost.measured == self.cost.window:
+                choice = self.cost.choose(as_set=self.every_n_steps)
+                if choice is not None and self.on_choice is not None:
+                    self._told = choice.steps
+                    self.on_choice(choice)
+            return
+        choice = self.cost.choose()
         if choice is None:
             return
         self.every_n_steps = choice.steps
@@ -176,24 +192,35 @@ class MemoryState(pl.Callback):
         self.finish()
 
 
-def restore_from_memory(keeper: Any, storage_step: int | None) -> tuple[int, str | None]:
+def restore_from_memory(keeper: Any, storage_step: int | None) -> tuple[int | None, str | None]:
     """Every rank, before ``fit``: open the keeper (rank 0) and, if the state it holds is
     newer than the checkpoint in storage (at ``storage_step``), fetch it into a local file.
-    Returns the keeper's token (for rank 0's ``MemoryState``) and the file to resume from
-    (None: resume from storage). Every rank gets the same answer."""
+    Returns the keeper's token for rank 0's ``MemoryState`` (None: the keeper could not be
+    reached, so nothing is kept this group) and the file to resume from (None: resume
+    from storage). Every rank gets the same answer. A keeper lost with its node (Ray
+    starts it again, empty) or unreachable is no state: the restart uses storage."""
     import ray
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
-    token, chosen = 0, -1
+    token: int | None = None
+    chosen = -1
     if rank == 0:
-        token, held = ray.get(keeper.open.remote(), timeout=60)
-        if memory_is_newer(held, storage_step):
-            chosen = int(held or 0)
+        try:
+            token, held = ray.get(keeper.open.remote(), timeout=60)
+        except Exception as exc:  # the keeper's node lost, or Ray restarting it
+            print(f"raytrain: warning: the in-memory state's keeper did not answer "
+                  f"({type(exc).__name__}): resuming from storage", flush=True)  # fmt: skip
+        else:
+            if memory_is_newer(held, storage_step):
+                chosen = int(held or 0)
     chosen = int(_agree([chosen], "max")[0])
     if chosen < 0:
         return token, None
-    data = ray.get(keeper.get.remote(chosen), timeout=SEND_TIMEOUT_S)
+    try:
+        data = ray.get(keeper.get.remote(chosen), timeout=SEND_TIMEOUT_S)
+    except Exception:  # lost since rank 0 asked: every rank resumes from storage
+        data = None
     if int(_agree([0 if data is None else 1], "min")[0]) == 0:
         return token, None
     folder = tempfile.mkdtemp(prefix="raytrain-memory-")

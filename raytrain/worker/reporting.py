@@ -25,6 +25,7 @@ from raytrain.checkpoints.layout import (
     INTERVAL_KEY,
     MEMORY_INTERVAL_KEY,
     MONITOR_MISSING,
+    RESUMED_KEY,
     SCORE_KEY,
     STOPPED_KEY,
     checkpoint_score,
@@ -144,6 +145,8 @@ class MetricsReporter(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_step = trainer.global_step
+        if self._startup is not None:  # restored by now: where this group resumed
+            self._startup[RESUMED_KEY] = trainer.global_step
         self._window_start = time.perf_counter()
 
     def on_train_batch_end(

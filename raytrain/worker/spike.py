@@ -12,12 +12,14 @@ raises ``LossSpikeError`` (retried by the driver's failure policy, not counted a
 checkpointed: the checkpoint callback comes after the guard.
 
 ``RollbackSkip`` acts when the workers start again from the last committed checkpoint (which
-is from before the spike). If the last spike's position lies beyond the restored one, it
-moves the train loader to it, keeping Lightning's count of the epoch's batches: the rows of
-the steps from the checkpoint through the spiked batch are not trained again, and the
-epoch is that many steps shorter. Rank 0 records the rollback's step and rows skipped, in
-``rollbacks.json`` and as an event for the driver's MLflow record. A restore after another
-failure that goes back before the spike again skips again. A spike in a later epoch than a
+is from before the spike: rank 0 first has the keeper of ``checkpoint.memory_every_n_steps``
+drop its state, so the rollback does not resume from the step just before the spike). If
+the last spike's position lies beyond the restored one, it moves the train loader to it,
+keeping Lightning's count of the epoch's batches: the rows of the steps from the checkpoint
+through the spiked batch are not trained again, and the epoch is that many steps shorter.
+Rank 0 records the rollback's step and rows skipped, in ``rollbacks.json`` and as an event
+for the driver's MLflow record. A restore after another failure that goes back before the
+spike again skips again. A spike in a later epoch than a
 mid-epoch checkpoint skips the spike's epoch up to it; the rest of the checkpoint's epoch is
 trained (said in the record's notes).
 """
@@ -74,8 +76,10 @@ class SpikeGuard(pl.Callback):
         run_dir: str,
         options: StorageSpec | None,
         train_loader: Callable[[], Any],
+        forget_memory: Callable[[], None] | None = None,
     ):
         self.spike = spike
+        self.forget_memory = forget_memory  # rank 0's, with checkpoint.memory_every_n_steps
         self.run_dir = run_dir
         self.options = options
         self.train_loader = train_loader
@@ -117,6 +121,8 @@ class SpikeGuard(pl.Callback):
         )  # fmt: skip
         spent = 0
         if trainer.global_rank == 0:
+            if self.forget_memory is not None:  # roll back to storage, not to the step before
+                self.forget_memory()
             past = read_rollbacks(self.run_dir, self.options)
             spent = int(len(past) >= self.spike.max_rollbacks)
             if not spent:

@@ -43,8 +43,10 @@ def strategy_problems(spec: JobSpec) -> list[str]:
         # Lightning builds the hybrid (nodes x workers) device mesh on CUDA devices
         return ["strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true, or "
                 "auto on a cluster with GPUs); on CPU workers use full"]  # fmt: skip
-    if spec.checkpoint.memory_every_n_steps is not None and not rank_zero_holds_state(spec):
+    memory = spec.checkpoint.memory_every_n_steps
+    if isinstance(memory, int) and not rank_zero_holds_state(spec):
         # rank 0's whole state is what is kept; without this the setting was dropped unsaid
+        # (`auto`, the default, asks for it where it can be had: nothing here)
         return [f"checkpoint.memory_every_n_steps: DDP only: under strategy.name {name} each "
                 "rank holds a shard and a restart resumes from storage; remove it or set it "
                 "to off"]  # fmt: skip

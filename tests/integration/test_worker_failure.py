@@ -3,7 +3,8 @@ that hangs (sleeps without end, outside any collective), then a worker SIGKILLed
 notice makes the workers checkpoint at the next agreed step and restart from it, uncharged
 and without training a step again; the hang is found within ``hang_timeout_s``, every
 rank's stacks are saved, and, like the kill, it restarts the workers from the latest
-committed checkpoint. The run finishes in the same MLflow run, no metric step is logged
+committed checkpoint, or from rank 0's state kept in memory where that is newer (it is
+here: every step is kept). The run finishes in the same MLflow run, no metric step is logged
 twice or goes back, and it ends as the same run without any of them does (with the same
 hang timeout: no hang found where there is none)."""
 
@@ -42,8 +43,10 @@ def _run(digits_dir: Path, out: Path, name: str, **kills: Any) -> Any:
                "init_args": {"out_dir": str(out), "run_dir": str(out / "runs" / name),
                              "at_steps": [], **kills}},
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5},
-        # a monitored key the model never logs: checkpoints are ranked by recency
-        checkpoint={"every_n_epochs": 1, "keep": 20, "monitor": "val_accuracy", "mode": "max"},
+        # a monitored key the model never logs: checkpoints are ranked by recency; rank 0's
+        # state kept in memory every step
+        checkpoint={"every_n_epochs": 1, "keep": 20, "monitor": "val_accuracy", "mode": "max",
+                    "memory_every_n_steps": 1},
         # two failures allowed: the hang and the kill; a preemption charged to them would
         # fail the run
         failure={"max_failures": 2, "preemption_check_s": 0,  # agree every step
@@ -78,13 +81,14 @@ def test_a_preempted_a_hung_and_a_killed_worker_end_as_an_uninterrupted_run_does
     assert sorted(m["step"] for m in metas) == sorted([*epoch_ends, noticed])
     assert json.loads((Path(result.best_checkpoint_uri) / META_FILE).read_text())["step"] == last
 
-    # The notice's restart began at its checkpoint (no step trained twice); the hang's and
-    # the kill's, at the last epoch end before them (steps 92 and 138).
+    # The notice's restart began at its checkpoint (no step trained twice; the state in
+    # memory is no newer); the hang's and the kill's, at the steps they came in, from the
+    # state in memory (storage's last were the epoch ends before them, steps 92 and 138).
     events = read_events(out)
     assert [(e["event"], e["step"]) for e in events if e["event"] != "start"] == [
         ("first_step", 1), ("kill", NOTICE_AT), ("first_step", noticed + 1),
-        ("kill", HANG_AT), ("first_step", 4 * STEPS_PER_EPOCH + 1),
-        ("kill", KILL_AT), ("first_step", 6 * STEPS_PER_EPOCH + 1)]  # fmt: skip
+        ("kill", HANG_AT), ("first_step", HANG_AT + 1),
+        ("kill", KILL_AT), ("first_step", KILL_AT + 1)]  # fmt: skip
 
     # The hang: found within its timeout (the watchdog looks once a second), every rank's
     # stacks saved, rank 1 named as the one not in a collective, in its sleep
@@ -110,13 +114,13 @@ def test_a_preempted_a_hung_and_a_killed_worker_end_as_an_uninterrupted_run_does
     assert status.mlflow_run_id == result.mlflow_run_id and status.world_size == 2
     preempted, hung_restart, killed = status.restarts
     assert preempted.step == noticed and preempted.reason.startswith("PreemptedError")
-    assert hung_restart.step == 4 * STEPS_PER_EPOCH
+    assert hung_restart.step == HANG_AT and hung_restart.lost_steps == 0  # memory's
     assert hung_restart.reason.startswith(f"hang at step {HANG_AT}: no batch finished for")
     assert "not in a collective: rank 1 in forward" in hung_restart.reason
     assert "waiting in a collective: rank 0" in hung_restart.reason
     assert status.hang is not None and status.hang in hung_restart.reason
     # the killed rank fails Ray Train's health check; its peer loses gloo's connection
-    assert killed.step == 6 * STEPS_PER_EPOCH and "WorkerHealthCheckFailedError" in killed.reason
+    assert killed.step == KILL_AT and "WorkerHealthCheckFailedError" in killed.reason
 
     client = MlflowClient(result.tracking_uri)
     run = client.get_run(result.mlflow_run_id)
@@ -127,6 +131,7 @@ def test_a_preempted_a_hung_and_a_killed_worker_end_as_an_uninterrupted_run_does
     assert logged == {f"hangs/{attempt.name}/rank{r}.txt" for r in (0, 1)}
     assert not (tmp_path / "plain" / "runs" / "uninterrupted" / "hangs").exists()
     assert "attempt 1: workers restarted" in run.data.tags["raytrain.restart.1"]
+    assert f"resumed at step {noticed}," in run.data.tags["raytrain.restart.1"]
     ranking = run.data.tags["raytrain.checkpoint_ranking"]
     assert "'val_accuracy' was not reported" in ranking
     assert re.search(r"\(reported: [^)]*\bval_acc\b", ranking), ranking

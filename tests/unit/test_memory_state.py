@@ -61,6 +61,11 @@ def test_the_cost_is_measured_as_the_run_goes_and_said_with_its_figures() -> Non
     assert cost.choose() == choice
     cost.stepped(0.0)  # not a step: ignored
     assert cost.choose() == choice
+    # an interval the spec set is not chosen: what it costs is said
+    fixed = cost.choose(as_set=1)
+    assert fixed is not None and fixed.steps == 1 and fixed.cost == pytest.approx(0.27)
+    assert fixed.describe().endswith("27% of training (as set)")
+    assert choice.describe().endswith("(at most 5%)")
 
 
 def test_the_keeper_holds_the_latest_state_and_refuses_a_fenced_off_group() -> None:
@@ -76,6 +81,15 @@ def test_the_keeper_holds_the_latest_state_and_refuses_a_fenced_off_group() -> N
     assert not keeper.put(token, 5, b"late") and keeper.refused == 1
     assert keeper.get(4) == b"four"
     assert keeper.put(new, 5, b"five") and keeper.get(5) == b"five"
+    # a loss spike: the state is dropped and the group's send on its way is refused, so
+    # the rollback's restart finds none and resumes from storage
+    keeper.drop()
+    assert keeper.held_step() is None and not keeper.put(new, 6, b"after the spike")
+    assert keeper.open()[1] is None
+    # a keeper Ray started again (its node lost) takes no send meant for the one before
+    again = StateKeeper()
+    assert not again.put(new, 7, b"for the lost keeper")
+    assert again.open()[0] not in (token, new) and again.held_step() is None
 
 
 def test_a_restart_resumes_from_memory_only_when_it_is_newer_than_storage() -> None:
@@ -88,8 +102,9 @@ def test_a_restart_resumes_from_memory_only_when_it_is_newer_than_storage() -> N
 
 def test_memory_every_n_steps_is_a_count_auto_or_off_and_ddp_only() -> None:
     base = "jobs/digits.yaml"
-    assert load_spec(base).checkpoint.memory_every_n_steps is None  # off by default
-    assert not keeps_memory_state(load_spec(base))
+    assert load_spec(base).checkpoint.memory_every_n_steps == "auto"  # on by default
+    assert keeps_memory_state(load_spec(base))
+    assert not keeps_memory_state(load_spec(base, ["checkpoint.memory_every_n_steps=off"]))
     for value, expected in [("1", 1), ("auto", "auto"), ("off", None), ("null", None)]:
         spec = load_spec(base, [f"checkpoint.memory_every_n_steps={value}"])
         assert spec.checkpoint.memory_every_n_steps == expected
@@ -98,6 +113,10 @@ def test_memory_every_n_steps_is_a_count_auto_or_off_and_ddp_only() -> None:
     assert not keeps_memory_state(fsdp)  # a shard per rank: refused before Ray, not dropped
     (problem,) = strategy_problems(fsdp)
     assert problem.startswith("checkpoint.memory_every_n_steps: DDP only")
+    # the default asks for it where it can be had: nothing kept, nothing refused
+    for name in ("fsdp", "model_parallel"):
+        default = load_spec(base, [f"strategy.name={name}"])
+        assert not keeps_memory_state(default) and not strategy_problems(default)
     for bad in ("0", "true", "often", "99999999999999999999999"):
         with pytest.raises(SpecError) as excinfo:
             load_spec(base, [f"checkpoint.memory_every_n_steps={bad}"])

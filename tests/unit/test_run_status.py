@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from raytrain.checkpoints.layout import CHECKPOINT_KEY, FAILURE_KEY
+from raytrain.checkpoints.layout import CHECKPOINT_KEY, FAILURE_KEY, RESUMED_KEY
 from raytrain.driver.failure_policy import Decision, FailurePolicy, describe_failure
 from raytrain.driver.status_record import WRITE_EVERY_S, StatusRecord
 from raytrain.errors import NonFiniteLossError, RunStateError
@@ -113,6 +113,12 @@ def test_a_restart_carries_the_failure_policys_reason(tmp_path: Path) -> None:
     assert restart.lost_steps == 5  # reported step 10 before the failure, resumed at 5
     assert written[-1].first_report_at == 1000.0  # the first attempt's first report
     assert written[-1].state == "training" and written[-1].world_size == 1
+    # a group that resumed from the in-memory state says so: its step, not storage's
+    clock.now += 1
+    record({FAILURE_KEY: "RuntimeError: rank 0 lost"})
+    record(_report(16, _worker_started_at=3.0, **{RESUMED_KEY: 12}))
+    restart = written[-1].restarts[1]
+    assert (restart.step, restart.lost_steps) == (12, 0)
 
 
 def test_a_hang_is_the_reason_of_the_restart_after_it_and_of_no_later_one(
