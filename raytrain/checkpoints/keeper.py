@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 
 def keeps_memory_state(spec: JobSpec) -> bool:
-    """Whether rank 0 keeps its state in memory: ``checkpoint.memory_every_n_steps`` set,
-    under DDP (rank 0 holds the whole state). FSDP and model parallelism resume from
-    storage only for now: each rank holds a shard."""
+    """Whether rank 0 keeps its state in memory: ``checkpoint.memory_every_n_steps`` not
+    off (the default ``auto`` included), under DDP (rank 0 holds the whole state). FSDP
+    and model parallelism resume from storage only for now: each rank holds a shard."""
     from raytrain.worker.strategy import rank_zero_holds_state
 
     return spec.checkpoint.memory_every_n_steps is not None and rank_zero_holds_state(spec)

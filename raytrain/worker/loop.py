@@ -163,7 +163,8 @@ def train_loop(config: dict[str, Any]) -> None:
     if keeper is not None:  # checkpoint.memory_every_n_steps: a newer state in memory?
         from raytrain.worker.memory_state import restore_from_memory
 
-        token, from_memory = restore_from_memory(keeper, _checkpoint_step(checkpoint))
+        token, from_memory = restore_from_memory(keeper, _checkpoint_step(checkpoint),
+                                                 _rollback_pending(spec, rank))  # fmt: skip
         if token is None and rank == 0:  # not reachable: this group keeps nothing
             keeper = None
     callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching,
@@ -202,6 +203,18 @@ def train_loop(config: dict[str, Any]) -> None:
     upload_profiles(spec, profiles)
     if rank == 0 and work.sink is not None:
         ray.get(work.sink.ping.remote())  # the driver has every event before the run ends
+
+
+def _rollback_pending(spec: JobSpec, rank: int) -> bool:
+    """Rank 0: whether the run's last loss spike (``failure.spike``) has not been rolled
+    back past yet (its rollback resumes from storage, never from the in-memory state)."""
+    if rank != 0 or spec.failure.spike is None:
+        return False
+    from raytrain.checkpoints.layout import run_dir
+    from raytrain.rollback_record import read_rollbacks
+
+    past = read_rollbacks(run_dir(spec), spec.storage)
+    return bool(past) and past[-1].restored_step is None
 
 
 def _checkpoint_step(checkpoint: Any) -> int | None:

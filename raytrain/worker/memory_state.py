@@ -65,6 +65,55 @@ def serialised(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+# Lightning's and raytrain's own classes: their checkpoint hooks wait on no other rank.
+_OWN_MODULES = ("lightning.", "pytorch_lightning.", "raytrain.")
+# Under ``auto``, the most of the memory available on rank 0's node a keep may take: the
+# snapshot, its serialised bytes and the object store's copy are each about the state.
+MEMORY_SHARE = 0.5
+
+
+def collective_hazards(module: Any, callbacks: list[Any], optimizers: list[Any]) -> list[str]:
+    """Why rank 0 cannot dump a checkpoint alone, as far as can be told: a user's
+    ``on_save_checkpoint`` (the model's or a callback's) may wait on the other ranks (a
+    gather, a barrier), and an optimizer with ``consolidate_state_dict`` (torch's
+    ``ZeroRedundancyOptimizer``) gathers its shards, a collective. ``auto`` keeps nothing
+    where any is found: rank 0 would hang there alone."""
+    found = []
+    own = type(module).on_save_checkpoint is pl.LightningModule.on_save_checkpoint
+    if not own and not type(module).__module__.startswith(_OWN_MODULES):
+        found.append(f"the model {type(module).__qualname__} has its own on_save_checkpoint")
+    for callback in callbacks:
+        kind = type(callback)
+        if kind.__module__.startswith(_OWN_MODULES):
+            continue
+        if kind.on_save_checkpoint is not pl.Callback.on_save_checkpoint:
+            found.append(f"the callback {kind.__qualname__} has its own on_save_checkpoint")
+    for optimizer in optimizers:
+        if hasattr(optimizer, "consolidate_state_dict"):
+            found.append(f"the optimizer {type(optimizer).__qualname__} gathers its state "
+                         "across the ranks (consolidate_state_dict)")  # fmt: skip
+    return found
+
+
+def state_bytes(module: Any, optimizers: list[Any]) -> int:
+    """The bytes of the tensors a checkpoint of ``module`` and ``optimizers`` holds:
+    parameters, buffers and the optimizers' state (its moments, after the first step)."""
+    total = sum(t.numel() * t.element_size() for t in module.state_dict().values()
+                if isinstance(t, torch.Tensor))  # fmt: skip
+    for optimizer in optimizers:
+        for per_param in optimizer.state.values():
+            total += sum(v.numel() * v.element_size() for v in per_param.values()
+                         if isinstance(v, torch.Tensor))  # fmt: skip
+    return total
+
+
+def too_big(nbytes: int, available: int) -> bool:
+    """Whether keeping a state of ``nbytes`` needs more than ``MEMORY_SHARE`` of the
+    ``available`` memory: a keep holds about three copies at once (the snapshot, its
+    bytes, the object store's)."""
+    return 3 * nbytes > MEMORY_SHARE * available
+
+
 class MemoryState(pl.Callback):
     """Keeps rank 0's state in the keeper every ``every_n_steps`` steps (None: ``auto``)
     (see the module docstring). ``token``: what ``restore_from_memory`` opened the keeper
@@ -90,21 +139,43 @@ class MemoryState(pl.Callback):
         self._last_step = -1
         self._last_keep: int | None = None
         self._step_ended: float | None = None
-        self._sending: Future[float] | None = None
+        self._sending: Future[tuple[float, bool]] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._told: int | None = None  # the auto interval last said
+        self.off: str | None = None  # why nothing more is kept in this group
 
     def forget(self) -> None:
         """The keeper lets go of its state and takes no more of this group's (a loss spike:
-        its rollback resumes from storage; ``SpikeGuard`` calls this on rank 0)."""
+        its rollback resumes from storage; ``SpikeGuard`` calls this on rank 0). A keeper
+        that does not answer is warned about: the rollback goes on (the restart does not
+        resume from memory while the rollback is pending: ``restore_from_memory``)."""
         import ray
 
-        ray.get(self.keeper.drop.remote(), timeout=60)
+        self._stop("a loss spike: the rollback resumes from storage")
+        try:
+            ray.get(self.keeper.drop.remote(), timeout=60)
+        except Exception as exc:
+            print(f"raytrain: warning: the in-memory state's keeper did not drop its state "
+                  f"({type(exc).__name__}: {exc})", flush=True)  # fmt: skip
+
+    def _stop(self, why: str, say: bool = False) -> None:
+        """Keep nothing more in this group, for ``why`` (said once, with ``say``)."""
+        if self.off is None:
+            self.off = why
+            if say:
+                print(f"raytrain: checkpoint.memory_every_n_steps: {why}", flush=True)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_step = trainer.global_step
         self._last_keep = trainer.global_step
         self._step_ended = time.perf_counter()
+        if self.auto and trainer.global_rank == 0:
+            callbacks = list(getattr(trainer, "callbacks", []))
+            hazards = collective_hazards(pl_module, callbacks, trainer.optimizers)
+            if hazards:
+                self._stop(f"auto keeps nothing: {'; '.join(hazards)}, which may wait on the "
+                           "other ranks while rank 0 dumps its state alone (set a number of "
+                           "steps to keep it anyway)", say=True)  # fmt: skip
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -116,9 +187,8 @@ class MemoryState(pl.Callback):
         now = time.perf_counter()
         if self._step_ended is not None:
             self.cost.stepped(now - self._step_ended)
-        if step - (self._last_keep or 0) >= self.every_n_steps and keeps_position(
-            self.train_loader()
-        ):
+        due = step - (self._last_keep or 0) >= self.every_n_steps
+        if self.off is None and due and keeps_position(self.train_loader()):
             self._keep(trainer, step)
         self._step_ended = time.perf_counter()  # the snapshot is not the step's time
 
@@ -129,6 +199,18 @@ class MemoryState(pl.Callback):
             return
         if sending is not None:
             self._sent(sending)
+        if self.off is not None:  # the send just finished was refused
+            return
+        if self.auto and self.kept == 0:  # the first keep: the optimizers' state exists now
+            import psutil
+
+            size = state_bytes(trainer.lightning_module, trainer.optimizers)
+            available = psutil.virtual_memory().available
+            if too_big(size, available):
+                self._stop(f"auto keeps nothing: the state is {size / 2**30:.3g} GiB and a "
+                           f"keep holds about 3 copies; {available / 2**30:.3g} GiB are free "
+                           "here", say=True)  # fmt: skip
+                return
         began = time.perf_counter()
         state = frozen(dump_state(trainer))
         self.cost.snapshot(time.perf_counter() - began)
@@ -139,24 +221,30 @@ class MemoryState(pl.Callback):
         self.kept += 1
         self._retune()
 
-    def _send(self, step: int, state: dict[str, Any]) -> float:
+    def _send(self, step: int, state: dict[str, Any]) -> tuple[float, bool]:
         """Serialise and send (the background thread); returns the CPU seconds it took
-        this thread: its cost to training (waiting for the keeper's answer costs none)."""
+        this thread (its cost to training: waiting for the keeper's answer costs none) and
+        whether the keeper took it."""
         import ray
 
         began = time.thread_time()
         data = serialised(state)
         reply = self.keeper.put.remote(self.token, step, data)
         spent = time.thread_time() - began
-        ray.get(reply, timeout=SEND_TIMEOUT_S)
-        return spent
+        return spent, bool(ray.get(reply, timeout=SEND_TIMEOUT_S))
 
-    def _sent(self, sending: Future[float]) -> None:
+    def _sent(self, sending: Future[tuple[float, bool]]) -> None:
+        self._sending = None
         try:
-            self.cost.sent(sending.result())
+            spent, taken = sending.result()
         except Exception as exc:  # a keeper gone: training goes on, restores use storage
             print(f"raytrain: warning: the in-memory state was not kept: {exc}", flush=True)
-        self._sending = None
+            return
+        self.cost.sent(spent)
+        if not taken:  # a keeper Ray started again, or a spike's drop: this group is done
+            self._stop("the keeper refused this group's state (it was started again, or "
+                       "dropped its state): nothing more is kept until the next restart",
+                       say=True)  # fmt: skip
 
     def _retune(self) -> None:
         """Under ``auto``: the interval for the figures so far, said when first chosen and
@@ -192,13 +280,17 @@ class MemoryState(pl.Callback):
         self.finish()
 
 
-def restore_from_memory(keeper: Any, storage_step: int | None) -> tuple[int | None, str | None]:
+def restore_from_memory(
+    keeper: Any, storage_step: int | None, rollback_pending: bool = False
+) -> tuple[int | None, str | None]:
     """Every rank, before ``fit``: open the keeper (rank 0) and, if the state it holds is
     newer than the checkpoint in storage (at ``storage_step``), fetch it into a local file.
     Returns the keeper's token for rank 0's ``MemoryState`` (None: the keeper could not be
     reached, so nothing is kept this group) and the file to resume from (None: resume
     from storage). Every rank gets the same answer. A keeper lost with its node (Ray
-    starts it again, empty) or unreachable is no state: the restart uses storage."""
+    starts it again, empty) or unreachable is no state: the restart uses storage. So does
+    a ``rollback_pending`` (a loss spike not yet rolled back past: its rollback goes to
+    storage even if the keeper could not drop the state before the spike)."""
     import ray
     import torch.distributed as dist
 
@@ -212,7 +304,7 @@ def restore_from_memory(keeper: Any, storage_step: int | None) -> tuple[int | No
             print(f"raytrain: warning: the in-memory state's keeper did not answer "
                   f"({type(exc).__name__}): resuming from storage", flush=True)  # fmt: skip
         else:
-            if memory_is_newer(held, storage_step):
+            if memory_is_newer(held, storage_step) and not rollback_pending:
                 chosen = int(held or 0)
     chosen = int(_agree([chosen], "max")[0])
     if chosen < 0:

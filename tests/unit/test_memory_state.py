@@ -7,6 +7,7 @@ import io
 import math
 from collections import OrderedDict, namedtuple
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -19,7 +20,13 @@ from raytrain.checkpoints.memory_interval import (
 )
 from raytrain.errors import SpecError
 from raytrain.spec import load_spec
-from raytrain.worker.memory_state import frozen, serialised
+from raytrain.worker.memory_state import (
+    collective_hazards,
+    frozen,
+    serialised,
+    state_bytes,
+    too_big,
+)
 from raytrain.worker.strategy import strategy_problems
 
 
@@ -141,3 +148,44 @@ def test_a_snapshot_is_a_copy_that_training_on_cannot_change() -> None:
     loaded = torch.load(io.BytesIO(serialised({"w": snap["state_dict"]["w"], "step": 4})),
                         weights_only=True)  # fmt: skip
     assert loaded["step"] == 4 and loaded["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+class _GatheringModel(pl.LightningModule):
+    def on_save_checkpoint(self, checkpoint: dict) -> None:  # a user's: may gather
+        checkpoint["extra"] = 1
+
+
+class _UserCallback(pl.Callback):
+    def on_save_checkpoint(self, trainer: pl.Trainer, module: pl.LightningModule,
+                           checkpoint: dict) -> None:  # fmt: skip
+        checkpoint["mine"] = 1
+
+
+def test_auto_keeps_nothing_where_rank_0_could_not_dump_its_state_alone() -> None:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from raytrain.worker.checkpointing import CheckpointCallback
+
+    plain, adam = pl.LightningModule(), torch.optim.Adam([torch.nn.Parameter(torch.ones(2))])
+    # Lightning's own classes and raytrain's (its checkpoint callback has the hook)
+    own = [pl.callbacks.EarlyStopping("val_loss"), pl.callbacks.EMAWeightAveraging()]
+    assert collective_hazards(plain, [*own, CheckpointCallback.__new__(CheckpointCallback)],
+                              [adam]) == []  # fmt: skip
+    found = collective_hazards(_GatheringModel(), [_UserCallback()], [adam])
+    assert found == ["the model _GatheringModel has its own on_save_checkpoint",
+                     "the callback _UserCallback has its own on_save_checkpoint"]  # fmt: skip
+    zero = ZeroRedundancyOptimizer.__new__(ZeroRedundancyOptimizer)  # no process group here
+    (reason,) = collective_hazards(plain, [], [zero])
+    assert "ZeroRedundancyOptimizer gathers its state" in reason
+
+
+def test_auto_keeps_nothing_where_three_copies_of_the_state_do_not_fit() -> None:
+    module = torch.nn.Linear(256, 256)  # 257 x 256 float32
+    adam = torch.optim.Adam(module.parameters())
+    params = 257 * 256 * 4
+    assert state_bytes(module, [adam]) == params  # no moments before the first step
+    module(torch.ones(1, 256)).sum().backward()
+    adam.step()
+    assert state_bytes(module, [adam]) == 3 * params + 2 * 4  # two moments and the steps
+    assert not too_big(params, available=6 * params)  # 3 copies: half of what is free
+    assert too_big(params, available=6 * params - 1)
