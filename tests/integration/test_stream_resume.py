@@ -59,7 +59,7 @@ def test_a_streamed_set_killed_mid_epoch_and_resumed_on_fewer_workers_trains_eac
                   "cache": "never"},
             scaling={"num_workers": workers},
             trainer={"max_epochs": EPOCHS},
-            checkpoint={"every_n_steps": EVERY, "keep": 20},
+            checkpoint={"every_n_steps": EVERY, "keep": 20, "memory_every_n_steps": "off"},
             failure={"max_failures": 1},
         )  # fmt: skip
 
