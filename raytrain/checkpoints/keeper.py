@@ -105,9 +105,9 @@ def start_keeper() -> Any:
     It takes no CPU and runs on the driver's node, in a process of its own. The driver
     owns it, so the driver's loss ends it wherever it runs; on the driver's node no other
     loss does (a keeper on a worker's node went with it in the elastic multinode test, so
-    the restart had nothing newer than storage to resume from). Lost
-    anyway (its process killed), Ray starts it again, empty: that restart resumes from
-    storage, and the next group keeps its state in the new keeper."""
+    the restart had nothing newer than storage to resume from). Lost anyway (its process
+    killed), Ray starts it again, empty: that restart resumes from storage, and the next
+    group keeps its state in the new keeper."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

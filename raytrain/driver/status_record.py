@@ -121,7 +121,6 @@ class StatusRecord:
         self._groups = 0  # worker groups that reported
         self._failure: str | None = None  # the last failure the policy saw
         self._hang: str | None = None  # a hang reported since the workers last started
-        self._resume: tuple[int, int] | None = None  # what was committed at that failure
         self._failed_at = 0  # the last step reported before that failure
         self._warned = False
         self._stop = threading.Event()
@@ -186,12 +185,10 @@ class StatusRecord:
         """Move the record on by ``event``; whether its state changed."""
         status, before = self.status, self.status.state
         if FAILURE_KEY in event:
-            # Ray Train restores the new workers from the checkpoint committed now: the
-            # failed group reports nothing more, the new one has not started
+            # the failed group reports nothing more, the new one has not started
             failure = str(event[FAILURE_KEY])
             self._failure = f"{self._hang} ({failure})" if self._hang else failure
             self._hang = None  # a later failure is its own
-            self._resume = self._read_safely()
             self._failed_at = status.step
             status.state = "restarting"
             return status.state != before
@@ -201,11 +198,10 @@ class StatusRecord:
         if "_worker_started_at" in event:  # rank 0's startup times: a new worker group
             self._groups += 1
             if self._groups > 1:
-                resumed = self._resume if self._failure else self._read_safely()
                 reason = self._failure or "the workers were restarted"
-                start = resumed[0] if resumed else 0
-                if isinstance(event.get(RESUMED_KEY), int):  # the trainer's own: memory too
-                    start = event[RESUMED_KEY]
+                # the trainer's own restored step (from memory or storage), which rank 0's
+                # first report of a group carries with its startup times
+                start = int(event.get(RESUMED_KEY, 0))
                 status.restarts.append(Restart(
                     at=now, step=start, reason=reason, world_size=event.get("world_size"),
                     lost_steps=max(0, self._failed_at - start)))  # fmt: skip

@@ -107,7 +107,8 @@ def test_a_restart_carries_the_failure_policys_reason(tmp_path: Path) -> None:
     assert written[-1].state == "restarting" and written[-1].step == 10
     clock.now += 10
     committed[0] = (9, 0)  # the new group trained on and committed before its report came
-    record(_report(12, _worker_started_at=2.0, world_size=1))  # the new group's first report
+    # the new group's first report: it restored the checkpoint committed at 5
+    record(_report(12, _worker_started_at=2.0, world_size=1, **{RESUMED_KEY: 5}))
     restart = written[-1].restarts[0]
     assert (restart.step, restart.world_size, restart.reason) == (5, 1, "RuntimeError: rank 1 lost")
     assert restart.lost_steps == 5  # reported step 10 before the failure, resumed at 5
