@@ -15,12 +15,16 @@ With ``--memory N|auto`` (``checkpoint.memory_every_n_steps``) it runs, instead,
 uninterrupted without and with the in-memory state (their median ``samples_per_second``
 over the run's reports gives the overhead of keeping the state, same process, same
 cluster), and kills at any time without and with it: steps trained again per kill.
+``--strategy fsdp|tp2`` runs those four on the tiny GPT (the FSDP test's, 2 workers)
+under sharded FSDP, or tensor parallelism of 2 (``model_parallel``), where every rank
+keeps its shard.
 
-The model (tests/integration/models.py, ``KillAtStepsCNN``) records wall-clock times of each
-kill and of the first step finished after each (re)start. It prints a table and writes JSON.
+The model (tests/integration/models.py, ``KillAtStepsCNN``, ``KillAtStepsGPT``) records
+wall-clock times of each kill and of the first step finished after each (re)start. It
+prints a table and writes JSON.
 
     python -m bench.recovery [--kills 40,100,170] [--memory auto] [--width 128,32]
-                             [--out FILE.json]
+                             [--strategy ddp|fsdp|tp2] [--repeat N] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -43,14 +47,15 @@ def run(
     wait_for_commit: bool,
     memory: int | str | None = None,
     width: tuple[int, int] = (16, 64),
+    strategy: str = "ddp",
 ) -> dict:
     import raytrain
 
     out = work / name
     out.mkdir()
     channels, hidden = width
-    init = {"out_dir": str(out), "at_steps": kills, "lr": 0.002, "channels": channels,
-            "hidden": hidden}  # fmt: skip
+    init: dict = {"out_dir": str(out), "at_steps": kills, "lr": 0.002, "channels": channels,
+                  "hidden": hidden}  # fmt: skip
     if wait_for_commit:
         init["run_dir"] = str(out / "runs" / name)
     spec = {
@@ -60,6 +65,7 @@ def run(
                  "val": {"uri": str(work / "digits" / "val")},
                  "columns": ["pixels", "label"], "batch_size": 32},
         "trainer": {"max_epochs": 10, "log_every_n_steps": 10, "seed": 42},
+        **_gpt(work, init, strategy),
         # null: storage only (the default is auto)
         "checkpoint": {"storage": str(out / "runs"), "every_n_epochs": 1, "keep": 3,
                        "memory_every_n_steps": memory},
@@ -78,9 +84,40 @@ def run(
         recoveries.append({"kill_step": event["step"], "restored_from_step": restored,
                            "steps_trained_again": event["step"] - restored,
                            "kill_to_next_step_s": nxt["at"] - event["at"]})  # fmt: skip
-    return {"val_acc": result.metrics["val_acc"], "step": result.metrics["step"],
+    metric = "val_acc" if strategy == "ddp" else "val_bpc"
+    return {"val_acc": result.metrics[metric], "step": result.metrics["step"],
             "wall_s": result.wall_time_s, "recoveries": recoveries,
             **_throughput(result)}  # fmt: skip
+
+
+GPT = {"block": 128, "layers": 2, "heads": 2, "dim": 32, "lr": 0.003}  # the FSDP test's
+
+
+def _gpt(work: Path, init: dict, strategy: str) -> dict:
+    """The spec's model, data, trainer and strategy for the tiny GPT under ``strategy``
+    (nothing under ddp: the digits job). Its text is written once, under ``work``."""
+    if strategy == "ddp":
+        return {}
+    from raytrain.datasets.text import write_splits
+
+    text = work / "text"
+    if not text.exists():  # 78 steps an epoch on 2 data-parallel workers of 16 rows
+        write_splits(str(text / "train"), str(text / "val"), 200_000)
+    gpt = {k: v for k, v in init.items() if k not in ("lr", "channels", "hidden")}
+    parallel = {"name": "fsdp", "fsdp": {"auto_wrap": ["Block"]}}
+    epochs = 3
+    if strategy == "tp2":  # one replica of 2 ranks: 156 steps an epoch
+        parallel = {"name": "model_parallel", "model_parallel": {"tensor_parallel_size": 2}}
+        epochs = 2
+    return {
+        "model": {"class_path": "tests.integration.models:KillAtStepsGPT",
+                  "init_args": {**gpt, **GPT}},
+        "data": {"train": {"uri": str(text / "train")}, "val": {"uri": str(text / "val")},
+                 "columns": ["tokens"], "batch_size": 16},
+        "trainer": {"max_epochs": epochs, "log_every_n_steps": 10, "seed": 42,
+                    "precision": "32-true"},
+        "strategy": parallel,
+    }  # fmt: skip
 
 
 def _throughput(result: object) -> dict:
@@ -111,6 +148,11 @@ def _memory_table(results: dict) -> None:
     on = results["memory uninterrupted"]["samples_per_second"]
     print(f"samples/s uninterrupted: storage only {off:.1f}, with the state in memory {on:.1f}: "
           f"overhead {100 * (off / on - 1):+.1f}% of a step")  # fmt: skip
+    overheads = results["overheads"]
+    if len(overheads) > 1:
+        each = ", ".join(f"{100 * o:+.1f}%" for o in overheads)
+        print(f"overhead of {len(overheads)} pairs run in turn: {each}; median "
+              f"{100 * statistics.median(overheads):+.1f}%")  # fmt: skip
     print(f"the state's own figures: {results['memory uninterrupted']['memory_interval']}")
 
 
@@ -129,6 +171,20 @@ def main() -> None:
         default=None,
         help="checkpoint.memory_every_n_steps (N or auto): compare with it",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="with --memory: uninterrupted pairs (without, with the state), each run in turn "
+        "(every other pair with the state first); the overhead's median over them (2 shared "
+        "cores move one pair's rates by 30%%)",
+    )
+    parser.add_argument(
+        "--strategy",
+        default="ddp",
+        choices=["ddp", "fsdp", "tp2"],
+        help="ddp: the digits CNN; fsdp, tp2: the tiny GPT, sharded (with --memory)",
+    )
     args = parser.parse_args()
     kills = [int(k) for k in args.kills.split(",")]
     channels, hidden = (int(v) for v in args.width.split(","))
@@ -144,18 +200,30 @@ def main() -> None:
         write_splits(str(work / "digits" / "train"), str(work / "digits" / "val"))
         handle = start_local(2 + DATA_CPUS)
         if memory is not None:
+            how = {"width": width, "strategy": args.strategy}
+            pairs = []
+            for i in range(args.repeat):  # in turn, each first in every other pair: later
+                # runs on one cluster ran slower, which always-second would charge the state
+                done = {}
+                for on in (True, False) if i % 2 else (False, True):
+                    name = f"{'on' if on else 'off'}-plain-{i}"
+                    done[on] = run(work, name, [], False, memory if on else None, **how)
+                pairs.append((done[False], done[True]))
             results = {
-                "storage only uninterrupted": run(work, "off-plain", [], False, None, width),
-                "memory uninterrupted": run(work, "on-plain", [], False, memory, width),
-                "storage only any time": run(work, "off-kills", kills, False, None, width),
-                "memory any time": run(work, "on-kills", kills, False, memory, width),
-            }
+                "storage only uninterrupted": pairs[0][0],
+                "memory uninterrupted": pairs[0][1],
+                "storage only any time": run(work, "off-kills", kills, False, None, **how),
+                "memory any time": run(work, "on-kills", kills, False, memory, **how),
+                "overheads": [off["samples_per_second"] / on["samples_per_second"] - 1
+                              for off, on in pairs],
+            }  # fmt: skip
             handle.shutdown()
             _memory_table(results)
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"kills": kills, "memory": memory, "width": width,
-                                       "results": results}, indent=2))  # fmt: skip
+                                       "strategy": args.strategy, "results": results},
+                                      indent=2))  # fmt: skip
             print(f"wrote {out}")
             return
         results = {

@@ -8,6 +8,8 @@
 - ``validation_may_follow``: ``fit_loop.epoch_loop.batch_progress`` (``is_last_batch``,
   ``current.ready``) and ``trainer.val_check_batch``: a validation may run after the batch
   just run (at the epoch's end, or every ``val_check_interval`` batches).
+- ``epoch_last_batch``: ``fit_loop.epoch_loop.batch_progress.is_last_batch``: the batch
+  just run was its epoch's last (the epoch's end has not run yet).
 - ``accumulate_from``: ``fit_loop.epoch_loop._accumulated_batches_reached`` and its
   ``batch_progress.current.ready``: where an accumulation of gradients starts.
 - ``checkpoint_loader_states`` and ``checkpoint_at_epoch_end``: a Lightning checkpoint's
@@ -63,6 +65,13 @@ def validation_may_follow(trainer: Any) -> bool:
         return True
     every = trainer.val_check_batch
     return isinstance(every, int) and every > 0 and progress.current.ready % every == 0
+
+
+def epoch_last_batch(trainer: Any) -> bool:
+    """Whether the training batch just run was its epoch's last: in its
+    ``on_train_batch_end`` the epoch's end (validation, epoch-end hooks, the epoch count)
+    has not run yet."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
 def set_epoch_length(trainer: Any, length: int) -> None:

@@ -4,14 +4,18 @@ it outside the training processes, and which state a restart resumes from.
 ``StateKeeper`` is a Ray actor the driver starts for the run (``start_keeper``), so it
 outlives any worker group: a worker's or a node's loss (where the keeper was elsewhere)
 leaves it, and a restarted group resumes from it; the driver's loss takes it down, and a
-rerun resumes from storage. It holds one state, rank 0's latest, as bytes it owns (an
-actor call's argument, copied into the keeper: an object owned by a dead worker would be
-lost with it), replacing the one before.
+rerun resumes from storage. It holds one state, the latest complete one, as the files of
+a Lightning checkpoint (relative path → bytes, owned by the keeper: an actor call's
+argument is copied into it, where an object owned by a dead worker would be lost with
+it), replacing the one before. Under DDP rank 0 sends the state whole (one part, one
+file); under FSDP and model parallelism each node's first rank sends the files its node's
+ranks wrote of one sharded checkpoint (one part per node), and a state is held once
+every part of its step has come.
 
 A group's rank 0 ``open``s the keeper when it starts: that fences off the sends of the
-group before (one may still be on its way from a dead rank 0) and returns the step of
-the state held, which every rank then fetches by its step. No Lightning, no torch: the
-driver imports this module.
+group before (one may still be on its way from a dead rank) and returns the step of the
+state held, which each node then fetches by its step. No Lightning, no torch: the driver
+imports this module.
 """
 
 from __future__ import annotations
@@ -25,12 +29,9 @@ if TYPE_CHECKING:
 
 
 def keeps_memory_state(spec: JobSpec) -> bool:
-    """Whether rank 0 keeps its state in memory: ``checkpoint.memory_every_n_steps`` not
-    off (the default ``auto`` included), under DDP (rank 0 holds the whole state). FSDP
-    and model parallelism resume from storage only for now: each rank holds a shard."""
-    from raytrain.worker.strategy import rank_zero_holds_state
-
-    return spec.checkpoint.memory_every_n_steps is not None and rank_zero_holds_state(spec)
+    """Whether the training state is kept in memory: ``checkpoint.memory_every_n_steps``
+    not off (the default ``auto`` included), under every strategy."""
+    return spec.checkpoint.memory_every_n_steps is not None
 
 
 def memory_is_newer(memory_step: int | None, storage_step: int | None) -> bool:
@@ -42,13 +43,16 @@ def memory_is_newer(memory_step: int | None, storage_step: int | None) -> bool:
     return storage_step is None or memory_step > storage_step
 
 
+Files = dict[str, bytes]  # a checkpoint's files: path relative to its folder → content
+
+
 @dataclass(frozen=True)
 class Held:
-    """The state a keeper holds: its step, its bytes (a Lightning checkpoint's), and the
-    group (``open``'s token) that sent it."""
+    """The state a keeper holds: its step, its files (a Lightning checkpoint's: every
+    part's together), and the group (``open``'s token) that sent it."""
 
     step: int
-    data: bytes
+    files: Files
     token: int
 
 
@@ -61,6 +65,8 @@ class StateKeeper:
         # meant for the one before, whose tokens counted from another start
         self._token = secrets.randbits(48)
         self._held: Held | None = None
+        self._pending: dict[int, Files] = {}  # the parts come so far of ``_pending_step``
+        self._pending_step: int | None = None
         self.refused = 0  # sends from a fenced-off group
 
     def open(self) -> tuple[int, int | None]:
@@ -69,13 +75,27 @@ class StateKeeper:
         self._token += 1
         return self._token, self._held.step if self._held is not None else None
 
-    def put(self, token: int, step: int, data: bytes) -> bool:
-        """Keep ``data``, the state at ``step``, in place of the one held; refused (False)
-        from a group fenced off by a later ``open``."""
+    def put(
+        self, token: int, step: int, files: dict[str, Any], part: int = 0, parts: int = 1
+    ) -> bool:
+        """Take ``files`` (bytes, or buffers such as numpy arrays: held as bytes), part
+        ``part`` of ``parts`` of the state at ``step``; once every part of ``step`` has
+        come, that state is held in place of the one before (until then the one before is
+        kept: a group lost mid-keep resumes from it). A part of a newer step drops the
+        parts of an older one that never completed. Refused (False) from a group fenced
+        off by a later ``open``."""
         if token != self._token:
             self.refused += 1
             return False
-        self._held = Held(step, bytes(data), token)
+        if self._pending_step != step:
+            self._pending, self._pending_step = {}, step
+        self._pending[part] = {str(k): bytes(v) for k, v in files.items()}
+        if len(self._pending) >= parts:
+            merged: Files = {}
+            for index in sorted(self._pending):
+                merged.update(self._pending[index])
+            self._held = Held(step, merged, token)
+            self._pending, self._pending_step = {}, None
         return True
 
     def drop(self) -> None:
@@ -84,11 +104,13 @@ class StateKeeper:
         and a send already on its way must not put one back)."""
         self._token += 1
         self._held = None
+        self._pending, self._pending_step = {}, None
 
-    def get(self, step: int) -> bytes | None:
-        """The state held, if it is the one at ``step`` (None: another, or none)."""
+    def get(self, step: int) -> Files | None:
+        """The files of the state held, if it is the one at ``step`` (None: another, or
+        none)."""
         held = self._held
-        return held.data if held is not None and held.step == step else None
+        return held.files if held is not None and held.step == step else None
 
     def held_step(self) -> int | None:
         """The step of the state held (None: none), for tests and the bench."""

@@ -14,7 +14,8 @@ Lightning calls each hook on the callbacks in list order, and the order matters:
    taken at a validation's end holds what an EarlyStopping made of that validation (with
    them after it, a resume restored their state one validation behind),
 5. ``CheckpointCallback``, whose report of a step includes them, then ``MemoryState``
-   (rank 0, ``checkpoint.memory_every_n_steps``), whose state of a step is a checkpoint's,
+   (``checkpoint.memory_every_n_steps``: rank 0 under DDP, every rank under FSDP and
+   model parallelism), whose state of a step is a checkpoint's,
 6. ``PreemptionGuard``, which may checkpoint through 5 and then stop the run,
 7. ``LoaderPosition``, the loader's data position, then ``RollbackSkip``, which moves a
    restored loader past the last spike (after ``LoaderPosition`` has set an epoch's
@@ -41,13 +42,17 @@ from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
 from raytrain.worker.hang_watchdog import HangWatchdog
 from raytrain.worker.loader_position import LoaderPosition
-from raytrain.worker.memory_state import MemoryState
+from raytrain.worker.memory_state import MemoryState, keep_scratch_name
 from raytrain.worker.mix_rows import MixRows
 from raytrain.worker.reporting import MetricsReporter, Publish
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.spike import RollbackSkip, SpikeGuard
 from raytrain.worker.step_timeline import StepTimeline
-from raytrain.worker.strategy import shards_checkpoints, tensor_parallel_size
+from raytrain.worker.strategy import (
+    rank_zero_holds_state,
+    shards_checkpoints,
+    tensor_parallel_size,
+)
 from raytrain.worker.system_metrics import SystemMetrics
 
 
@@ -110,11 +115,13 @@ def build_callbacks(
     )
     preemption = PreemptionGuard(checkpoints, spec.failure.preemption_check_s)
     keeping: MemoryState | None = None
-    if keeper is not None and publish is not None:  # rank 0 alone keeps its state
+    together = not rank_zero_holds_state(spec)  # every rank keeps its shard
+    if keeper is not None and (publish is not None or together):  # DDP: rank 0 alone
         steps = ckpt.memory_every_n_steps
         keeping = MemoryState(
             keeper, keeper_token, steps if isinstance(steps, int) else None, train_loader,
             on_choice=lambda choice: setattr(reporter, "memory_choice", choice.describe()),
+            together=together, scratch=keep_scratch_name(run_dir(spec)),
         )  # fmt: skip
     memory: list[pl.Callback] = [keeping] if keeping is not None else []
     spike = spec.failure.spike

@@ -12,7 +12,10 @@ A train loader that keeps no position (``loader_position.keeps_position``: a use
 loader over an iterable dataset) cannot be resumed mid-epoch exactly, so it is checkpointed
 only where an epoch ends: a step checkpoint (or a preemption's) due within an epoch is
 taken at that epoch's end instead, and a restore starts the next epoch with nothing
-trained twice. The end of training is checkpointed wherever it falls; where ``max_steps``
+trained twice. Any loader's step checkpoint due at an epoch's last batch is taken at the
+epoch's end too: taken in that batch's ``on_train_batch_end``, before the epoch's end ran,
+its restore began the next epoch with no batches (``test_mid_epoch_resume``: the run ended
+at step 60 of 90). The end of training is checkpointed wherever it falls; where ``max_steps``
 ended it mid-epoch, that epoch is saved as unfinished (Lightning counts it done), so that
 a resume with more steps trains the rest of it (a loader that keeps no position resumes at
 the next epoch, as it does from any of its checkpoints).
@@ -31,7 +34,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
-from raytrain._compat.lightning import epoch_cut_short, uncount_cut_epoch
+from raytrain._compat.lightning import epoch_cut_short, epoch_last_batch, uncount_cut_epoch
 from raytrain.checkpoints.interval import AutoInterval
 from raytrain.checkpoints.layout import CHECKPOINT_KEY, CKPT_FILE, META_FILE
 from raytrain.worker.loader_position import keeps_position
@@ -85,7 +88,11 @@ class CheckpointCallback(pl.Callback):
         if step == self._last_step:  # still accumulating gradients
             return
         self._last_step = step
-        if self.schedule.at_step(step) and not self._defer(trainer):
+        if not self.schedule.at_step(step):
+            return
+        if epoch_last_batch(trainer):  # at the epoch's end instead (the module docstring)
+            self._deferred = True
+        elif not self._defer(trainer):
             self._checkpoint(trainer, "step")
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -165,7 +165,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
         token, from_memory = restore_from_memory(keeper, _checkpoint_step(checkpoint),
                                                  _rollback_pending(spec, rank))  # fmt: skip
-        if token is None and rank == 0:  # not reachable: this group keeps nothing
+        if token is None:  # not reachable (the same on every rank): this group keeps nothing
             keeper = None
     callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching,
                                 mtbf, user.callbacks, keeper=keeper,

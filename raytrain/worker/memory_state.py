@@ -1,38 +1,56 @@
-"""Rank 0 keeps its training state in memory, outside the training processes, and a
-restarted group resumes from it (``checkpoint.memory_every_n_steps``; the keeper and the
-choice of state: ``checkpoints.keeper``).
+"""The training state kept in memory, outside the training processes, and a restarted
+group resumes from it (``checkpoint.memory_every_n_steps``; the keeper and the choice of
+state: ``checkpoints.keeper``).
 
-``MemoryState`` runs on rank 0 at the end of every optimizer step that is due. It takes a
-snapshot of the full Lightning state, the content of a checkpoint at this step with the
-loops' and the loader's position (copied off the live tensors on the training thread, so
-the next step cannot change it), and hands it to a background thread that serialises it
-and sends it to the keeper. Never two sends at once: a keep due while the last is still
-on its way is skipped. Under ``auto`` the interval is chosen from the measured cost
-(``checkpoints.memory_interval``) at each keep, and rank 0 tells the driver when it
-changes. A loader that keeps no position is kept only where a checkpoint would be
-(never mid-epoch): not at all, here.
+``MemoryState`` runs at the end of every optimizer step that is due, in one of two ways:
+
+- **alone** (DDP: rank 0 holds the whole state): rank 0 takes a snapshot of the full
+  Lightning state, the content of a checkpoint at this step with the loops' and the
+  loader's position (its tensors copied off the live ones into one byte buffer on the
+  training thread, so the next step cannot change it: ``pack``), and hands it to a
+  background thread that sends it to the keeper. The other ranks do nothing.
+- **together** (FSDP and model parallelism: each rank holds a shard, and a state dict is
+  a collective): every rank saves the checkpoint as a storage checkpoint would
+  (``trainer.save_checkpoint``, Lightning's own sharded writer) into a node-local scratch
+  folder (``/dev/shm`` where it has room), and each node's first rank reads its node's
+  files there and sends them to the keeper in the background, one part per node. What
+  every rank must agree on (a keep is a collective) is agreed by one small all-reduce at
+  each due step: whether a send is still on its way anywhere, whether any rank cannot
+  keep, and rank 0's interval under ``auto``.
+
+Never two sends at once: a keep due while the last is still on its way is skipped; so is
+one due at an epoch's last batch (taken before the epoch's end runs, its restore began the
+next epoch with no batches), which the next step's keep makes up. Under
+``auto`` the interval is chosen from rank 0's measured cost
+(``checkpoints.memory_interval``) and rank 0 tells the driver when it changes. A loader
+that keeps no position is kept only where a checkpoint would be (never mid-epoch): not
+at all, here.
 
 ``restore_from_memory`` runs on every rank before ``fit``: rank 0 opens the keeper (fencing
-off the dead group's sends) and decides, every rank takes its decision by a broadcast,
-fetches the state by its step and writes it to a local file, which ``fit`` resumes from as
-from a checkpoint in storage. Every rank must have it, or all resume from storage.
+off the dead group's sends) and decides, every rank takes its decision by an all-reduce,
+and each node's first rank fetches the state's files by its step into one folder of the
+same path on every node (one transfer per node, not per rank), which ``fit`` resumes from
+as from a checkpoint in storage. Every node must have it, or all resume from storage.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-from raytrain._compat.lightning import dump_state
-from raytrain.checkpoints.keeper import memory_is_newer
+from raytrain._compat.lightning import dump_state, epoch_last_batch
+from raytrain.checkpoints.keeper import Files, memory_is_newer
 from raytrain.checkpoints.layout import CKPT_FILE
 from raytrain.checkpoints.memory_interval import MemoryChoice, MemoryCost
 from raytrain.worker.loader_position import keeps_position
@@ -40,29 +58,107 @@ from raytrain.worker.loader_position import keeps_position
 SEND_TIMEOUT_S = 300
 
 
-def frozen(value: Any) -> Any:
-    """``value`` with every tensor copied to the CPU and every container copied, so that
-    training on cannot change it while it is serialised in the background."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        copied = value.copy()
-        for key, item in value.items():
-            copied[key] = frozen(item)
-        return copied
-    if isinstance(value, list):
-        return [frozen(item) for item in value]
-    if isinstance(value, tuple):
-        items = [frozen(item) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    return value
-
-
 def serialised(state: dict[str, Any]) -> bytes:
     """``state`` as a Lightning checkpoint file's bytes (what ``torch.save`` writes)."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
+
+
+# A state sent whole (DDP) is packed, not ``torch.save``d: on the training thread its
+# tensors are copied, off the live ones, into one flat byte buffer (the snapshot), and the
+# rest, with a ``TensorSlot`` where each tensor was, becomes a small torch file on the
+# sending thread. On the digits CNN widened to 128 channels (a 5 MB state) ``torch.save``
+# took 9-12 ms of the sending thread; Ray took 0.6 ms to hand one 5 MB buffer to an actor
+# and 2.9 ms for five 1 MB arrays (so one buffer, not an array per tensor). A restore
+# unpacks it into the checkpoint file ``torch.save`` would have written.
+PACKED_STATE, PACKED_DATA = "packed/state", "packed/data"  # the part's two files
+ALIGN = 64  # each tensor's bytes start at a multiple of this: a view as any dtype is aligned
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where a tensor of a packed state was: its bytes' place in the buffer, its dtype's
+    name and its shape."""
+
+    offset: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def mapped(value: Any, leaf: type, fn: Callable[[Any], Any]) -> Any:
+    """``value`` with each ``leaf`` in its dicts, lists and tuples replaced by ``fn(leaf)``;
+    the containers are copies (of their own type: an OrderedDict, a namedtuple)."""
+    if isinstance(value, leaf):
+        return fn(value)
+    if isinstance(value, dict):
+        copied = value.copy()
+        for key, item in value.items():
+            copied[key] = mapped(item, leaf, fn)
+        return copied
+    if isinstance(value, list):
+        return [mapped(item, leaf, fn) for item in value]
+    if isinstance(value, tuple):
+        items = [mapped(item, leaf, fn) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
+def pack(state: Any) -> tuple[Any, torch.Tensor]:
+    """``state`` as (its skeleton: the containers copied, a ``TensorSlot`` for each
+    tensor; one CPU byte buffer holding every tensor's bytes). Both are copies: training
+    on cannot change them."""
+    tensors: list[torch.Tensor] = []
+    total = 0
+
+    def slot(value: torch.Tensor) -> TensorSlot:
+        nonlocal total
+        flat = value.detach().contiguous().reshape(-1).view(torch.uint8)
+        total = -(-total // ALIGN) * ALIGN
+        tensors.append(flat)
+        name = str(value.dtype).removeprefix("torch.")
+        found = TensorSlot(total, flat.numel(), name, tuple(value.shape))
+        total += flat.numel()
+        return found
+
+    skeleton = mapped(state, torch.Tensor, slot)
+    buffer = torch.empty(total, dtype=torch.uint8)
+    offset = 0
+    for flat in tensors:
+        offset = -(-offset // ALIGN) * ALIGN  # as ``slot`` placed it
+        buffer[offset : offset + flat.numel()].copy_(flat)
+        offset += flat.numel()
+    return skeleton, buffer
+
+
+def packed_files(skeleton: Any, buffer: torch.Tensor) -> dict[str, Any]:
+    """``pack``'s result as the files a keeper holds (the buffer as a numpy array: Ray
+    copies it into its object store, the keeper takes it as bytes)."""
+    return {PACKED_STATE: serialised(skeleton), PACKED_DATA: buffer.numpy()}
+
+
+def unpack(files: Files) -> dict[str, Any] | None:
+    """The state ``pack`` packed into ``files`` (None: they are not a packed state). The
+    rest is read with ``torch.load(weights_only=True)``: Lightning's and raytrain's own
+    globals only, as a checkpoint in storage is."""
+    from raytrain.checkpoints.safe_load import lightning_globals
+
+    head = files.get(PACKED_STATE)
+    if head is None:
+        return None
+    with lightning_globals(), torch.serialization.safe_globals([TensorSlot]):
+        skeleton = torch.load(io.BytesIO(head), weights_only=True)
+    data = bytearray(files[PACKED_DATA])
+    buffer = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0).byte()
+
+    def tensor(value: TensorSlot) -> torch.Tensor:
+        raw = buffer[value.offset : value.offset + value.nbytes]
+        # a tensor of its own: torch.save refuses views of one buffer as other dtypes
+        return raw.view(getattr(torch, value.dtype)).reshape(value.shape).clone()
+
+    result: dict[str, Any] = mapped(skeleton, TensorSlot, tensor)
+    return result
 
 
 # Lightning's and raytrain's own classes: their checkpoint hooks wait on no other rank.
@@ -95,16 +191,69 @@ def collective_hazards(module: Any, callbacks: list[Any], optimizers: list[Any])
     return found
 
 
+def _local_bytes(tensor: torch.Tensor) -> int:
+    """The bytes this rank holds of ``tensor`` (a DTensor's local shard, not its whole)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return int(local.numel() * local.element_size())
+
+
 def state_bytes(module: Any, optimizers: list[Any]) -> int:
-    """The bytes of the tensors a checkpoint of ``module`` and ``optimizers`` holds:
-    parameters, buffers and the optimizers' state (its moments, after the first step)."""
-    total = sum(t.numel() * t.element_size() for t in module.state_dict().values()
-                if isinstance(t, torch.Tensor))  # fmt: skip
+    """The bytes of the tensors this rank's part of a checkpoint of ``module`` and
+    ``optimizers`` holds: parameters, buffers and the optimizers' state (its moments,
+    after the first step); under FSDP and tensor parallelism, this rank's shards. Read
+    off the tensors, not a state dict (under FSDP that is a collective)."""
+    tensors = itertools.chain(module.parameters(), module.buffers())
+    total = sum(_local_bytes(t) for t in tensors)
     for optimizer in optimizers:
         for per_param in optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in per_param.values()
+            total += sum(_local_bytes(v) for v in per_param.values()
                          if isinstance(v, torch.Tensor))  # fmt: skip
     return total
+
+
+def read_files(folder: str) -> Files:
+    """Every file under ``folder`` (none: empty), by its path relative to it."""
+    files: Files = {}
+    for where, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(where, name)
+            with open(path, "rb") as handle:
+                files[os.path.relpath(path, folder)] = handle.read()
+    return files
+
+
+def write_files(folder: str, files: Files) -> None:
+    """Write ``files`` (``read_files``'s) under ``folder``; a path that would leave it is
+    refused."""
+    root = os.path.realpath(folder)
+    for relative, data in files.items():
+        path = os.path.realpath(os.path.join(root, relative))
+        if os.path.commonpath([root, path]) != root:
+            raise ValueError(f"a kept file outside its folder: {relative!r}")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+
+
+def keep_scratch_name(run_folder: str) -> str:
+    """The node-local folder's name for a run's keeps together: one per run folder (the
+    lease lets one driver at a time run it), so a group that starts clears what a lost
+    one left, and two runs on one node never share it."""
+    import hashlib
+
+    return "raytrain-keep-" + hashlib.sha256(run_folder.encode()).hexdigest()[:16]
+
+
+def scratch_root(need: int) -> str:
+    """Where a node writes its shards of a keep: ``/dev/shm`` (memory) where it has room
+    for ``need`` bytes, else the temporary directory."""
+    shm = "/dev/shm"
+    try:
+        if os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= need:
+            return shm
+    except OSError:
+        pass
+    return tempfile.gettempdir()
 
 
 def too_big(nbytes: int, available: int) -> bool:
@@ -115,10 +264,13 @@ def too_big(nbytes: int, available: int) -> bool:
 
 
 class MemoryState(pl.Callback):
-    """Keeps rank 0's state in the keeper every ``every_n_steps`` steps (None: ``auto``)
-    (see the module docstring). ``token``: what ``restore_from_memory`` opened the keeper
-    with. ``train_loader`` returns the train loader. ``on_choice`` is told the figures of
-    each new ``auto`` choice (rank 0's reporter sends them to the driver)."""
+    """Keeps the training state in the keeper every ``every_n_steps`` steps (None:
+    ``auto``), rank 0 alone or, with ``together``, every rank (see the module docstring).
+    ``token``: what ``restore_from_memory`` opened the keeper with. ``train_loader``
+    returns the train loader. ``on_choice`` is told the figures of each new ``auto`` choice
+    (rank 0's reporter sends them to the driver). ``scratch``: the name of the node-local
+    folder a keep together is written to, one per run (a group that starts clears what a
+    lost one left there)."""
 
     def __init__(
         self,
@@ -127,21 +279,31 @@ class MemoryState(pl.Callback):
         every_n_steps: int | None,
         train_loader: Callable[[], Any] = lambda: None,
         on_choice: Callable[[MemoryChoice], None] | None = None,
+        together: bool = False,
+        scratch: str = "raytrain-keep",
     ):
         self.keeper, self.token = keeper, token
         self.auto = every_n_steps is None
         self.every_n_steps = every_n_steps or 1
         self.train_loader = train_loader
         self.on_choice = on_choice
+        self.together, self.scratch = together, scratch
         self.cost = MemoryCost()
         self.kept = 0
+        self.last_kept: int | None = None  # the step of this group's last keep
         self.skipped = 0  # due while the last send was still on its way
+        self.rank = 0
+        self.sender = True  # sends to the keeper: rank 0; together, each node's first rank
+        self.part, self.parts = 0, 1
+        self.base = ""  # together: the node-local folder keeps are written to
         self._last_step = -1
         self._last_keep: int | None = None
         self._step_ended: float | None = None
         self._sending: Future[tuple[float, bool]] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._told: int | None = None  # the auto interval last said
+        self._proposal = 0  # together, rank 0: the auto interval the next keep agrees on
+        self._problem: str | None = None  # together: why this rank can keep no more
         self.off: str | None = None  # why nothing more is kept in this group
 
     def forget(self) -> None:
@@ -166,10 +328,22 @@ class MemoryState(pl.Callback):
                 print(f"raytrain: checkpoint.memory_every_n_steps: {why}", flush=True)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.rank = trainer.global_rank
         self._last_step = trainer.global_step
         self._last_keep = trainer.global_step
         self._step_ended = time.perf_counter()
-        if self.auto and trainer.global_rank == 0:
+        if self.together:  # a collective: every rank's callback runs it
+            self.sender = trainer.local_rank == 0
+            self.part = self.rank
+            self.parts = int(_agree([int(self.sender)], "sum")[0])
+            need = 4 * state_bytes(pl_module, trainer.optimizers) * trainer.world_size
+            root = trainer.strategy.broadcast(scratch_root(need) if self.rank == 0 else "")
+            self.base = os.path.join(root, self.scratch)
+            if self.sender:  # what a lost group left here goes
+                shutil.rmtree(self.base, ignore_errors=True)
+                os.makedirs(self.base, exist_ok=True)
+            return
+        if self.auto and self.rank == 0:
             callbacks = list(getattr(trainer, "callbacks", []))
             hazards = collective_hazards(pl_module, callbacks, trainer.optimizers)
             if hazards:
@@ -181,16 +355,38 @@ class MemoryState(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         step = trainer.global_step
-        if trainer.global_rank != 0 or step == self._last_step:  # accumulating gradients
+        takes_part = self.together or self.rank == 0
+        if not takes_part or step == self._last_step:  # accumulating gradients
             return
         self._last_step = step
         now = time.perf_counter()
         if self._step_ended is not None:
             self.cost.stepped(now - self._step_ended)
         due = step - (self._last_keep or 0) >= self.every_n_steps
+        # not an epoch's last batch: that state, kept before the epoch's end ran, resumed
+        # into an epoch of no batches (a soak trained 4 epochs of 6); the next step is kept
+        due = due and not epoch_last_batch(trainer)
         if self.off is None and due and keeps_position(self.train_loader()):
-            self._keep(trainer, step)
+            if self.together:
+                self._keep_together(trainer, step)
+            else:
+                self._keep(trainer, step)
         self._step_ended = time.perf_counter()  # the snapshot is not the step's time
+
+    def _too_big(self, trainer: pl.Trainer) -> str | None:
+        """Under ``auto``, at the first keep (the optimizers' state exists now): why this
+        rank's state is too big to keep (None: it is not)."""
+        if not self.auto or self.kept:
+            return None
+        import psutil
+
+        size = state_bytes(trainer.lightning_module, trainer.optimizers)
+        available = psutil.virtual_memory().available
+        if not too_big(size, available):
+            return None
+        whose = f"rank {self.rank}'s part of " if self.together else ""
+        return (f"auto keeps nothing: {whose}the state is {size / 2**30:.3g} GiB and a keep "
+                f"holds about 3 copies; {available / 2**30:.3g} GiB are free here")  # fmt: skip
 
     def _keep(self, trainer: pl.Trainer, step: int) -> None:
         sending = self._sending
@@ -198,58 +394,102 @@ class MemoryState(pl.Callback):
             self.skipped += 1
             return
         if sending is not None:
-            self._sent(sending)
-        if self.off is not None:  # the send just finished was refused
-            return
-        if self.auto and self.kept == 0:  # the first keep: the optimizers' state exists now
-            import psutil
-
-            size = state_bytes(trainer.lightning_module, trainer.optimizers)
-            available = psutil.virtual_memory().available
-            if too_big(size, available):
-                self._stop(f"auto keeps nothing: the state is {size / 2**30:.3g} GiB and a "
-                           f"keep holds about 3 copies; {available / 2**30:.3g} GiB are free "
-                           "here", say=True)  # fmt: skip
+            refused = self._sent(sending)
+            if refused is not None:
+                self._stop(refused, say=True)
                 return
+        big = self._too_big(trainer)
+        if big is not None:
+            self._stop(big, say=True)
+            return
         began = time.perf_counter()
-        state = frozen(dump_state(trainer))
+        skeleton, buffer = pack(dump_state(trainer))
         self.cost.snapshot(time.perf_counter() - began)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raytrain-memory")
-        self._sending = self._pool.submit(self._send, step, state)
-        self._last_keep = step
+        self._sending = self._submit(self._send, step, skeleton, buffer)
+        self._last_keep = self.last_kept = step
         self.kept += 1
         self._retune()
 
-    def _send(self, step: int, state: dict[str, Any]) -> tuple[float, bool]:
-        """Serialise and send (the background thread); returns the CPU seconds it took
-        this thread (its cost to training: waiting for the keeper's answer costs none) and
-        whether the keeper took it."""
+    def _keep_together(self, trainer: pl.Trainer, step: int) -> None:
+        """A keep every rank takes part in: agree, save this step's checkpoint into the
+        node-local folder (a collective), and send the node's files (its first rank)."""
+        sending = self._sending
+        busy = sending is not None and not sending.done()
+        if sending is not None and not busy:
+            self._problem = self._problem or self._sent(sending)
+        self._problem = self._problem or self._too_big(trainer)
+        proposal = self._proposal if self.rank == 0 else 0
+        any_busy, any_problem, interval = _agree(
+            [int(busy), int(self._problem is not None), proposal], "max"
+        )
+        if any_problem:  # every rank stops here; the ranks that found why say it
+            self._stop(self._problem or "another rank cannot keep its part",
+                       say=self._problem is not None)  # fmt: skip
+            return
+        if any_busy:
+            self.skipped += 1
+            return
+        if interval > 0:
+            self.every_n_steps = interval
+        began = time.perf_counter()
+        folder = os.path.join(self.base, f"step-{step}")
+        trainer.save_checkpoint(os.path.join(folder, CKPT_FILE))  # ends with a barrier
+        self.cost.snapshot(time.perf_counter() - began)
+        if self.sender:
+            self._sending = self._submit(self._send_folder, step, folder)
+        self._last_keep = self.last_kept = step
+        self.kept += 1
+        if self.rank == 0:
+            self._retune()
+
+    def _submit(self, send: Callable[..., tuple[float, bool]], *args: Any) -> Future[Any]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raytrain-memory")
+        return self._pool.submit(send, *args)
+
+    def _send(self, step: int, skeleton: Any, buffer: torch.Tensor) -> tuple[float, bool]:
+        """Serialise and send a packed state (the background thread); returns the CPU
+        seconds it took this thread (its cost to training: waiting for the keeper's answer
+        costs none) and whether the keeper took it."""
         import ray
 
         began = time.thread_time()
-        data = serialised(state)
-        reply = self.keeper.put.remote(self.token, step, data)
+        reply = self.keeper.put.remote(self.token, step, packed_files(skeleton, buffer))
         spent = time.thread_time() - began
         return spent, bool(ray.get(reply, timeout=SEND_TIMEOUT_S))
 
-    def _sent(self, sending: Future[tuple[float, bool]]) -> None:
+    def _send_folder(self, step: int, folder: str) -> tuple[float, bool]:
+        """Read this node's files of the keep at ``step``, free the folder and send them
+        as this node's part (the background thread); returns as ``_send``."""
+        import ray
+
+        began = time.thread_time()
+        files = read_files(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        reply = self.keeper.put.remote(self.token, step, files, self.part, self.parts)
+        spent = time.thread_time() - began
+        return spent, bool(ray.get(reply, timeout=SEND_TIMEOUT_S))
+
+    def _sent(self, sending: Future[tuple[float, bool]]) -> str | None:
+        """Take a finished send's figures; returns why this group keeps no more (None:
+        it may)."""
         self._sending = None
         try:
             spent, taken = sending.result()
         except Exception as exc:  # a keeper gone: training goes on, restores use storage
             print(f"raytrain: warning: the in-memory state was not kept: {exc}", flush=True)
-            return
+            return None
         self.cost.sent(spent)
         if not taken:  # a keeper Ray started again, or a spike's drop: this group is done
-            self._stop("the keeper refused this group's state (it was started again, or "
-                       "dropped its state): nothing more is kept until the next restart",
-                       say=True)  # fmt: skip
+            return ("the keeper refused this group's state (it was started again, or "
+                    "dropped its state): nothing more is kept until the next restart")  # fmt: skip
+        return None
 
     def _retune(self) -> None:
-        """Under ``auto``: the interval for the figures so far, said when first chosen and
-        when it is twice or half the last one said (on digits the choice wanders between
-        3 and 8 steps with the machine's load: each step of that said would be noise).
+        """Under ``auto`` (rank 0): the interval for the figures so far, said when first
+        chosen and when it is twice or half the last one said (on digits the choice
+        wanders between 3 and 8 steps with the machine's load: each step of that said
+        would be noise). Kept together, the ranks take it at the next keep's agreement.
         An interval the spec set is not chosen: what it costs is said once, when a full
         window of sends has been measured."""
         if not self.auto:
@@ -262,19 +502,30 @@ class MemoryState(pl.Callback):
         choice = self.cost.choose()
         if choice is None:
             return
-        self.every_n_steps = choice.steps
+        if self.together:
+            self._proposal = choice.steps
+        else:
+            self.every_n_steps = choice.steps
         told = self._told
         if told is None or not told / 2 < choice.steps < told * 2:
             self._told = choice.steps
             if self.on_choice is not None:
                 self.on_choice(choice)
 
-    def finish(self) -> None:
-        """Wait for the send on its way (its figures count) and stop the thread."""
+    def wait_sent(self) -> None:
+        """Wait for the send on its way, if any (its figures count)."""
         if self._sending is not None:
-            self._sent(self._sending)  # bounded: the send waits SEND_TIMEOUT_S at most
+            refused = self._sent(self._sending)  # bounded: SEND_TIMEOUT_S at most
+            if refused is not None:
+                self._stop(refused, say=True)
+
+    def finish(self) -> None:
+        """Wait for the send on its way, stop the thread and clear the scratch folder."""
+        self.wait_sent()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+        if self.together and self.sender and self.base:
+            shutil.rmtree(self.base, ignore_errors=True)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.finish()
@@ -284,51 +535,86 @@ def restore_from_memory(
     keeper: Any, storage_step: int | None, rollback_pending: bool = False
 ) -> tuple[int | None, str | None]:
     """Every rank, before ``fit``: open the keeper (rank 0) and, if the state it holds is
-    newer than the checkpoint in storage (at ``storage_step``), fetch it into a local file.
-    Returns the keeper's token for rank 0's ``MemoryState`` (None: the keeper could not be
-    reached, so nothing is kept this group) and the file to resume from (None: resume
-    from storage). Every rank gets the same answer. A keeper lost with its node (Ray
-    starts it again, empty) or unreachable is no state: the restart uses storage. So does
-    a ``rollback_pending`` (a loss spike not yet rolled back past: its rollback goes to
-    storage even if the keeper could not drop the state before the spike)."""
+    newer than the checkpoint in storage (at ``storage_step``), fetch it into a local
+    folder (each node's first rank, for its node). Returns, the same on every rank, the
+    keeper's token for ``MemoryState`` (None: the keeper could not be reached, so nothing
+    is kept this group) and the checkpoint to resume from (None: resume from storage). A
+    keeper lost with its node (Ray starts it again, empty) or unreachable is no state:
+    the restart uses storage. So does a ``rollback_pending`` (a loss spike not yet rolled
+    back past: its rollback goes to storage even if the keeper could not drop the state
+    before the spike)."""
     import ray
-    import torch.distributed as dist
 
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    token: int | None = None
-    chosen = -1
+    rank = _rank()
+    token, chosen = -1, -1
     if rank == 0:
         try:
-            token, held = ray.get(keeper.open.remote(), timeout=60)
+            opened, held = ray.get(keeper.open.remote(), timeout=60)
         except Exception as exc:  # the keeper's node lost, or Ray restarting it
             print(f"raytrain: warning: the in-memory state's keeper did not answer "
                   f"({type(exc).__name__}): resuming from storage", flush=True)  # fmt: skip
         else:
+            token = int(opened)
             if memory_is_newer(held, storage_step) and not rollback_pending:
                 chosen = int(held or 0)
-    chosen = int(_agree([chosen], "max")[0])
+    chosen, token = _agree([chosen, token], "max")
+    kept = None if token < 0 else token
     if chosen < 0:
-        return token, None
-    try:
-        data = ray.get(keeper.get.remote(chosen), timeout=SEND_TIMEOUT_S)
-    except Exception:  # lost since rank 0 asked: every rank resumes from storage
-        data = None
-    if int(_agree([0 if data is None else 1], "min")[0]) == 0:
-        return token, None
-    folder = tempfile.mkdtemp(prefix="raytrain-memory-")
-    path = os.path.join(folder, CKPT_FILE)
-    with open(path, "wb") as handle:
-        handle.write(data)
+        return kept, None
+    folder = _same_folder(rank)
+    fetched = 1
+    if _local_rank() == 0:
+        try:
+            files = ray.get(keeper.get.remote(chosen), timeout=SEND_TIMEOUT_S)
+            state = None if files is None else unpack(files)
+            if state is not None:  # sent whole: the checkpoint file it would have been
+                torch.save(state, os.path.join(folder, CKPT_FILE))
+            elif files is not None:
+                write_files(folder, files)
+        except Exception:  # lost since rank 0 asked: every rank resumes from storage
+            files = None
+        fetched = int(bool(files))
+    if _agree([fetched], "min")[0] == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+        return kept, None
     if rank == 0:
         storage = "none" if storage_step is None else f"step {storage_step}"
         print(f"raytrain: resuming from the in-memory state at step {chosen} (the "
               f"checkpoint in storage: {storage})", flush=True)  # fmt: skip
-    return token, path
+    return kept, os.path.join(folder, CKPT_FILE)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _local_rank() -> int:
+    """This worker's rank on its node (Ray Train's; 0 outside a Ray Train worker)."""
+    try:
+        import ray.train
+
+        return int(ray.train.get_context().get_local_rank())
+    except Exception:
+        return 0
+
+
+def _same_folder(rank: int) -> str:
+    """A new local folder at one path on every node: rank 0's, made where it is missing
+    (Lightning's sharded reader takes rank 0's path on every rank)."""
+    import torch.distributed as dist
+
+    path = [tempfile.mkdtemp(prefix="raytrain-memory-") if rank == 0 else ""]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(path, src=0)
+    os.makedirs(path[0], exist_ok=True)
+    return path[0]
 
 
 def _agree(values: list[int], op: str) -> list[int]:
-    """``values`` reduced over the ranks (``max`` or ``min``), by the group Ray Train set
-    up; as they are without one."""
+    """``values`` reduced over the ranks (``max``, ``min`` or ``sum``), by the group Ray
+    Train set up; as they are without one."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -337,5 +623,6 @@ def _agree(values: list[int], op: str) -> list[int]:
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
     tensor = torch.tensor(values, dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN)
+    ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
+    dist.all_reduce(tensor, op=ops[op])
     return [int(v) for v in tensor.tolist()]

@@ -30,7 +30,7 @@ UNSUPPORTED_MP_PRECISION = ("16-mixed", "16", "64-true", "64")
 def strategy_problems(spec: JobSpec) -> list[str]:
     """Problems of ``spec.strategy`` the schema cannot see: a strategy's options only come
     with it (they would silently do nothing), hybrid sharding needs GPUs, a model-parallel
-    mesh must hold every worker, the in-memory state needs DDP. The driver checks them
+    mesh must hold every worker. The driver checks them
     before Ray starts; nothing here imports Lightning."""
     from raytrain.spec import FsdpSpec, ModelParallelSpec
 
@@ -43,13 +43,6 @@ def strategy_problems(spec: JobSpec) -> list[str]:
         # Lightning builds the hybrid (nodes x workers) device mesh on CUDA devices
         return ["strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true, or "
                 "auto on a cluster with GPUs); on CPU workers use full"]  # fmt: skip
-    memory = spec.checkpoint.memory_every_n_steps
-    if isinstance(memory, int) and not rank_zero_holds_state(spec):
-        # rank 0's whole state is what is kept; without this the setting was dropped unsaid
-        # (`auto`, the default, asks for it where it can be had: nothing here)
-        return [f"checkpoint.memory_every_n_steps: DDP only: under strategy.name {name} each "
-                "rank holds a shard and a restart resumes from storage; remove it or set it "
-                "to off"]  # fmt: skip
     if name == "model_parallel":
         return mesh_problems(spec)
     return []
@@ -116,8 +109,9 @@ def data_rank(spec: JobSpec, rank: int, world_size: int) -> tuple[int, int]:
 
 def rank_zero_holds_state(spec: JobSpec) -> bool:
     """Whether rank 0 alone holds the whole training state and can dump it without the
-    other ranks (DDP): what ``checkpoint.memory_every_n_steps`` keeps. Under FSDP and
-    model parallelism each rank holds a shard (a full state dict is a collective)."""
+    other ranks (DDP): ``checkpoint.memory_every_n_steps`` then has rank 0 keep it alone.
+    Under FSDP and model parallelism each rank holds a shard (a state dict is a
+    collective): every rank takes part in each keep."""
     return spec.strategy.name == "ddp"
 
 

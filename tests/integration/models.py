@@ -95,14 +95,14 @@ def pixels_where_they_ran(batch: dict) -> dict:
     return batch
 
 
-class KillAtStepsCNN(DigitsCNN):
-    """SIGKILLs (or sends ``signal_name`` to) its own worker process (rank ``rank``) when
-    ``global_step`` reaches each of ``at_steps``, once each: workers lost mid-epoch.
-    ``signals``, when given, names the signal for each of ``at_steps`` instead (``HANG``:
-    sleep without end, as a rank stuck outside any collective would). Appends
-    what happens to ``out_dir/events.jsonl`` with wall-clock times: each kill, and (rank 0)
-    each start of training and the first step it finishes (after a restore: the
-    checkpoint's step + 1).
+class KillAtSteps:
+    """A LightningModule mixin (before the model class) that SIGKILLs (or sends
+    ``signal_name`` to) its own worker process (rank ``rank``) when ``global_step`` reaches
+    each of ``at_steps``, once each: workers lost mid-epoch. ``signals``, when given, names
+    the signal for each of ``at_steps`` instead (``HANG``: sleep without end, as a rank
+    stuck outside any collective would). Appends what happens to ``out_dir/events.jsonl``
+    with wall-clock times: each kill, and (rank 0) each start of training and the first
+    step it finishes (after a restore: the checkpoint's step + 1).
 
     With ``run_dir`` (a local run folder) it kills only once Ray Train has committed the
     last checkpoint the worker took (its snapshot names it): a kill right after a report
@@ -156,7 +156,7 @@ class KillAtStepsCNN(DigitsCNN):
         import os
         import signal
 
-        step = self.global_step
+        step = self.global_step  # type: ignore[attr-defined]
         marker = f"{self.out_dir}/killed-{step}"
         mine = step in self.at_steps and self.global_rank == self.kill_rank
         if mine and not os.path.exists(marker):
@@ -170,6 +170,14 @@ class KillAtStepsCNN(DigitsCNN):
                     time.sleep(3600)
             os.kill(os.getpid(), getattr(signal, self.signal_at[step]))
         return super().training_step(batch, batch_idx)
+
+
+class KillAtStepsCNN(KillAtSteps, DigitsCNN):
+    """The digits CNN, killed as ``KillAtSteps`` says."""
+
+
+class KillAtStepsGPT(KillAtSteps, TinyGPT):
+    """The tiny GPT, killed as ``KillAtSteps`` says (FSDP and tensor parallel benches)."""
 
 
 class SlowCNN(DigitsCNN):
@@ -335,27 +343,59 @@ def probe_loss(model: torch.nn.Module, block: int) -> float:
 class ProbedGPT(TinyGPT):
     """``TinyGPT`` that measures its loss on a fixed text when training starts (after a
     restore: with the restored weights) and when it ends, through the sharded model, and
-    appends ``{"when", "step", "world_size", "loss"}`` to ``out_dir/probes.jsonl``."""
+    appends ``{"when", "step", "world_size", "loss"}`` to ``out_dir/probes.jsonl``.
 
-    def __init__(self, out_dir: str, **kwargs):
+    With ``kill_at``: it also measures the loss after each of the ``kill_at - 3`` to
+    ``kill_at`` steps (``when: "step"``), and at step ``kill_at`` rank 0, once it has
+    sent the state it keeps in memory, records the last step kept (``when: "killed"``)
+    and SIGKILLs its own worker, once."""
+
+    def __init__(self, out_dir: str, kill_at: int | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.out_dir = out_dir
+        self.out_dir, self.kill_at = out_dir, kill_at
 
-    def _probe(self, when: str) -> None:
+    def _write(self, line: dict) -> None:
         import json
 
-        loss = probe_loss(self.trainer.model, self.hparams.block)  # a collective under FSDP
         if self.global_rank == 0:
-            line = {"when": when, "step": self.global_step, "loss": loss,
-                    "world_size": self.trainer.world_size}  # fmt: skip
             with open(f"{self.out_dir}/probes.jsonl", "a") as handle:
                 handle.write(json.dumps(line) + "\n")
+
+    def _probe(self, when: str) -> None:
+        loss = probe_loss(self.trainer.model, self.hparams.block)  # a collective under FSDP
+        self._write({"when": when, "step": self.global_step, "loss": loss,
+                     "world_size": self.trainer.world_size})  # fmt: skip
 
     def on_train_start(self) -> None:
         self._probe("start")
 
     def on_train_end(self) -> None:
         self._probe("end")
+
+    def _killed(self) -> bool:
+        import os
+
+        return os.path.exists(f"{self.out_dir}/killed")
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        # after the callbacks' hook: the state kept in memory at this step is the one probed
+        at = self.kill_at
+        if at is not None and at - 3 <= self.global_step <= at and not self._killed():
+            self._probe("step")
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import os
+        import signal
+
+        if self.kill_at == self.global_step and self.global_rank == 0 and not self._killed():
+            from raytrain.worker.memory_state import MemoryState
+
+            (memory,) = [c for c in self.trainer.callbacks if isinstance(c, MemoryState)]
+            memory.wait_sent()  # the keeper holds the last step kept
+            open(f"{self.out_dir}/killed", "w").close()
+            self._write({"when": "killed", "step": self.global_step, "kept": memory.last_kept})
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().training_step(batch, batch_idx)
 
 
 class RankEndsClassifier(DigitsClassifier):

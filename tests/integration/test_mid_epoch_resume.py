@@ -8,9 +8,14 @@ each step it trains. Across a worker killed mid-epoch, the final model must have
 every row exactly once per epoch, and the restarted workers must retrain exactly the rows
 that were trained between the committed checkpoint and the kill.
 
-Rank 0 keeps its state in memory every step (``checkpoint.memory_every_n_steps: 1``): the
-restart resumes from it, at most one step before the kill, not from the step checkpoint in
-storage, 5 steps before it; and no metric step reaches MLflow twice.
+Rank 0 keeps its state in memory every step (``checkpoint.memory_every_n_steps: 1``), and
+the kills come at the first batch of an epoch, right after the last batch of the one
+before: a state taken there before the epoch's end ran once resumed into an epoch of no
+batches (the run ended at step 60 of 90; a soak's rerun trained 4 epochs of 6). So that
+state is not kept in memory: the first kill (no checkpoint in storage yet) resumes from the
+step before it and retrains the epoch's last batch. And a step checkpoint due at an epoch's
+last batch is taken at the epoch's end instead: the second kill resumes from it, at step
+60 (the state in memory, of step 59, is older). No metric step reaches MLflow twice.
 
 The train set has an odd number of rows (an equal split between 2 ranks would have to drop
 one). It is cached the way a split too big for the driver's own read is, materialised by Ray
@@ -36,8 +41,8 @@ from tests.conftest import digits_spec
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EPOCHS, BATCH, WORKERS = 3, 24, 2
-EVERY = 10  # step checkpoints at 10, 20, 30, ...
-KILL = 45  # in epoch 1 (its steps are 31-60), after the checkpoint at step 40, 15 batches in
+EVERY = 60  # a step checkpoint due at step 60, epoch 1's last batch (an epoch: 30 steps)
+KILLS = (30, 60)  # at the first batch of epochs 1 and 2
 
 
 def test_a_run_killed_mid_epoch_trains_every_row_once_per_epoch_in_a_new_order(
@@ -60,54 +65,61 @@ def test_a_run_killed_mid_epoch_trains_every_row_once_per_epoch_in_a_new_order(
         digits_dir, tmp_path, name="mid-epoch",
         model={"class_path": "tests.integration.models:SeenCountCNN",
                "init_args": {"out_dir": str(tmp_path), "num_ids": max(every_id) + 1,
-                             "at_steps": [KILL], "run_dir": str(tmp_path / "runs" / "mid-epoch")}},
+                             "at_steps": list(KILLS),
+                             "run_dir": str(tmp_path / "runs" / "mid-epoch")}},
         data={"train": {"uri": str(tmp_path / "train")}, "columns": ["id", "pixels", "label"],
               "batch_size": BATCH, "shuffle": {"seed": 7}},
         trainer={"max_epochs": EPOCHS},
-        checkpoint={"every_n_steps": EVERY, "keep": 20, "memory_every_n_steps": 1},
-        failure={"max_failures": 1},
+        checkpoint={"every_n_steps": EVERY, "every_n_epochs": None, "keep": 20,
+                    "memory_every_n_steps": 1},
+        failure={"max_failures": 2},
     )  # fmt: skip
     result = raytrain.fit(spec, progress=False)
     assert result.data_paths == {"train": "cached", "val": "cached"}
     assert 0.0 < result.metrics["val_acc"] <= 1.0
-    assert result.metrics["epoch"] == EPOCHS - 1
+    assert result.metrics["epoch"] == EPOCHS  # the end's checkpoint: the epochs done
     assert result.metrics["step"] == EPOCHS * steps
 
-    # The run restarted once, from rank 0's state in memory, of the step the kill came in
-    # (45: the send is done before the dead rank is noticed) or, were its send still on
-    # its way, the one before; not from the checkpoint in storage, of step 40.
+    # The run restarted twice: from rank 0's state in memory, of the step before the epoch's
+    # last (or, were its send still on its way, the one before); then from the checkpoint
+    # in storage of epoch 1's end, at step 60, taken at the epoch's end (its meta says so).
     lines = [json.loads(x) for x in (tmp_path / "ids.jsonl").read_text().splitlines()]
     pids = list(dict.fromkeys(line["pid"] for line in lines))
-    assert len(pids) == 4  # 2 ranks, 2 attempts
-    first = {p for p in pids if any(x["pid"] == p and x["step"] == 0 for x in lines)}
-    restarted_steps = [x["step"] for x in lines if x["pid"] not in first]
-    restored = min(restarted_steps)  # the first step after the restore is restored + 1
-    assert KILL - 1 <= restored <= KILL, restored
+    assert len(pids) == 6  # 2 ranks, 3 attempts
+    attempt = {pid: i // 2 for i, pid in enumerate(pids)}
+    by_attempt: list[dict[int, list[int]]] = [defaultdict(list) for _ in range(3)]
+    for line in lines:
+        by_attempt[attempt[line["pid"]]][line["step"]].extend(line["ids"])
+    # the first step after a restore is the restored one + 1 (a line's step: global_step)
+    restored = [min(by_attempt[a]) for a in (1, 2)]
+    assert KILLS[0] - 2 <= restored[0] < KILLS[0] and restored[1] == KILLS[1], restored
 
     # The final model trained on every training row exactly once per epoch (and on no other).
     def step(checkpoint: str) -> int:
         return json.loads((Path(checkpoint) / META_FILE).read_text())["step"]
 
     final = max(result.checkpoints, key=step)
+    metas = [json.loads((Path(c) / META_FILE).read_text()) for c in result.checkpoints]
+    assert [(m["step"], m["kind"]) for m in sorted(metas, key=lambda m: m["step"])] == [
+        (KILLS[1], "epoch"), (EPOCHS * steps, "end")]  # fmt: skip
     state = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)
     seen = state["state_dict"]["seen"]
     assert seen[train_ids].tolist() == [EPOCHS] * len(train_ids)
     assert int(seen.sum()) == EPOCHS * len(train_ids)
 
     # Retrained: exactly the rows of the steps from the restored one to the kill's (whose
-    # batch the first attempt began) that the first attempt trained.
-    by_step: dict[bool, dict[int, list[int]]] = {True: defaultdict(list), False: defaultdict(list)}
-    for line in lines:
-        by_step[line["pid"] in first][line["step"]].extend(line["ids"])
-    lost = {s: sorted(ids) for s, ids in by_step[True].items() if s >= restored}
-    assert sorted(lost) == list(range(restored, KILL + 1))
-    assert {s: sorted(by_step[False][s]) for s in lost} == lost
+    # batch the attempt before began) that the attempt before trained.
+    for a, kill in ((1, KILLS[0]), (2, KILLS[1])):
+        before, after = by_attempt[a - 1], by_attempt[a]
+        lost = {s: sorted(ids) for s, ids in before.items() if s >= restored[a - 1]}
+        assert sorted(lost) == list(range(restored[a - 1], kill + 1))
+        assert {s: sorted(after[s]) for s in lost} == lost
 
     # One MLflow run; no metric step logged twice or going back.
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(result.tracking_uri)
-    assert client.get_run(result.mlflow_run_id).data.tags["raytrain.restarts"] == "1"
+    assert client.get_run(result.mlflow_run_id).data.tags["raytrain.restarts"] == "2"
     for key in ("train_loss", "val_acc"):
         logged = [m.step for m in client.get_metric_history(result.mlflow_run_id, key)]
         assert logged and logged == sorted(set(logged)), (key, logged)

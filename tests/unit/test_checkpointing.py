@@ -140,7 +140,11 @@ def test_auto_chooses_the_interval_from_the_failure_rate_and_keeps_it_across_a_r
 
     often, intervals, chosen = fit(tmp_path / "often", 1e-9, 12)
     assert len(chosen) == 1  # 2 -> 1, said once
-    assert [step for kind, step, _ in often if kind == "step"] == [2, *range(3, 13)]
+    # every step; step 10, an epoch's last batch, at the epoch's end (a state taken before
+    # the epoch's end resumed into an epoch of no batches)
+    assert [(kind, step) for kind, step, _ in often] == [
+        ("step", 2), *(("step", s) for s in range(3, 10)), ("epoch", 10), ("step", 11),
+        ("step", 12)]  # fmt: skip
     assert set(intervals) == {1}
     rarely, intervals, chosen = fit(tmp_path / "rarely", 1e12, 30)
     assert len(chosen) == 1

@@ -260,16 +260,6 @@ def test_validate_prints_the_resolved_spec_with_credentials_masked(tmp_path: Pat
     assert "s3cr3tpw" not in out and "tok-abcdef123456" not in out
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
-def test_memory_state_is_refused_where_rank_0_holds_a_shard(tmp_path: Path, strategy: str) -> None:
-    """It was dropped without a word: the in-memory state is rank 0's whole state."""
-    config = _backbone_config(tmp_path)
-    config["strategy"] = {"name": strategy}
-    config["checkpoint"]["memory_every_n_steps"] = 1
-    rc, _, err = _cli(tmp_path, config, "validate")
-    assert rc == 2 and "\nerror: checkpoint.memory_every_n_steps: DDP only: under " in err, err
-
-
 def test_more_than_100_callbacks_are_refused_before_jsonargparse_parses_them(
     tmp_path: Path,
 ) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import math
-from collections import OrderedDict, namedtuple
+import pickle
+from collections import OrderedDict
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -22,10 +24,15 @@ from raytrain.errors import SpecError
 from raytrain.spec import load_spec
 from raytrain.worker.memory_state import (
     collective_hazards,
-    frozen,
+    keep_scratch_name,
+    pack,
+    packed_files,
+    read_files,
     serialised,
     state_bytes,
     too_big,
+    unpack,
+    write_files,
 )
 from raytrain.worker.strategy import strategy_problems
 
@@ -75,28 +82,72 @@ def test_the_cost_is_measured_as_the_run_goes_and_said_with_its_figures() -> Non
     assert choice.describe().endswith("(at most 5%)")
 
 
+def _file(text: str) -> dict[str, bytes]:
+    return {"checkpoint.ckpt": text.encode()}
+
+
 def test_the_keeper_holds_the_latest_state_and_refuses_a_fenced_off_group() -> None:
     keeper = StateKeeper()
     token, held = keeper.open()
     assert held is None and keeper.get(0) is None
-    assert keeper.put(token, 3, b"three")
-    assert keeper.put(token, 4, b"four")  # replaces: one state held
-    assert keeper.held_step() == 4 and keeper.get(4) == b"four" and keeper.get(3) is None
+    assert keeper.put(token, 3, _file("three"))
+    assert keeper.put(token, 4, _file("four"))  # replaces: one state held
+    assert keeper.held_step() == 4 and keeper.get(4) == _file("four") and keeper.get(3) is None
     # a restart: the new group's rank 0 opens it; the dead group's late send is refused
     new, held = keeper.open()
     assert new != token and held == 4
-    assert not keeper.put(token, 5, b"late") and keeper.refused == 1
-    assert keeper.get(4) == b"four"
-    assert keeper.put(new, 5, b"five") and keeper.get(5) == b"five"
+    assert not keeper.put(token, 5, _file("late")) and keeper.refused == 1
+    assert keeper.get(4) == _file("four")
+    assert keeper.put(new, 5, _file("five")) and keeper.get(5) == _file("five")
     # a loss spike: the state is dropped and the group's send on its way is refused, so
     # the rollback's restart finds none and resumes from storage
     keeper.drop()
-    assert keeper.held_step() is None and not keeper.put(new, 6, b"after the spike")
+    assert keeper.held_step() is None and not keeper.put(new, 6, _file("after the spike"))
     assert keeper.open()[1] is None
     # a keeper Ray started again (its node lost) takes no send meant for the one before
     again = StateKeeper()
-    assert not again.put(new, 7, b"for the lost keeper")
+    assert not again.put(new, 7, _file("for the lost keeper"))
     assert again.open()[0] not in (token, new) and again.held_step() is None
+
+
+def test_a_state_kept_in_parts_is_held_once_every_part_has_come() -> None:
+    """Under FSDP each node sends its shards: a state half sent (a node lost mid-keep)
+    never replaces the last whole one, and its parts go when a newer step's come."""
+    keeper = StateKeeper()
+    token, _ = keeper.open()
+    node0 = {"ckpt/.metadata": b"m", "ckpt/__0_0.distcp": b"a"}
+    node1 = {"ckpt/__1_0.distcp": b"b"}
+    assert keeper.put(token, 2, node0, part=0, parts=2)
+    assert keeper.held_step() is None  # node 1's shards have not come
+    assert keeper.put(token, 2, node1, part=2, parts=2)
+    assert keeper.held_step() == 2 and keeper.get(2) == {**node0, **node1}
+    assert keeper.put(token, 3, node1, part=2, parts=2)  # step 3: node 0's never comes
+    assert keeper.held_step() == 2 and keeper.get(2) == {**node0, **node1}
+    assert keeper.put(token, 4, node0, part=0, parts=2)  # step 4's first part: 3's go
+    assert keeper.put(token, 4, {"ckpt/__1_0.distcp": b"c"}, part=2, parts=2)
+    assert keeper.get(4) == {**node0, "ckpt/__1_0.distcp": b"c"} and keeper.get(2) is None
+    # a late part of a dead group is refused, whatever its step
+    assert keeper.open()[1] == 4 and not keeper.put(token, 5, node0, part=0, parts=2)
+
+
+def test_kept_files_are_written_back_under_their_folder_only(tmp_path: Path) -> None:
+    source = tmp_path / "keep" / "step-3"
+    (source / "checkpoint.ckpt").mkdir(parents=True)
+    (source / "checkpoint.ckpt" / ".metadata").write_bytes(b"meta")
+    (source / "checkpoint.ckpt" / "__0_0.distcp").write_bytes(b"shard")
+    files = read_files(str(source))
+    assert files == {"checkpoint.ckpt/.metadata": b"meta", "checkpoint.ckpt/__0_0.distcp": b"shard"}
+    assert read_files(str(tmp_path / "missing")) == {}  # a node whose ranks wrote nothing
+    target = tmp_path / "restore"
+    write_files(str(target), files)
+    assert read_files(str(target)) == files
+    with pytest.raises(ValueError, match="outside its folder"):
+        write_files(str(target), {"../escaped": b"x"})
+    assert not (tmp_path / "escaped").exists()
+    # one scratch folder per run folder, the same on every node
+    name = keep_scratch_name("s3://bucket/runs/job")
+    assert name == keep_scratch_name("s3://bucket/runs/job") != keep_scratch_name("/runs/job")
+    assert name.startswith("raytrain-keep-")
 
 
 def test_a_restart_resumes_from_memory_only_when_it_is_newer_than_storage() -> None:
@@ -107,7 +158,7 @@ def test_a_restart_resumes_from_memory_only_when_it_is_newer_than_storage() -> N
     assert not memory_is_newer(None, 40) and not memory_is_newer(None, None)
 
 
-def test_memory_every_n_steps_is_a_count_auto_or_off_and_ddp_only() -> None:
+def test_memory_every_n_steps_is_a_count_auto_or_off_under_every_strategy() -> None:
     base = "jobs/digits.yaml"
     assert load_spec(base).checkpoint.memory_every_n_steps == "auto"  # on by default
     assert keeps_memory_state(load_spec(base))
@@ -116,14 +167,12 @@ def test_memory_every_n_steps_is_a_count_auto_or_off_and_ddp_only() -> None:
         spec = load_spec(base, [f"checkpoint.memory_every_n_steps={value}"])
         assert spec.checkpoint.memory_every_n_steps == expected
     assert keeps_memory_state(load_spec(base, ["checkpoint.memory_every_n_steps=auto"]))
-    fsdp = load_spec(base, ["checkpoint.memory_every_n_steps=1", "strategy.name=fsdp"])
-    assert not keeps_memory_state(fsdp)  # a shard per rank: refused before Ray, not dropped
-    (problem,) = strategy_problems(fsdp)
-    assert problem.startswith("checkpoint.memory_every_n_steps: DDP only")
-    # the default asks for it where it can be had: nothing kept, nothing refused
+    # every strategy keeps it: under FSDP and model parallelism each rank its shard
     for name in ("fsdp", "model_parallel"):
-        default = load_spec(base, [f"strategy.name={name}"])
-        assert not keeps_memory_state(default) and not strategy_problems(default)
+        for value in ("1", "auto"):
+            spec = load_spec(base, [f"checkpoint.memory_every_n_steps={value}",
+                                    f"strategy.name={name}"])  # fmt: skip
+            assert keeps_memory_state(spec) and not strategy_problems(spec)
     for bad in ("0", "true", "often", "99999999999999999999999"):
         with pytest.raises(SpecError) as excinfo:
             load_spec(base, [f"checkpoint.memory_every_n_steps={bad}"])
@@ -133,21 +182,52 @@ def test_memory_every_n_steps_is_a_count_auto_or_off_and_ddp_only() -> None:
 
 
 def test_a_snapshot_is_a_copy_that_training_on_cannot_change() -> None:
-    Pair = namedtuple("Pair", "a b")
     weight = torch.ones(3)
     steps = [1, 2]
     state = {"state_dict": OrderedDict(w=weight), "loops": {"steps": steps},
-             "pair": Pair(torch.zeros(1), "x"), "epoch": 2}  # fmt: skip
-    snap = frozen(state)
+             "pair": (torch.zeros(1), "x"), "epoch": 2}  # fmt: skip
+    skeleton, buffer = pack(state)
     weight.add_(1.0)  # the next step
     steps.append(3)
-    assert snap["state_dict"]["w"].tolist() == [1.0, 1.0, 1.0]
+    snap = unpack({key: bytes(value) for key, value in packed_files(skeleton, buffer).items()})
+    assert snap is not None and snap["state_dict"]["w"].tolist() == [1.0, 1.0, 1.0]
     assert isinstance(snap["state_dict"], OrderedDict) and snap["loops"]["steps"] == [1, 2]
-    assert isinstance(snap["pair"], Pair) and snap["epoch"] == 2
-    # its bytes are a checkpoint file's: torch.load(weights_only=True) reads them back
-    loaded = torch.load(io.BytesIO(serialised({"w": snap["state_dict"]["w"], "step": 4})),
-                        weights_only=True)  # fmt: skip
-    assert loaded["step"] == 4 and loaded["w"].tolist() == [1.0, 1.0, 1.0]
+    assert isinstance(snap["pair"], tuple) and snap["pair"][1] == "x" and snap["epoch"] == 2
+
+
+def test_a_state_sent_whole_is_packed_and_unpacked_to_the_same_tensors() -> None:
+    """DDP's keep sends one buffer of the tensors' bytes beside a small torch file of the
+    rest: a restore unpacks the same values, dtypes and containers, and reads the rest as a
+    checkpoint is read (``weights_only``: a pickled payload is refused)."""
+    adam = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(2, 3)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}]}  # fmt: skip
+    weights = OrderedDict(w=torch.randn(4, 5).t(), half=torch.ones(3).bfloat16(),
+                          empty=torch.zeros(0, 2), count=torch.tensor(7))  # fmt: skip
+    state = {"state_dict": weights, "optimizer_states": [adam], "epoch": 2,
+             "loops": {"fit_loop": {"rows": (1, 2)}}}  # fmt: skip
+    files = packed_files(*pack(state))
+    assert set(files) == {"packed/state", "packed/data"}
+    assert len(files["packed/state"]) < 4096  # the tensors are not in it
+    tensors = 20 * 4 + 3 * 2 + 0 + 8 + 4 + 6 * 4  # each at an aligned offset
+    assert tensors <= files["packed/data"].nbytes < tensors + 6 * 64
+    # the keeper holds bytes (a copy of the array Ray handed it)
+    back = unpack({key: bytes(value) for key, value in files.items()})
+    assert back is not None and back["epoch"] == 2 and back["loops"] == state["loops"]
+    assert isinstance(back["state_dict"], OrderedDict)
+    for key, tensor in weights.items():
+        restored = back["state_dict"][key]
+        assert restored.dtype == tensor.dtype and torch.equal(restored, tensor), key
+        assert restored.shape == tensor.shape
+    assert torch.equal(back["optimizer_states"][0]["state"][0]["exp_avg"],
+                       adam["state"][0]["exp_avg"])  # fmt: skip
+    # what a restore writes is a checkpoint file torch.load(weights_only=True) reads
+    loaded = torch.load(io.BytesIO(serialised(back)), weights_only=True)
+    assert torch.equal(loaded["state_dict"]["half"], weights["half"])
+    assert unpack({"checkpoint.ckpt/.metadata": b"m"}) is None  # sharded files: not packed
+    # the rest is read with weights_only: a payload in it is refused, not run
+    hostile = {"packed/state": serialised({"x": _UserCallback()}), "packed/data": b""}
+    with pytest.raises(pickle.UnpicklingError):
+        unpack(hostile)
 
 
 class _GatheringModel(pl.LightningModule):
