@@ -30,8 +30,8 @@ UNSUPPORTED_MP_PRECISION = ("16-mixed", "16", "64-true", "64")
 def strategy_problems(spec: JobSpec) -> list[str]:
     """Problems of ``spec.strategy`` the schema cannot see: a strategy's options only come
     with it (they would silently do nothing), hybrid sharding needs GPUs, a model-parallel
-    mesh must hold every worker. The driver checks them
-    before Ray starts; nothing here imports Lightning."""
+    mesh must hold every worker. The driver checks them before Ray starts; nothing here
+    imports Lightning."""
     from raytrain.spec import FsdpSpec, ModelParallelSpec
 
     name = spec.strategy.name
