@@ -11,10 +11,11 @@ failures (the baseline), and with rank 1 SIGKILLed at 3 steps, twice:
 - ``after commit``: each kill waits until Ray Train has committed the worker's last
   checkpoint, so the restore is from it: what a failure long after a checkpoint costs.
 
-With ``--memory N|auto`` (``checkpoint.memory_every_n_steps``) it runs, instead, four ways:
-uninterrupted without and with the in-memory state (their median ``samples_per_second``
-over the run's reports gives the overhead of keeping the state, same process, same
-cluster), and kills at any time without and with it: steps trained again per kill.
+With ``--memory N|auto`` (``checkpoint.memory_every_n_steps``) it runs, instead: ``--repeat``
+uninterrupted runs with the state kept in every other block of ``--toggle-every`` steps
+(the overhead: each block that keeps against the one before that does not, in the same
+run; two runs on 2 shared cores differ by 30% and more, which paired runs charged to the
+state), and kills at any time without and with it: steps trained again per kill.
 ``--strategy fsdp|tp2`` runs those four on the tiny GPT (the FSDP test's, 2 workers)
 under sharded FSDP, or tensor parallelism of 2 (``model_parallel``), where every rank
 keeps its shard.
@@ -24,12 +25,14 @@ wall-clock times of each kill and of the first step finished after each (re)star
 prints a table and writes JSON.
 
     python -m bench.recovery [--kills 40,100,170] [--memory auto] [--width 128,32]
-                             [--strategy ddp|fsdp|tp2] [--repeat N] [--out FILE.json]
+                             [--strategy ddp|fsdp|tp2] [--repeat N] [--toggle-every N]
+                             [--out FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -48,6 +51,7 @@ def run(
     memory: int | str | None = None,
     width: tuple[int, int] = (16, 64),
     strategy: str = "ddp",
+    toggle_every: int = 0,
 ) -> dict:
     import raytrain
 
@@ -55,7 +59,7 @@ def run(
     out.mkdir()
     channels, hidden = width
     init: dict = {"out_dir": str(out), "at_steps": kills, "lr": 0.002, "channels": channels,
-                  "hidden": hidden}  # fmt: skip
+                  "hidden": hidden, "toggle_every": toggle_every}  # fmt: skip
     if wait_for_commit:
         init["run_dir"] = str(out / "runs" / name)
     spec = {
@@ -87,7 +91,31 @@ def run(
     metric = "val_acc" if strategy == "ddp" else "val_bpc"
     return {"val_acc": result.metrics[metric], "step": result.metrics["step"],
             "wall_s": result.wall_time_s, "recoveries": recoveries,
-            **_throughput(result)}  # fmt: skip
+            **_throughput(result), **_toggled(events, toggle_every)}  # fmt: skip
+
+
+def _toggled(events: list[dict], every: int) -> dict:
+    """With ``toggle_every``: the cost of keeping the state, measured within the run. Each
+    step's time is the time between rank 0's step ends; a block's is the median of its
+    steps but the first (which may hold the block before's last write or send); each
+    block that keeps is set against the block before it, which does not. Returns the
+    median of those ratios less one (the overhead) and each ratio."""
+    if not every:
+        return {}
+    ends = [e for e in events if e["event"] == "step_end"]
+    blocks: dict[int, list[float]] = {}
+    for before, after in itertools.pairwise(ends):
+        if after["step"] == before["step"] + 1 and (after["step"] - 1) % every:
+            blocks.setdefault((after["step"] - 1) // every, []).append(
+                after["at_perf"] - before["at_perf"]
+            )
+    ratios = [statistics.median(blocks[b]) / statistics.median(blocks[b - 1])
+              for b in sorted(blocks) if b % 2 == 1 and b - 1 in blocks]  # fmt: skip
+    return {
+        "toggle_every": every,
+        "block_ratios": ratios,
+        "toggled_overhead": statistics.median(ratios) - 1 if ratios else None,
+    }
 
 
 GPT = {"block": 128, "layers": 2, "heads": 2, "dim": 32, "lr": 0.003}  # the FSDP test's
@@ -144,15 +172,12 @@ def _memory_table(results: dict) -> None:
         times = [r["kill_to_next_step_s"] for r in recs]
         print(f"{name:<10} {len(recs):>5} {','.join(map(str, again)):<26} "
               f"{statistics.median(again):>6} {statistics.median(times):>22.2f}")  # fmt: skip
-    off = results["storage only uninterrupted"]["samples_per_second"]
-    on = results["memory uninterrupted"]["samples_per_second"]
-    print(f"samples/s uninterrupted: storage only {off:.1f}, with the state in memory {on:.1f}: "
-          f"overhead {100 * (off / on - 1):+.1f}% of a step")  # fmt: skip
-    overheads = results["overheads"]
-    if len(overheads) > 1:
-        each = ", ".join(f"{100 * o:+.1f}%" for o in overheads)
-        print(f"overhead of {len(overheads)} pairs run in turn: {each}; median "
-              f"{100 * statistics.median(overheads):+.1f}%")  # fmt: skip
+    overheads = [o for o in results["overheads"] if o is not None]
+    each = ", ".join(f"{100 * o:+.1f}%" for o in overheads)
+    every = results["memory uninterrupted"]["toggle_every"]
+    print(f"overhead of the state, blocks of {every} steps with it against blocks without, "
+          f"in each of {len(overheads)} runs: {each}; median "
+          f"{100 * statistics.median(overheads):+.1f}%")  # fmt: skip
     print(f"the state's own figures: {results['memory uninterrupted']['memory_interval']}")
 
 
@@ -175,15 +200,20 @@ def main() -> None:
         "--repeat",
         type=int,
         default=1,
-        help="with --memory: uninterrupted pairs (without, with the state), each run in turn "
-        "(every other pair with the state first); the overhead's median over them (2 shared "
-        "cores move one pair's rates by 30%%)",
+        help="with --memory: uninterrupted runs, each measuring the overhead within itself "
+        "(--toggle-every); their median",
     )
     parser.add_argument(
         "--strategy",
         default="ddp",
         choices=["ddp", "fsdp", "tp2"],
         help="ddp: the digits CNN; fsdp, tp2: the tiny GPT, sharded (with --memory)",
+    )
+    parser.add_argument(
+        "--toggle-every",
+        type=int,
+        default=10,
+        help="with --memory: the overhead's blocks, in steps (the state kept in every other)",
     )
     args = parser.parse_args()
     kills = [int(k) for k in args.kills.split(",")]
@@ -201,21 +231,14 @@ def main() -> None:
         handle = start_local(2 + DATA_CPUS)
         if memory is not None:
             how = {"width": width, "strategy": args.strategy}
-            pairs = []
-            for i in range(args.repeat):  # in turn, each first in every other pair: later
-                # runs on one cluster ran slower, which always-second would charge the state
-                done = {}
-                for on in (True, False) if i % 2 else (False, True):
-                    name = f"{'on' if on else 'off'}-plain-{i}"
-                    done[on] = run(work, name, [], False, memory if on else None, **how)
-                pairs.append((done[False], done[True]))
+            toggled = [run(work, f"toggled-{i}", [], False, memory, **how,
+                           toggle_every=args.toggle_every) for i in range(args.repeat)]  # fmt: skip
             results = {
-                "storage only uninterrupted": pairs[0][0],
-                "memory uninterrupted": pairs[0][1],
+                "memory uninterrupted": toggled[0],
+                "toggled": toggled,
                 "storage only any time": run(work, "off-kills", kills, False, None, **how),
                 "memory any time": run(work, "on-kills", kills, False, memory, **how),
-                "overheads": [off["samples_per_second"] / on["samples_per_second"] - 1
-                              for off, on in pairs],
+                "overheads": [t["toggled_overhead"] for t in toggled],
             }  # fmt: skip
             handle.shutdown()
             _memory_table(results)

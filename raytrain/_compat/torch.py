@@ -9,6 +9,14 @@
   that loads a whole DCP checkpoint into an empty dict (as ``dcp_to_torch_save`` does).
 - ``load_without_process_group``: ``state_dict_loader._load_state_dict(..., no_dist=True)``,
   a DCP load on one process without a process group.
+- ``copy_all``: ``torch._foreach_copy_``, one call that copies a list of tensors into a
+  list of others (a node copy's keep: 0.04 ms for the digits CNN's 32 tensors, where a
+  ``copy_`` each took 0.12 ms).
+- ``weights_only_unpickle``: ``torch._weights_only_unpickler.load``, the unpickler
+  ``torch.load(weights_only=True)`` runs on a checkpoint's ``data.pkl``, run on a plain
+  pickle (of protocol 2, torch's) with no tensors in it: a packed state's skeleton, read by
+  the same allow-list as a checkpoint without ``torch.save``'s zip container (0.3 ms of a
+  0.5 ms keep on digits).
 - ``dcp_storage_entries``: the fields of ``filesystem._StorageInfo``, the file reader's
   record of where each entry's bytes lie (``relative_path``, joined to the checkpoint
   folder by ``FileSystemReader.read_data``; ``offset``, ``length``;
@@ -76,3 +84,24 @@ def dcp_storage_entries(metadata: Any) -> list[tuple[str, Any, Any, Any, Any]]:
         out.append((str(index.fqn), info.relative_path, info.offset, info.length,
                     info.transform_descriptors))  # fmt: skip
     return out
+
+
+def weights_only_unpickle(data: bytes) -> Any:
+    """The object pickled in ``data`` (protocol 2, no tensors), unpickled as
+    ``torch.load(weights_only=True)`` unpickles a checkpoint: only the allowed globals
+    (torch's own and those of an enclosing ``torch.serialization.safe_globals``); any
+    other raises ``pickle.UnpicklingError``."""
+    import io
+
+    from torch import _weights_only_unpickler
+
+    return _weights_only_unpickler.load(io.BytesIO(data))
+
+
+def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """Copy each of ``sources`` into the tensor of ``targets`` at its place (same shapes;
+    any devices and dtypes ``copy_`` takes), without recording them for autograd."""
+    import torch
+
+    with torch.no_grad():
+        torch._foreach_copy_(targets, sources)

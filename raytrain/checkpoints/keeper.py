@@ -56,6 +56,18 @@ class Held:
     token: int
 
 
+@dataclass(frozen=True)
+class Opened:
+    """What ``StateKeeper.open`` tells a new group: its token (only its sends are taken
+    from now on), the step of the state held (None: none), and the keeper's key, a random
+    number of its own that marks the node-local copies written in its time
+    (``worker.local_state``): a later driver's keeper never resumes from them."""
+
+    token: int
+    step: int | None
+    key: int
+
+
 class StateKeeper:
     """Holds rank 0's latest training state (see the module docstring). Plain Python, run
     as a Ray actor by ``start_keeper``."""
@@ -64,16 +76,16 @@ class StateKeeper:
         # a random first token: a keeper Ray restarted (its node lost) never takes a send
         # meant for the one before, whose tokens counted from another start
         self._token = secrets.randbits(48)
+        self.key = secrets.randbits(62)  # an int64 every rank can all-reduce
         self._held: Held | None = None
         self._pending: dict[int, Files] = {}  # the parts come so far of ``_pending_step``
         self._pending_step: int | None = None
         self.refused = 0  # sends from a fenced-off group
 
-    def open(self) -> tuple[int, int | None]:
-        """A new group starts: from now on only sends with the token returned are taken.
-        Returns (token, step of the state held, None: none)."""
+    def open(self) -> Opened:
+        """A new group starts: from now on only sends with the token returned are taken."""
         self._token += 1
-        return self._token, self._held.step if self._held is not None else None
+        return Opened(self._token, self._held.step if self._held is not None else None, self.key)
 
     def put(
         self, token: int, step: int, files: dict[str, Any], part: int = 0, parts: int = 1

@@ -226,14 +226,17 @@ class CheckpointSpec(_Section):
     memory_every_n_steps: int | Literal["auto"] | None = Field(
         default="auto",
         description="Every N steps the training state (with the data position) is kept in "
-        "memory outside the training processes (a Ray actor the driver starts), replacing "
-        "the one before: under DDP rank 0 sends it whole, under FSDP and model_parallel "
-        "every rank writes its shard (as a checkpoint does, to node-local memory) and each "
-        "node's first rank sends its node's. A restart after a worker's or node's loss "
-        "resumes from it when it is newer than the checkpoint in storage. `auto` (the "
-        "default): every step where keeping it costs at most 5% of a step, else the "
-        "smallest interval that does, from the run's own measurements; `off` or null: "
-        "storage only.",
+        "memory outside the training processes, replacing the one before: under DDP rank 0 "
+        "copies it into its node's memory (/dev/shm), which survives a process's loss, and "
+        "less often sends it to a Ray actor the driver starts, which survives a node's; "
+        "under FSDP and model_parallel every rank writes its shard (as a checkpoint does, to "
+        "node-local memory) and each node's first rank sends its node's to that actor. A "
+        "restart after a worker's or node's loss resumes from the newest copy when it is "
+        "newer than the checkpoint in storage. `auto` (the default): every step where "
+        "keeping it costs at most 5% of a step, else the smallest interval that does, from "
+        "the run's own measurements (DDP: 4.5% for the node's copy, 0.5% for the actor's); "
+        "a number: the node copy's interval (DDP), the actor's then chosen as under auto; "
+        "`off` or null: storage only.",
     )
     keep: int | None = Field(default=3, ge=1, description="Checkpoints kept; null: all.")
     monitor: str | None = Field(default=None, description="Metric ranking checkpoints to keep.")

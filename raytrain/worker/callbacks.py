@@ -77,6 +77,7 @@ def build_callbacks(
     user: list[pl.Callback] | None = None,
     keeper: Any = None,
     keeper_token: int = 0,
+    keeper_key: int = 0,
 ) -> WorkerCallbacks:
     """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
     events to the driver), which also times its loop; ``timeline`` times every rank's
@@ -86,8 +87,8 @@ def build_callbacks(
     ``mtbf``: the run's measured mean time between failures (rank 0's), for
     ``checkpoint.every_n_steps: auto``. ``user``: the config's ``trainer.callbacks``, built
     (``lightning_config.instantiate``). ``keeper``: the run's ``StateKeeper`` (None: no
-    in-memory state), which rank 0 keeps its state in, with ``keeper_token`` (what
-    ``memory_state.restore_from_memory`` opened it with)."""
+    in-memory state), which rank 0 keeps its state in, with ``keeper_token`` and
+    ``keeper_key`` (what ``memory_state.restore_from_memory`` opened it with)."""
     ckpt = spec.checkpoint
     auto = AutoInterval(*spec.failure.expected_mtbf()) if ckpt.every_n_steps == "auto" else None
     first = FIRST_AUTO_STEPS if ckpt.every_n_steps == "auto" else ckpt.every_n_steps
@@ -121,7 +122,7 @@ def build_callbacks(
         keeping = MemoryState(
             keeper, keeper_token, steps if isinstance(steps, int) else None, train_loader,
             on_choice=lambda choice: setattr(reporter, "memory_choice", choice.describe()),
-            together=together, scratch=keep_scratch_name(run_dir(spec)),
+            together=together, scratch=keep_scratch_name(run_dir(spec)), key=keeper_key,
         )  # fmt: skip
     memory: list[pl.Callback] = [keeping] if keeping is not None else []
     spike = spec.failure.spike

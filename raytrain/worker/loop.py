@@ -159,17 +159,19 @@ def train_loop(config: dict[str, Any]) -> None:
         print(f"raytrain: {batching.describe()}", flush=True)
     mtbf = _mtbf_reader(work.sink) if rank == 0 else None
     checkpoint = ray.train.get_checkpoint()
-    token, from_memory, keeper = None, None, work.keeper
+    token, key, from_memory, keeper = None, 0, None, work.keeper
     if keeper is not None:  # checkpoint.memory_every_n_steps: a newer state in memory?
-        from raytrain.worker.memory_state import restore_from_memory
+        from raytrain.worker.memory_state import keep_scratch_name, restore_from_memory
 
-        token, from_memory = restore_from_memory(keeper, _checkpoint_step(checkpoint),
-                                                 _rollback_pending(spec, rank))  # fmt: skip
+        restored = restore_from_memory(keeper, _checkpoint_step(checkpoint),
+                                       _rollback_pending(spec, rank),
+                                       keep_scratch_name(run_dir(spec)))  # fmt: skip
+        token, key, from_memory = restored.token, restored.key, restored.checkpoint
         if token is None:  # not reachable (the same on every rank): this group keeps nothing
             keeper = None
     callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching,
                                 mtbf, user.callbacks, keeper=keeper,
-                                keeper_token=token or 0)  # fmt: skip
+                                keeper_token=token or 0, keeper_key=key)  # fmt: skip
     loggers = [ReportLogger(callbacks.reporter), *user.loggers]
     profiler, profiles = build_profiler(spec, rank)
     ordered = callbacks.ordered

@@ -7,8 +7,11 @@ state: ``checkpoints.keeper``).
 - **alone** (DDP: rank 0 holds the whole state): rank 0 takes a snapshot of the full
   Lightning state, the content of a checkpoint at this step with the loops' and the
   loader's position (its tensors copied off the live ones into one byte buffer on the
-  training thread, so the next step cannot change it: ``pack``), and hands it to a
-  background thread that sends it to the keeper. The other ranks do nothing.
+  training thread, so the next step cannot change it: ``packing.pack``), and hands it to
+  two background threads: one writes it to the node's copy (``local_state``: a file in
+  the node's memory, which a process's loss leaves), the other sends it to the keeper
+  (which a node's loss leaves), less often (``checkpoints.memory_interval``). The other
+  ranks do nothing.
 - **together** (FSDP and model parallelism: each rank holds a shard, and a state dict is
   a collective): every rank saves the checkpoint as a storage checkpoint would
   (``trainer.save_checkpoint``, Lightning's own sharded writer) into a node-local scratch
@@ -18,7 +21,9 @@ state: ``checkpoints.keeper``).
   each due step: whether a send is still on its way anywhere, whether any rank cannot
   keep, and rank 0's interval under ``auto``.
 
-Never two sends at once: a keep due while the last is still on its way is skipped; so is
+Never two sends (or writes) at once: a keep due while the last is still on its way is
+skipped (alone, a keep waits for the last write; a send due while the last is on its way
+waits for the next keep); so is
 one due at an epoch's last batch (taken before the epoch's end runs, its restore began the
 next epoch with no batches), which the next step's keep makes up. Under
 ``auto`` the interval is chosen from rank 0's measured cost
@@ -27,15 +32,17 @@ that keeps no position is kept only where a checkpoint would be (never mid-epoch
 at all, here.
 
 ``restore_from_memory`` runs on every rank before ``fit``: rank 0 opens the keeper (fencing
-off the dead group's sends) and decides, every rank takes its decision by an all-reduce,
-and each node's first rank fetches the state's files by its step into one folder of the
-same path on every node (one transfer per node, not per rank), which ``fit`` resumes from
-as from a checkpoint in storage. Every node must have it, or all resume from storage.
+off the dead group's sends), each node's first rank looks for a node copy of the
+keeper's key, and all-reduces give every rank the newest of the keeper's step, the node
+copies' and storage's. Each node's first rank then puts that state into one folder of
+the same path on every node, which ``fit`` resumes from as from a checkpoint in storage:
+from the keeper, one transfer per node, not per rank; from a node copy, read where it is,
+and broadcast by its holder to the ranks of a node that lacks it (rank 0 restarted on
+another node). Every node must have it, or all resume from storage.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
 import shutil
@@ -54,111 +61,29 @@ from raytrain.checkpoints.keeper import Files, memory_is_newer
 from raytrain.checkpoints.layout import CKPT_FILE
 from raytrain.checkpoints.memory_interval import MemoryChoice, MemoryCost
 from raytrain.worker.loader_position import keeps_position
+from raytrain.worker.local_state import (
+    NodeCopy,
+    newest_state,
+    read_state,
+    remove_state,
+    slot_paths,
+    state_roots,
+)
+from raytrain.worker.packing import (
+    PACKED_DATA,
+    PACKED_STATE,
+    pack,
+    packed_files,
+    place,
+    skeleton_bytes,
+    unpack,
+)
 
 SEND_TIMEOUT_S = 300
-
-
-def serialised(state: dict[str, Any]) -> bytes:
-    """``state`` as a Lightning checkpoint file's bytes (what ``torch.save`` writes)."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
-
-
-# A state sent whole (DDP) is packed, not ``torch.save``d: on the training thread its
-# tensors are copied, off the live ones, into one flat byte buffer (the snapshot), and the
-# rest, with a ``TensorSlot`` where each tensor was, becomes a small torch file on the
-# sending thread. On the digits CNN widened to 128 channels (a 5 MB state) ``torch.save``
-# took 9-12 ms of the sending thread; Ray took 0.6 ms to hand one 5 MB buffer to an actor
-# and 2.9 ms for five 1 MB arrays (so one buffer, not an array per tensor). A restore
-# unpacks it into the checkpoint file ``torch.save`` would have written.
-PACKED_STATE, PACKED_DATA = "packed/state", "packed/data"  # the part's two files
-ALIGN = 64  # each tensor's bytes start at a multiple of this: a view as any dtype is aligned
-
-
-@dataclass(frozen=True)
-class TensorSlot:
-    """Where a tensor of a packed state was: its bytes' place in the buffer, its dtype's
-    name and its shape."""
-
-    offset: int
-    nbytes: int
-    dtype: str
-    shape: tuple[int, ...]
-
-
-def mapped(value: Any, leaf: type, fn: Callable[[Any], Any]) -> Any:
-    """``value`` with each ``leaf`` in its dicts, lists and tuples replaced by ``fn(leaf)``;
-    the containers are copies (of their own type: an OrderedDict, a namedtuple)."""
-    if isinstance(value, leaf):
-        return fn(value)
-    if isinstance(value, dict):
-        copied = value.copy()
-        for key, item in value.items():
-            copied[key] = mapped(item, leaf, fn)
-        return copied
-    if isinstance(value, list):
-        return [mapped(item, leaf, fn) for item in value]
-    if isinstance(value, tuple):
-        items = [mapped(item, leaf, fn) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    return value
-
-
-def pack(state: Any) -> tuple[Any, torch.Tensor]:
-    """``state`` as (its skeleton: the containers copied, a ``TensorSlot`` for each
-    tensor; one CPU byte buffer holding every tensor's bytes). Both are copies: training
-    on cannot change them."""
-    tensors: list[torch.Tensor] = []
-    total = 0
-
-    def slot(value: torch.Tensor) -> TensorSlot:
-        nonlocal total
-        flat = value.detach().contiguous().reshape(-1).view(torch.uint8)
-        total = -(-total // ALIGN) * ALIGN
-        tensors.append(flat)
-        name = str(value.dtype).removeprefix("torch.")
-        found = TensorSlot(total, flat.numel(), name, tuple(value.shape))
-        total += flat.numel()
-        return found
-
-    skeleton = mapped(state, torch.Tensor, slot)
-    buffer = torch.empty(total, dtype=torch.uint8)
-    offset = 0
-    for flat in tensors:
-        offset = -(-offset // ALIGN) * ALIGN  # as ``slot`` placed it
-        buffer[offset : offset + flat.numel()].copy_(flat)
-        offset += flat.numel()
-    return skeleton, buffer
-
-
-def packed_files(skeleton: Any, buffer: torch.Tensor) -> dict[str, Any]:
-    """``pack``'s result as the files a keeper holds (the buffer as a numpy array: Ray
-    copies it into its object store, the keeper takes it as bytes)."""
-    return {PACKED_STATE: serialised(skeleton), PACKED_DATA: buffer.numpy()}
-
-
-def unpack(files: Files) -> dict[str, Any] | None:
-    """The state ``pack`` packed into ``files`` (None: they are not a packed state). The
-    rest is read with ``torch.load(weights_only=True)``: Lightning's and raytrain's own
-    globals only, as a checkpoint in storage is."""
-    from raytrain.checkpoints.safe_load import lightning_globals
-
-    head = files.get(PACKED_STATE)
-    if head is None:
-        return None
-    with lightning_globals(), torch.serialization.safe_globals([TensorSlot]):
-        skeleton = torch.load(io.BytesIO(head), weights_only=True)
-    data = bytearray(files[PACKED_DATA])
-    buffer = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0).byte()
-
-    def tensor(value: TensorSlot) -> torch.Tensor:
-        raw = buffer[value.offset : value.offset + value.nbytes]
-        # a tensor of its own: torch.save refuses views of one buffer as other dtypes
-        return raw.view(getattr(torch, value.dtype)).reshape(value.shape).clone()
-
-    result: dict[str, Any] = mapped(skeleton, TensorSlot, tensor)
-    return result
+# A send's result: the CPU seconds it took the sending thread, and whether the keeper took it
+Sent = tuple[float, bool]
+# A node copy's write: the CPU seconds it took the writing thread, and the send it started
+Written = tuple[float, "Future[Sent] | None"]
 
 
 # Lightning's and raytrain's own classes: their checkpoint hooks wait on no other rank.
@@ -281,13 +206,16 @@ class MemoryState(pl.Callback):
         on_choice: Callable[[MemoryChoice], None] | None = None,
         together: bool = False,
         scratch: str = "raytrain-keep",
+        key: int = 0,
     ):
         self.keeper, self.token = keeper, token
         self.auto = every_n_steps is None
         self.every_n_steps = every_n_steps or 1
         self.train_loader = train_loader
         self.on_choice = on_choice
-        self.together, self.scratch = together, scratch
+        self.together, self.scratch, self.key = together, scratch, key
+        self.send_every = self.every_n_steps  # alone: the keeper's interval (``_retune``)
+        self.node: NodeCopy | None = None  # alone: the node's copy (None: none)
         self.cost = MemoryCost()
         self.kept = 0
         self.last_kept: int | None = None  # the step of this group's last keep
@@ -300,7 +228,9 @@ class MemoryState(pl.Callback):
         self._last_keep: int | None = None
         self._step_ended: float | None = None
         self._sending: Future[tuple[float, bool]] | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._writing: Future[Written] | None = None
+        self._last_send: int | None = None
+        self._pools: dict[str, ThreadPoolExecutor] = {}
         self._told: int | None = None  # the auto interval last said
         self._proposal = 0  # together, rank 0: the auto interval the next keep agrees on
         self._problem: str | None = None  # together: why this rank can keep no more
@@ -314,6 +244,7 @@ class MemoryState(pl.Callback):
         import ray
 
         self._stop("a loss spike: the rollback resumes from storage")
+        self._drop_node_copy()
         try:
             ray.get(self.keeper.drop.remote(), timeout=60)
         except Exception as exc:
@@ -389,26 +320,105 @@ class MemoryState(pl.Callback):
                 f"holds about 3 copies; {available / 2**30:.3g} GiB are free here")  # fmt: skip
 
     def _keep(self, trainer: pl.Trainer, step: int) -> None:
+        """Rank 0 alone: snapshot into the node's copy (when the last write is done) and
+        send it to the keeper every ``send_every`` steps (when the last send is done).
+        Without a node copy, a snapshot of its own (``pack``) is sent at each keep that
+        finds the last send done."""
+        writing = self._writing
+        if writing is not None and writing.done():
+            self._written(writing)  # may hand over the send it started
         sending = self._sending
-        if sending is not None and not sending.done():
-            self.skipped += 1
-            return
-        if sending is not None:
+        busy = sending is not None and not sending.done()
+        if sending is not None and not busy:
             refused = self._sent(sending)
             if refused is not None:
                 self._stop(refused, say=True)
                 return
+        if self.kept == 0:
+            self._start_node_copy(trainer)
+        if (self._writing is not None) if self.node is not None else busy:
+            self.skipped += 1
+            return
         big = self._too_big(trainer)
         if big is not None:
             self._stop(big, say=True)
             return
+        last = self._last_send
+        send = not busy and (self.node is None or last is None or step - last >= self.send_every)
         began = time.perf_counter()
-        skeleton, buffer = pack(dump_state(trainer))
-        self.cost.snapshot(time.perf_counter() - began)
-        self._sending = self._submit(self._send, step, skeleton, buffer)
+        state = dump_state(trainer)
+        node = self.node
+        if node is not None:
+            skeleton, placed, nbytes = place(state)
+            node.begin(placed, nbytes)  # the copy into the node's memory
+            self.cost.snapshot(time.perf_counter() - began)
+            self._writing = self._submit("write", self._write, step, skeleton, nbytes, send)
+        else:
+            skeleton, buffer = pack(state)
+            self.cost.snapshot(time.perf_counter() - began)
+            if send:
+                self._sending = self._submit(
+                    "send", self._send, step, lambda: packed_files(skeleton, buffer)
+                )
+        if send:
+            self._last_send = step
         self._last_keep = self.last_kept = step
         self.kept += 1
         self._retune()
+
+    def _start_node_copy(self, trainer: pl.Trainer) -> None:
+        """At the first keep (alone): the node's copy (``/dev/shm`` where it has room for
+        its two slots), clearing slots a group before left in another place. No key (no
+        keeper answered), or no room anywhere: none."""
+        if not self.key:
+            return
+        need = 2 * state_bytes(trainer.lightning_module, trainer.optimizers) + 2**20
+        root = scratch_root(need)
+        for other in state_roots():
+            if other != root:
+                for path in slot_paths(other, self.scratch):
+                    remove_state(path)
+        self.node = NodeCopy(root, self.scratch, self.key)
+
+    def _write(self, step: int, skeleton: Any, nbytes: int, send: bool) -> Written:
+        """End the node copy's keep (the writing thread) and, with ``send``, start its
+        send to the keeper; returns the CPU seconds it took this thread and the send."""
+        began = time.thread_time()
+        head = skeleton_bytes(skeleton)
+        node = self.node
+        sending = None
+        if node is not None:
+            node.finish(step, head, nbytes)
+            if send:
+                files = {PACKED_STATE: head, PACKED_DATA: node.data(nbytes)}
+                sending = self._submit("send", self._send, step, lambda: files)
+        return time.thread_time() - began, sending
+
+    def _written(self, writing: Future[Written]) -> None:
+        """Take a finished write's figures and the send it started; a write that failed
+        ends the node's copy (the keeper's goes on)."""
+        self._writing = None
+        try:
+            spent, sending = writing.result()
+        except Exception as exc:  # no room, or the folder gone: the keeper's copy is left
+            print(f"raytrain: warning: the in-memory state's copy on the node was not "
+                  f"written ({type(exc).__name__}: {exc}); the keeper's goes on",
+                  flush=True)  # fmt: skip
+            self._drop_node_copy(wait=False)
+            return
+        self.cost.written(spent)
+        if sending is not None:
+            self._sending = sending
+
+    def _drop_node_copy(self, wait: bool = True) -> None:
+        """Copy nothing more to the node and remove its copy (``wait``: for the write on
+        its way first, so that it cannot put one back)."""
+        writing, self._writing = self._writing, None
+        if wait and writing is not None:
+            writing.exception()  # done either way; its error is moot
+        if self.node is not None:
+            self.node.remove()
+            self.node = None
 
     def _keep_together(self, trainer: pl.Trainer, step: int) -> None:
         """A keep every rank takes part in: agree, save this step's checkpoint into the
@@ -436,25 +446,29 @@ class MemoryState(pl.Callback):
         trainer.save_checkpoint(os.path.join(folder, CKPT_FILE))  # ends with a barrier
         self.cost.snapshot(time.perf_counter() - began)
         if self.sender:
-            self._sending = self._submit(self._send_folder, step, folder)
+            self._sending = self._submit("send", self._send_folder, step, folder)
         self._last_keep = self.last_kept = step
         self.kept += 1
         if self.rank == 0:
             self._retune()
 
-    def _submit(self, send: Callable[..., tuple[float, bool]], *args: Any) -> Future[Any]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raytrain-memory")
-        return self._pool.submit(send, *args)
+    def _submit(self, thread: str, work: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``work`` on this callback's ``thread`` (one each: sends, writes)."""
+        pool = self._pools.get(thread)
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raytrain-{thread}")
+            self._pools[thread] = pool
+        return pool.submit(work, *args)
 
-    def _send(self, step: int, skeleton: Any, buffer: torch.Tensor) -> tuple[float, bool]:
-        """Serialise and send a packed state (the background thread); returns the CPU
-        seconds it took this thread (its cost to training: waiting for the keeper's answer
-        costs none) and whether the keeper took it."""
+    def _send(self, step: int, files: Callable[[], dict[str, Any]]) -> tuple[float, bool]:
+        """Send a packed state's ``files`` (made here: a serialisation is the sending
+        thread's work) to the keeper; returns the CPU seconds it took this thread (its cost
+        to training: waiting for the keeper's answer costs none) and whether the keeper
+        took it."""
         import ray
 
         began = time.thread_time()
-        reply = self.keeper.put.remote(self.token, step, packed_files(skeleton, buffer))
+        reply = self.keeper.put.remote(self.token, step, files())
         spent = time.thread_time() - began
         return spent, bool(ray.get(reply, timeout=SEND_TIMEOUT_S))
 
@@ -493,11 +507,13 @@ class MemoryState(pl.Callback):
         An interval the spec set is not chosen: what it costs is said once, when a full
         window of sends has been measured."""
         if not self.auto:
-            if self._told is None and self.cost.measured == self.cost.window:
-                choice = self.cost.choose(as_set=self.every_n_steps)
-                if choice is not None and self.on_choice is not None:
-                    self._told = choice.steps
-                    self.on_choice(choice)
+            choice = self.cost.choose(as_set=self.every_n_steps)
+            if choice is not None and choice.send_steps is not None:
+                self.send_every = choice.send_steps  # the node copy's as set, the keeper's chosen
+            full = self.cost.measured == self.cost.window
+            if self._told is None and full and choice is not None and self.on_choice:
+                self._told = choice.steps
+                self.on_choice(choice)
             return
         choice = self.cost.choose()
         if choice is None:
@@ -506,6 +522,7 @@ class MemoryState(pl.Callback):
             self._proposal = choice.steps
         else:
             self.every_n_steps = choice.steps
+            self.send_every = choice.send_steps or choice.steps
         told = self._told
         if told is None or not told / 2 < choice.steps < told * 2:
             self._told = choice.steps
@@ -513,17 +530,22 @@ class MemoryState(pl.Callback):
                 self.on_choice(choice)
 
     def wait_sent(self) -> None:
-        """Wait for the send on its way, if any (its figures count)."""
+        """Wait for the write and the send on their way, if any (their figures count)."""
+        if self._writing is not None:
+            self._writing.exception()
+            self._written(self._writing)  # may hand over a send
         if self._sending is not None:
             refused = self._sent(self._sending)  # bounded: SEND_TIMEOUT_S at most
             if refused is not None:
                 self._stop(refused, say=True)
 
     def finish(self) -> None:
-        """Wait for the send on its way, stop the thread and clear the scratch folder."""
+        """Wait for the send on its way, stop the threads and clear the scratch folder and
+        the node's copy (the run's training is over: nothing resumes from them)."""
         self.wait_sent()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False)
+        self._drop_node_copy()
         if self.together and self.sender and self.base:
             shutil.rmtree(self.base, ignore_errors=True)
 
@@ -531,57 +553,123 @@ class MemoryState(pl.Callback):
         self.finish()
 
 
+@dataclass(frozen=True)
+class Restored:
+    """What ``restore_from_memory`` found, the same on every rank: the keeper's token and
+    key for ``MemoryState`` (token None: the keeper could not be reached, so nothing is
+    kept this group), and the checkpoint to resume from (None: from storage)."""
+
+    token: int | None
+    key: int
+    checkpoint: str | None
+
+
 def restore_from_memory(
-    keeper: Any, storage_step: int | None, rollback_pending: bool = False
-) -> tuple[int | None, str | None]:
-    """Every rank, before ``fit``: open the keeper (rank 0) and, if the state it holds is
+    keeper: Any, storage_step: int | None, rollback_pending: bool = False, scratch: str = ""
+) -> Restored:
+    """Every rank, before ``fit``: open the keeper (rank 0), find the newest state kept,
+    the keeper's or a node's copy (``scratch``: the run's keep folder name), and, if it is
     newer than the checkpoint in storage (at ``storage_step``), fetch it into a local
-    folder (each node's first rank, for its node). Returns, the same on every rank, the
-    keeper's token for ``MemoryState`` (None: the keeper could not be reached, so nothing
-    is kept this group) and the checkpoint to resume from (None: resume from storage). A
-    keeper lost with its node (Ray starts it again, empty) or unreachable is no state:
-    the restart uses storage. So does a ``rollback_pending`` (a loss spike not yet rolled
-    back past: its rollback goes to storage even if the keeper could not drop the state
-    before the spike)."""
+    folder (each node's first rank, for its node). A keeper lost with its node (Ray starts
+    it again, empty, with another key) or unreachable is no state: the restart uses
+    storage. So does a ``rollback_pending`` (a loss spike not yet rolled back past: its
+    rollback goes to storage even if the keeper could not drop the state before the
+    spike)."""
     import ray
 
     rank = _rank()
-    token, chosen = -1, -1
+    token, held, key = -1, -1, -1
     if rank == 0:
         try:
-            opened, held = ray.get(keeper.open.remote(), timeout=60)
+            opened = ray.get(keeper.open.remote(), timeout=60)
         except Exception as exc:  # the keeper's node lost, or Ray restarting it
             print(f"raytrain: warning: the in-memory state's keeper did not answer "
                   f"({type(exc).__name__}): resuming from storage", flush=True)  # fmt: skip
         else:
-            token = int(opened)
-            if memory_is_newer(held, storage_step) and not rollback_pending:
-                chosen = int(held or 0)
-    chosen, token = _agree([chosen, token], "max")
-    kept = None if token < 0 else token
-    if chosen < 0:
-        return kept, None
+            token, key = opened.token, opened.key
+            held = -1 if opened.step is None or rollback_pending else opened.step
+    token, held, key, rollback = _agree([token, held, key, int(rollback_pending)], "max")
+    if token < 0:
+        return Restored(None, 0, None)
+    on_node = None
+    if scratch and not rollback and _local_rank() == 0:
+        on_node = newest_state(scratch, key)
+    node_step = _agree([on_node[0] if on_node is not None else -1], "max")[0]
+    newest = max(held, node_step)
+    if not memory_is_newer(newest if newest >= 0 else None, storage_step):
+        return Restored(token, key, None)
     folder = _same_folder(rank)
-    fetched = 1
-    if _local_rank() == 0:
-        try:
-            files = ray.get(keeper.get.remote(chosen), timeout=SEND_TIMEOUT_S)
-            state = None if files is None else unpack(files)
-            if state is not None:  # sent whole: the checkpoint file it would have been
-                torch.save(state, os.path.join(folder, CKPT_FILE))
-            elif files is not None:
-                write_files(folder, files)
-        except Exception:  # lost since rank 0 asked: every rank resumes from storage
-            files = None
-        fetched = int(bool(files))
-    if _agree([fetched], "min")[0] == 0:
+    if node_step > held:
+        fetched = _fetch_node_copy(folder, key, node_step, on_node)
+        where = "the node's copy of the in-memory state"
+    else:
+        fetched = _fetch_from_keeper(folder, keeper, held)
+        where = "the in-memory state"
+    if _agree([int(fetched)], "min")[0] == 0:
         shutil.rmtree(folder, ignore_errors=True)
-        return kept, None
+        return Restored(token, key, None)
     if rank == 0:
         storage = "none" if storage_step is None else f"step {storage_step}"
-        print(f"raytrain: resuming from the in-memory state at step {chosen} (the "
-              f"checkpoint in storage: {storage})", flush=True)  # fmt: skip
-    return kept, os.path.join(folder, CKPT_FILE)
+        print(f"raytrain: resuming from {where} at step {newest} (the checkpoint in "
+              f"storage: {storage})", flush=True)  # fmt: skip
+    return Restored(token, key, os.path.join(folder, CKPT_FILE))
+
+
+def _fetch_from_keeper(folder: str, keeper: Any, step: int) -> bool:
+    """Each node's first rank: fetch the keeper's state at ``step`` into ``folder``; the
+    others: nothing. Whether this rank has what it needs (a state lost since rank 0 asked:
+    False)."""
+    import ray
+
+    if _local_rank() != 0:
+        return True
+    try:
+        files = ray.get(keeper.get.remote(step), timeout=SEND_TIMEOUT_S)
+        if files is not None:
+            _write_checkpoint(folder, files)
+    except Exception:  # lost since rank 0 asked: every rank resumes from storage
+        return False
+    return files is not None
+
+
+def _fetch_node_copy(folder: str, key: int, step: int, on_node: tuple[int, str] | None) -> bool:
+    """Every rank: put the node copy at ``step`` into ``folder`` on every node. Each node's
+    first rank that has it reads its own; where a node lacks it (rank 0 moved to another
+    node since), the lowest rank that has it sends it to every rank by a broadcast, and
+    the first rank of each node writes it. Whether this rank has what it needs."""
+    import torch.distributed as dist
+
+    first = _local_rank() == 0
+    mine = on_node is not None and on_node[0] == step
+    everywhere = _agree([int(mine or not first)], "min")[0] == 1
+    files = None
+    if mine or not everywhere:
+        files = read_state(on_node[1], key, step) if mine and on_node is not None else None
+    if not everywhere:
+        big = 2**62
+        holder = _agree([_rank() if files is not None else big], "min")[0]
+        if holder == big:
+            return False
+        carried = [files]
+        dist.broadcast_object_list(carried, src=holder)
+        files = carried[0]
+    if not first:
+        return True
+    if files is None:
+        return False
+    _write_checkpoint(folder, files)
+    return True
+
+
+def _write_checkpoint(folder: str, files: Files) -> None:
+    """Write a kept state's ``files`` into ``folder`` as the checkpoint ``fit`` resumes
+    from: a packed state as the file ``torch.save`` would have written, a sharded one's
+    files as they are."""
+    state = unpack(files)
+    if state is not None:
+        torch.save(state, os.path.join(folder, CKPT_FILE))
+    else:
+        write_files(folder, files)
 
 
 def _rank() -> int:

@@ -8,6 +8,7 @@ import math
 import pickle
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -25,15 +26,12 @@ from raytrain.spec import load_spec
 from raytrain.worker.memory_state import (
     collective_hazards,
     keep_scratch_name,
-    pack,
-    packed_files,
     read_files,
-    serialised,
     state_bytes,
     too_big,
-    unpack,
     write_files,
 )
+from raytrain.worker.packing import pack, packed_files, serialised, skeleton_bytes, unpack
 from raytrain.worker.strategy import strategy_problems
 
 
@@ -88,14 +86,16 @@ def _file(text: str) -> dict[str, bytes]:
 
 def test_the_keeper_holds_the_latest_state_and_refuses_a_fenced_off_group() -> None:
     keeper = StateKeeper()
-    token, held = keeper.open()
+    opened = keeper.open()
+    token, held = opened.token, opened.step
     assert held is None and keeper.get(0) is None
     assert keeper.put(token, 3, _file("three"))
     assert keeper.put(token, 4, _file("four"))  # replaces: one state held
     assert keeper.held_step() == 4 and keeper.get(4) == _file("four") and keeper.get(3) is None
     # a restart: the new group's rank 0 opens it; the dead group's late send is refused
-    new, held = keeper.open()
-    assert new != token and held == 4
+    reopened = keeper.open()
+    new, held = reopened.token, reopened.step
+    assert new != token and held == 4 and reopened.key == opened.key
     assert not keeper.put(token, 5, _file("late")) and keeper.refused == 1
     assert keeper.get(4) == _file("four")
     assert keeper.put(new, 5, _file("five")) and keeper.get(5) == _file("five")
@@ -103,18 +103,19 @@ def test_the_keeper_holds_the_latest_state_and_refuses_a_fenced_off_group() -> N
     # the rollback's restart finds none and resumes from storage
     keeper.drop()
     assert keeper.held_step() is None and not keeper.put(new, 6, _file("after the spike"))
-    assert keeper.open()[1] is None
+    assert keeper.open().step is None
     # a keeper Ray started again (its node lost) takes no send meant for the one before
     again = StateKeeper()
     assert not again.put(new, 7, _file("for the lost keeper"))
-    assert again.open()[0] not in (token, new) and again.held_step() is None
+    assert again.open().token not in (token, new) and again.held_step() is None
+    assert again.key != keeper.key  # its node-local copies are not the lost keeper's
 
 
 def test_a_state_kept_in_parts_is_held_once_every_part_has_come() -> None:
     """Under FSDP each node sends its shards: a state half sent (a node lost mid-keep)
     never replaces the last whole one, and its parts go when a newer step's come."""
     keeper = StateKeeper()
-    token, _ = keeper.open()
+    token = keeper.open().token
     node0 = {"ckpt/.metadata": b"m", "ckpt/__0_0.distcp": b"a"}
     node1 = {"ckpt/__1_0.distcp": b"b"}
     assert keeper.put(token, 2, node0, part=0, parts=2)
@@ -127,7 +128,7 @@ def test_a_state_kept_in_parts_is_held_once_every_part_has_come() -> None:
     assert keeper.put(token, 4, {"ckpt/__1_0.distcp": b"c"}, part=2, parts=2)
     assert keeper.get(4) == {**node0, "ckpt/__1_0.distcp": b"c"} and keeper.get(2) is None
     # a late part of a dead group is refused, whatever its step
-    assert keeper.open()[1] == 4 and not keeper.put(token, 5, node0, part=0, parts=2)
+    assert keeper.open().step == 4 and not keeper.put(token, 5, node0, part=0, parts=2)
 
 
 def test_kept_files_are_written_back_under_their_folder_only(tmp_path: Path) -> None:
@@ -225,7 +226,7 @@ def test_a_state_sent_whole_is_packed_and_unpacked_to_the_same_tensors() -> None
     assert torch.equal(loaded["state_dict"]["half"], weights["half"])
     assert unpack({"checkpoint.ckpt/.metadata": b"m"}) is None  # sharded files: not packed
     # the rest is read with weights_only: a payload in it is refused, not run
-    hostile = {"packed/state": serialised({"x": _UserCallback()}), "packed/data": b""}
+    hostile = {"packed/state": skeleton_bytes({"x": _UserCallback()}), "packed/data": b""}
     with pytest.raises(pickle.UnpicklingError):
         unpack(hostile)
 
@@ -269,3 +270,113 @@ def test_auto_keeps_nothing_where_three_copies_of_the_state_do_not_fit() -> None
     assert state_bytes(module, [adam]) == 3 * params + 2 * 4  # two moments and the steps
     assert not too_big(params, available=6 * params)  # 3 copies: half of what is free
     assert too_big(params, available=6 * params - 1)
+
+
+def test_the_node_copy_is_sent_rarely_and_written_within_its_own_share() -> None:
+    from raytrain.checkpoints.memory_interval import NODE_BUDGET, SEND_BUDGET
+
+    assert pytest.approx(BUDGET) == NODE_BUDGET + SEND_BUDGET
+    cost = MemoryCost()
+    cost.snapshot(0.0005)
+    cost.sent(0.002)
+    cost.stepped(0.015)
+    assert cost.choose() is not None and cost.choose().write_s is None  # type: ignore[union-attr]
+    assert cost.choose().steps == memory_steps(0.0025, 0.015)  # type: ignore[union-attr]
+    cost.written(0.0006)  # digits' figures (2 ranks on 2 cores): a write is measured
+    choice = cost.choose()
+    assert choice is not None and choice.write_s == 0.0006
+    assert choice.steps == memory_steps(0.0011, 0.015, NODE_BUDGET) == 2
+    assert choice.send_steps == memory_steps(0.002, 0.015, SEND_BUDGET) == 27
+    assert choice.cost <= BUDGET
+    assert "on the node every 2 step(s), in the keeper every 27 step(s)" in choice.describe()
+    # the keeper's copy is never kept more often than the node's
+    cost.sent(0.0)
+    cost.sent(0.0)
+    assert cost.choose().send_steps == cost.choose().steps  # type: ignore[union-attr]
+    # a number set: the node's copy as set, the keeper's as auto chooses it
+    fixed = cost.choose(as_set=1)
+    assert fixed is not None and fixed.steps == 1 and fixed.as_set
+    assert fixed.send_steps == max(1, memory_steps(0.0, 0.015, SEND_BUDGET))
+
+
+def _copy_on_node(node: Any, step: int, state: dict[str, Any]) -> None:
+    """One whole keep of ``state`` at ``step`` into ``node`` (a ``NodeCopy``)."""
+    from raytrain.worker.packing import place
+
+    skeleton, placed, nbytes = place(state)
+    node.begin(placed, nbytes)
+    node.finish(step, skeleton_bytes(skeleton), nbytes)
+
+
+def test_the_node_copy_is_whole_or_absent_and_only_its_own_keepers(tmp_path: Path) -> None:
+    from raytrain.worker.local_state import NodeCopy, read_state, slot_paths, state_step
+
+    node = NodeCopy(str(tmp_path), "run", key=11)
+    weights = torch.arange(6.0).reshape(2, 3).t()  # not contiguous
+    _copy_on_node(node, 3, {"w": weights, "flags": torch.tensor([True, False]), "step": 3})
+    first, second = slot_paths(str(tmp_path), "run")
+    assert state_step(first, 11) == 3 and state_step(second, 11) is None
+    files = read_state(first, 11, 3)
+    assert files is not None and read_state(first, 11, 4) is None
+    state = unpack(files)
+    assert state is not None and torch.equal(state["w"], weights) and state["step"] == 3
+    assert state["flags"].tolist() == [True, False]
+    # the next keep goes to the other slot; the one after, back to the first
+    _copy_on_node(node, 4, {"w": weights + 1, "flags": torch.tensor([False, False]), "step": 4})
+    assert (state_step(first, 11), state_step(second, 11)) == (3, 4)
+    assert node.data(weights.numel() * 4) == (weights + 1).contiguous().numpy().tobytes()
+    # a keep cut short (the process killed after its copy, before the header): that slot
+    # is not a state, the other is whole
+    from raytrain.worker.packing import place
+
+    skeleton, placed, nbytes = place({"w": weights + 2, "flags": torch.zeros(2).bool(), "step": 5})
+    node.begin(placed, nbytes)
+    assert (state_step(first, 11), state_step(second, 11)) == (None, 4)
+    node.finish(5, skeleton_bytes(skeleton), nbytes)
+    assert state_step(first, 11) == 5
+    unpacked = unpack(read_state(first, 11, 5) or {})
+    assert unpacked is not None and torch.equal(unpacked["w"], weights + 2)
+    # a state of another layout: the slot grows, the views are made again
+    big = torch.randn(40_000)  # 160 kB: more than the slot holds
+    _copy_on_node(node, 6, {"w": big, "step": 6})
+    unpacked = unpack(read_state(second, 11, 6) or {})
+    assert unpacked is not None and torch.equal(unpacked["w"], big)
+    # another driver's keeper: not resumed from, and removed
+    assert state_step(first, 12) is None and not Path(first).exists()
+    node.remove()
+    assert not Path(second).exists()
+
+
+def _restore_on_two_nodes(rank: int, store: str, work: str) -> None:
+    """One of two ranks, each the first of its own node (outside Ray Train every rank's
+    local rank is 0): rank 0 holds the node copy at step 7, rank 1 none."""
+    import torch.distributed as dist
+
+    from raytrain.checkpoints.layout import CKPT_FILE
+    from raytrain.worker.local_state import NodeCopy
+    from raytrain.worker.memory_state import _fetch_node_copy
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    try:
+        folder = Path(work) / f"node{rank}"
+        folder.mkdir()
+        on_node = None
+        if rank == 0:
+            node = NodeCopy(work, "run", key=5)
+            _copy_on_node(node, 7, {"w": torch.arange(4.0), "step": 7})
+            on_node = (7, node.paths[0])
+        assert _fetch_node_copy(str(folder), 5, 7, on_node)
+        state = torch.load(folder / CKPT_FILE, weights_only=True)
+        assert torch.equal(state["w"], torch.arange(4.0)) and state["step"] == 7
+        # no rank holds the step asked for: none has what it needs, and all say so
+        assert not _fetch_node_copy(str(folder), 5, 8, on_node)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_node_without_the_copy_gets_it_from_the_rank_that_holds_it(tmp_path: Path) -> None:
+    # rank 0 restarted on another node than the one whose memory holds its copy: the
+    # holder broadcasts it, and every node resumes from the same step
+    import torch.multiprocessing as mp
+
+    mp.spawn(_restore_on_two_nodes, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
