@@ -98,11 +98,15 @@ class NodeCopy:
         room[at : at + len(head)] = head
         room[: HEADER.size] = HEADER.pack(MAGIC, self.key, step, nbytes, len(head))
 
-    def data(self, nbytes: int) -> bytes:
-        """A copy of the data of the keep begun last (for the keeper's send)."""
+    def data(self, nbytes: int) -> Any:
+        """A copy of the data of the keep begun last, as a numpy array (for the keeper's
+        send: Ray hands an array to an actor out of band, where a ``bytes`` is pickled
+        in band: 36 ms of the sending thread for the widened CNN's 5 MB, against ~1 ms)."""
+        import numpy as np
+
         room = self._maps[self.slot]
         assert room is not None
-        return room[DATA_AT : DATA_AT + nbytes]
+        return np.frombuffer(room, dtype=np.uint8, count=nbytes, offset=DATA_AT).copy()
 
     def remove(self) -> None:
         """Unmap and remove both slots."""

@@ -324,7 +324,7 @@ def test_the_node_copy_is_whole_or_absent_and_only_its_own_keepers(tmp_path: Pat
     # the next keep goes to the other slot; the one after, back to the first
     _copy_on_node(node, 4, {"w": weights + 1, "flags": torch.tensor([False, False]), "step": 4})
     assert (state_step(first, 11), state_step(second, 11)) == (3, 4)
-    assert node.data(weights.numel() * 4) == (weights + 1).contiguous().numpy().tobytes()
+    assert node.data(weights.numel() * 4).tobytes() == (weights + 1).contiguous().numpy().tobytes()
     # a keep cut short (the process killed after its copy, before the header): that slot
     # is not a state, the other is whole
     from raytrain.worker.packing import place
