@@ -113,8 +113,11 @@ class StateKeeper:
     def drop(self) -> None:
         """Let go of the state held and fence off every send of the group now open (a loss
         spike: the rollback goes back to storage, not to the state just before the spike,
-        and a send already on its way must not put one back)."""
+        and a send already on its way must not put one back). It takes a new key too: the
+        node copies written before the spike, on any node, are another keeper's from now on,
+        never resumed from, and removed where a restore finds them."""
         self._token += 1
+        self.key = secrets.randbits(62)
         self._held = None
         self._pending, self._pending_step = {}, None
 

@@ -75,7 +75,9 @@ class NodeCopy:
         self.key = key
         self._maps: list[mmap.mmap | None] = [None] * SLOTS
         self._views: list[tuple[Any, list[torch.Tensor]] | None] = [None] * SLOTS
-        self._next = 0
+        # the first keep goes where it overwrites the older of a group before's slots
+        steps = [state_step(path, key) for path in self.paths]
+        self._next = min(range(SLOTS), key=lambda s: -1 if (t := steps[s]) is None else t)
         self._head = 0  # the size of the last keep's rest
         self.slot = -1  # the slot of the keep begun last
 
@@ -96,7 +98,9 @@ class NodeCopy:
         self._head = len(head)
         room = self._room(slot, at + len(head))
         room[at : at + len(head)] = head
-        room[: HEADER.size] = HEADER.pack(MAGIC, self.key, step, nbytes, len(head))
+        header = HEADER.pack(MAGIC, self.key, step, nbytes, len(head))
+        room[len(MAGIC) : HEADER.size] = header[len(MAGIC) :]
+        room[: len(MAGIC)] = MAGIC  # last: a header cut short has no magic
 
     def data(self, nbytes: int) -> Any:
         """A copy of the data of the keep begun last, as a numpy array (for the keeper's
@@ -167,7 +171,7 @@ def _header(raw: bytes, key: int, size: int) -> tuple[int, int, int] | None:
     if len(raw) < HEADER.size:
         return None
     magic, owner, step, nbytes, head = HEADER.unpack_from(raw)
-    if magic != MAGIC or owner != key or size < DATA_AT + _aligned(nbytes) + head:
+    if magic != MAGIC or owner != key or head <= 0 or size < DATA_AT + _aligned(nbytes) + head:
         return None
     return int(step), int(nbytes), int(head)
 

@@ -245,6 +245,9 @@ class MemoryState(pl.Callback):
 
         self._stop("a loss spike: the rollback resumes from storage")
         self._drop_node_copy()
+        for root in state_roots():  # this node's copies, even of a group before that kept
+            for path in slot_paths(root, self.scratch):
+                remove_state(path)
         try:
             ray.get(self.keeper.drop.remote(), timeout=60)
         except Exception as exc:
@@ -350,7 +353,15 @@ class MemoryState(pl.Callback):
         node = self.node
         if node is not None:
             skeleton, placed, nbytes = place(state)
-            node.begin(placed, nbytes)  # the copy into the node's memory
+            try:
+                node.begin(placed, nbytes)  # the copy into the node's memory
+            except Exception as exc:  # no room left in /dev/shm, say: the keeper's goes on
+                print(f"raytrain: warning: the in-memory state's copy on the node failed "
+                      f"({type(exc).__name__}: {exc}); the keeper's goes on",
+                      flush=True)  # fmt: skip
+                self._drop_node_copy(wait=False)
+                node, send = None, not busy
+        if node is not None:
             self.cost.snapshot(time.perf_counter() - began)
             self._writing = self._submit("write", self._write, step, skeleton, nbytes, send)
         else:
@@ -597,6 +608,7 @@ def restore_from_memory(
     node_step = _agree([on_node[0] if on_node is not None else -1], "max")[0]
     newest = max(held, node_step)
     if not memory_is_newer(newest if newest >= 0 else None, storage_step):
+        _clear_copies(on_node, rank, scratch)
         return Restored(token, key, None)
     folder = _same_folder(rank)
     if node_step > held:
@@ -605,6 +617,7 @@ def restore_from_memory(
     else:
         fetched = _fetch_from_keeper(folder, keeper, held)
         where = "the in-memory state"
+    _clear_copies(on_node, rank, scratch)
     if _agree([int(fetched)], "min")[0] == 0:
         shutil.rmtree(folder, ignore_errors=True)
         return Restored(token, key, None)
@@ -613,6 +626,15 @@ def restore_from_memory(
         print(f"raytrain: resuming from {where} at step {newest} (the checkpoint in "
               f"storage: {storage})", flush=True)  # fmt: skip
     return Restored(token, key, os.path.join(folder, CKPT_FILE))
+
+
+def _clear_copies(on_node: tuple[int, str] | None, rank: int, scratch: str) -> None:
+    """Once the state to resume from is chosen (and fetched): a node copy on a node other
+    than rank 0's is obsolete (rank 0 writes its copies on its own node), and removed."""
+    if on_node is not None and rank != 0:
+        for root in state_roots():
+            for path in slot_paths(root, scratch):
+                remove_state(path)
 
 
 def _fetch_from_keeper(folder: str, keeper: Any, step: int) -> bool:
@@ -643,8 +665,10 @@ def _fetch_node_copy(folder: str, key: int, step: int, on_node: tuple[int, str] 
     mine = on_node is not None and on_node[0] == step
     everywhere = _agree([int(mine or not first)], "min")[0] == 1
     files = None
-    if mine or not everywhere:
-        files = read_state(on_node[1], key, step) if mine and on_node is not None else None
+    if on_node is not None and mine:  # a copy that cannot be read is removed: not again
+        files = read_state(on_node[1], key, step)
+        if files is None:
+            remove_state(on_node[1])
     if not everywhere:
         big = 2**62
         holder = _agree([_rank() if files is not None else big], "min")[0]
@@ -657,7 +681,15 @@ def _fetch_node_copy(folder: str, key: int, step: int, on_node: tuple[int, str] 
         return True
     if files is None:
         return False
-    _write_checkpoint(folder, files)
+    try:  # a state that does not unpack (a global outside the allow-list): storage
+        _write_checkpoint(folder, files)
+    except Exception as exc:
+        print(f"raytrain: warning: the node's copy of the in-memory state at step {step} "
+              f"did not load ({type(exc).__name__}: {exc}); resuming from storage",
+              flush=True)  # fmt: skip
+        if on_node is not None:
+            remove_state(on_node[1])
+        return False
     return True
 
 

@@ -101,8 +101,10 @@ def test_the_keeper_holds_the_latest_state_and_refuses_a_fenced_off_group() -> N
     assert keeper.put(new, 5, _file("five")) and keeper.get(5) == _file("five")
     # a loss spike: the state is dropped and the group's send on its way is refused, so
     # the rollback's restart finds none and resumes from storage
+    key = keeper.key
     keeper.drop()
     assert keeper.held_step() is None and not keeper.put(new, 6, _file("after the spike"))
+    assert keeper.key != key  # the node copies from before the spike are not its own
     assert keeper.open().step is None
     # a keeper Ray started again (its node lost) takes no send meant for the one before
     again = StateKeeper()
@@ -341,6 +343,21 @@ def test_the_node_copy_is_whole_or_absent_and_only_its_own_keepers(tmp_path: Pat
     _copy_on_node(node, 6, {"w": big, "step": 6})
     unpacked = unpack(read_state(second, 11, 6) or {})
     assert unpacked is not None and torch.equal(unpacked["w"], big)
+    # a header cut short (its fields written, not yet its magic, which goes last), or
+    # with no rest: not a state
+    raw = bytearray(Path(first).read_bytes())
+    Path(first).write_bytes(bytes(8) + raw[8:])
+    assert state_step(first, 11) is None
+    from raytrain.worker.local_state import HEADER, MAGIC
+
+    Path(first).write_bytes(HEADER.pack(MAGIC, 11, 7, 0, 0) + raw[HEADER.size :])
+    assert state_step(first, 11) is None
+    Path(first).write_bytes(bytes(raw))
+    # a group after a restart starts in the slot holding the older step (5 against 6)
+    assert state_step(first, 11) == 5 and state_step(second, 11) == 6
+    again = NodeCopy(str(tmp_path), "run", key=11)
+    _copy_on_node(again, 7, {"w": big, "step": 7})
+    assert (state_step(first, 11), state_step(second, 11)) == (7, 6)
     # another driver's keeper: not resumed from, and removed
     assert state_step(first, 12) is None and not Path(first).exists()
     node.remove()
@@ -355,6 +372,7 @@ def _restore_on_two_nodes(rank: int, store: str, work: str) -> None:
     from raytrain.checkpoints.layout import CKPT_FILE
     from raytrain.worker.local_state import NodeCopy
     from raytrain.worker.memory_state import _fetch_node_copy
+    from raytrain.worker.packing import place
 
     dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
     try:
@@ -370,6 +388,16 @@ def _restore_on_two_nodes(rank: int, store: str, work: str) -> None:
         assert torch.equal(state["w"], torch.arange(4.0)) and state["step"] == 7
         # no rank holds the step asked for: none has what it needs, and all say so
         assert not _fetch_node_copy(str(folder), 5, 8, on_node)
+        # a copy that does not load (a global outside the allow-list): no rank hangs, every
+        # rank says it has nothing, and the copy is removed
+        if rank == 0:
+            _, placed, nbytes = place({"w": torch.arange(4.0), "step": 9})
+            node.begin(placed, nbytes)
+            node.finish(9, skeleton_bytes({"x": _UserCallback()}), nbytes)
+            on_node = (9, node.paths[1])
+        assert not _fetch_node_copy(str(folder), 5, 9, on_node)
+        if rank == 0:
+            assert not Path(node.paths[1]).exists()
     finally:
         dist.destroy_process_group()
 
