@@ -167,6 +167,8 @@ def train(
     finally:
         stop_sink(sink)
         stop_keeper(keeper)
+        if keeper is not None:  # however training ended: no node copy outlives it
+            _clear_node_copies(job)
         _log_timelines(record, timelines)
         faults = _stop_chaos(chaos)
     summary = None
@@ -315,3 +317,16 @@ def _fit(
             file=sys.stderr,
         )
     return result, pump.latest
+
+
+def _clear_node_copies(job: JobSpec) -> None:
+    """Remove the run's node copies of the in-memory state on every node; a failure is
+    warned about, never raised (the run's result stands)."""
+    from raytrain.checkpoints.layout import run_dir
+    from raytrain.checkpoints.node_slots import clear_on_every_node, keep_scratch_name
+
+    try:
+        clear_on_every_node(keep_scratch_name(run_dir(job)))
+    except Exception as exc:
+        print(f"raytrain: warning: the in-memory state's node copies were not all removed "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)  # fmt: skip

@@ -35,6 +35,7 @@ import lightning.pytorch as pl
 
 from raytrain.checkpoints.interval import FIRST_AUTO_STEPS, AutoInterval
 from raytrain.checkpoints.layout import run_dir
+from raytrain.checkpoints.node_slots import keep_scratch_name
 from raytrain.global_batch import GlobalBatch
 from raytrain.spec import JobSpec
 from raytrain.worker.accumulation import AccumulationAlignment
@@ -42,7 +43,7 @@ from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
 from raytrain.worker.hang_watchdog import HangWatchdog
 from raytrain.worker.loader_position import LoaderPosition
-from raytrain.worker.memory_state import MemoryState, keep_scratch_name
+from raytrain.worker.memory_state import MemoryState
 from raytrain.worker.mix_rows import MixRows
 from raytrain.worker.reporting import MetricsReporter, Publish
 from raytrain.worker.schedule import CheckpointSchedule

@@ -31,32 +31,19 @@ import contextlib
 import mmap
 import os
 import struct
-import tempfile
 from typing import Any
 
 import torch
 
 from raytrain._compat.torch import copy_all
 from raytrain.checkpoints.keeper import Files
+from raytrain.checkpoints.node_slots import SLOTS, remove_state, slot_paths, state_roots
 from raytrain.worker.packing import ALIGN, PACKED_DATA, PACKED_STATE, TensorSlot
 
 MAGIC = b"RTSTATE2"
 HEADER = struct.Struct("<8sqqqq")  # magic, key, step, data's bytes, the rest's bytes
 DATA_AT = 64  # where the data starts: aligned as ``packing`` aligns each tensor
-SLOTS = 2
 HEAD_ROOM = 2**16  # the room a slot keeps for the rest (``packing``'s torch file), at least
-
-
-def state_roots() -> list[str]:
-    """Where a node-local state may be: the node's memory first, then the temporary
-    directory (where ``/dev/shm`` has no room)."""
-    return ["/dev/shm", tempfile.gettempdir()]
-
-
-def slot_paths(root: str, scratch: str) -> list[str]:
-    """The slots' files under ``root`` for the run whose keep folder is ``scratch``
-    (``keep_scratch_name``: one per run folder)."""
-    return [os.path.join(root, f"{scratch}.{slot}.state") for slot in range(SLOTS)]
 
 
 def _aligned(n: int) -> int:
@@ -218,9 +205,3 @@ def newest_state(scratch: str, key: int) -> tuple[int, str] | None:
             if step is not None:
                 found.append((step, path))
     return max(found) if found else None
-
-
-def remove_state(path: str) -> None:
-    """Remove a slot's file (gone already: nothing to do)."""
-    with contextlib.suppress(OSError):
-        os.remove(path)

@@ -161,7 +161,8 @@ def train_loop(config: dict[str, Any]) -> None:
     checkpoint = ray.train.get_checkpoint()
     token, key, from_memory, keeper = None, 0, None, work.keeper
     if keeper is not None:  # checkpoint.memory_every_n_steps: a newer state in memory?
-        from raytrain.worker.memory_state import keep_scratch_name, restore_from_memory
+        from raytrain.checkpoints.node_slots import keep_scratch_name
+        from raytrain.worker.memory_state import restore_from_memory
 
         restored = restore_from_memory(keeper, _checkpoint_step(checkpoint),
                                        _rollback_pending(spec, rank),

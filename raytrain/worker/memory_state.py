@@ -60,15 +60,13 @@ from raytrain._compat.lightning import dump_state, epoch_last_batch
 from raytrain.checkpoints.keeper import Files, memory_is_newer
 from raytrain.checkpoints.layout import CKPT_FILE
 from raytrain.checkpoints.memory_interval import MemoryChoice, MemoryCost
-from raytrain.worker.loader_position import keeps_position
-from raytrain.worker.local_state import (
-    NodeCopy,
-    newest_state,
-    read_state,
+from raytrain.checkpoints.node_slots import (
     remove_state,
     slot_paths,
     state_roots,
 )
+from raytrain.worker.loader_position import keeps_position
+from raytrain.worker.local_state import NodeCopy, newest_state, read_state
 from raytrain.worker.packing import (
     PACKED_DATA,
     PACKED_STATE,
@@ -158,15 +156,6 @@ def write_files(folder: str, files: Files) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as handle:
             handle.write(data)
-
-
-def keep_scratch_name(run_folder: str) -> str:
-    """The node-local folder's name for a run's keeps together: one per run folder (the
-    lease lets one driver at a time run it), so a group that starts clears what a lost
-    one left, and two runs on one node never share it."""
-    import hashlib
-
-    return "raytrain-keep-" + hashlib.sha256(run_folder.encode()).hexdigest()[:16]
 
 
 def scratch_root(need: int) -> str:

@@ -109,3 +109,9 @@ def test_nan_loss_on_one_rank_stops_the_run_unretried(
     state = runstate.load(parse_spec(spec))
     run = MlflowClient(spec["tracking"]["mlflow"]["tracking_uri"]).get_run(state.mlflow_run_id)
     assert run.info.status == "FAILED"
+    # the in-memory state's node copies went with the run (kept every few steps: auto)
+    from raytrain.checkpoints.node_slots import keep_scratch_name, slot_paths, state_roots
+
+    scratch = keep_scratch_name(runstate.run_dir(parse_spec(spec)))
+    assert not [p for root in state_roots() for p in slot_paths(root, scratch)
+                if Path(p).exists()]  # fmt: skip

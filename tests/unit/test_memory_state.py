@@ -21,11 +21,11 @@ from raytrain.checkpoints.memory_interval import (
     MemoryCost,
     memory_steps,
 )
+from raytrain.checkpoints.node_slots import keep_scratch_name
 from raytrain.errors import SpecError
 from raytrain.spec import load_spec
 from raytrain.worker.memory_state import (
     collective_hazards,
-    keep_scratch_name,
     read_files,
     state_bytes,
     too_big,
