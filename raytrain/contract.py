@@ -54,6 +54,24 @@ class StreamedSet:
 
 
 @dataclass(frozen=True)
+class ImageSet:
+    """A split of image files each rank reads and decodes itself: their paths and labels.
+
+    The driver lists the files once (sorted); every rank plans each epoch's order from
+    their count alone (``data.image_stream``), as for a ``StreamedSet``'s rows."""
+
+    uri: str  # the split's URI, for messages
+    files: tuple[str, ...]  # paths in the filesystem ``storage.filesystem(uri)`` gives
+    labels: tuple[int, ...] | None  # each file's class index; None: no class folders
+    classes: tuple[str, ...] = ()  # the class folders' names, by index
+    skipped: int = 0  # files left out of the listing as unreadable (``data.bad_images``)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.files)
+
+
+@dataclass(frozen=True)
 class MixedSet:
     """A train set mixed from several sources, each cached or streamed (``data.mix``)."""
 
@@ -72,7 +90,7 @@ class WorkerConfig:
     spec: JobSpec  # the validated job spec
     sink: ActorHandle | None = None  # the MetricsSink actor rank 0 publishes events to
     cached: Mapping[str, CachedSet] = field(default_factory=dict)  # by split name
-    streamed: Mapping[str, StreamedSet] = field(default_factory=dict)  # by split name
+    streamed: Mapping[str, StreamedSet | ImageSet] = field(default_factory=dict)  # by split
     mixed: Mapping[str, MixedSet] = field(default_factory=dict)  # by split name (train)
     chaos: ActorHandle | None = None  # failure.chaos's ChaosMonkey every rank marks
     keeper: ActorHandle | None = None  # the StateKeeper of checkpoint.memory_every_n_steps

@@ -14,8 +14,8 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from raytrain.contract import CachedSet, MixedSet, StreamedSet
-from raytrain.spec import DataSpec, StorageSpec
+from raytrain.contract import CachedSet, ImageSet, MixedSet, StreamedSet
+from raytrain.spec import DataSpec, SourceSpec, StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ class ShardBatches:
 def worker_loaders(
     data: DataSpec,
     cached: Mapping[str, CachedSet],
-    streamed: Mapping[str, StreamedSet],
+    streamed: Mapping[str, StreamedSet | ImageSet],
     mixed: Mapping[str, MixedSet],
     options: StorageSpec | None,
     rank: int,
@@ -302,12 +302,16 @@ def worker_loaders(
                                 world_size=world_size, shuffle_seed=seed,
                                 window_rows=shuffle.buffer_size if shuffle else 1,
                                 tuple_columns=columns)  # fmt: skip
-        if name in streamed:
+        part = streamed.get(name)
+        if isinstance(part, ImageSet):
+            return image_loader(data, part, options, source_of(name), rank=rank,
+                                world_size=world_size, seed=seed, tuple_columns=columns)  # fmt: skip
+        if isinstance(part, StreamedSet):
             from raytrain import storage
             from raytrain.data.parquet_stream import ParquetStream
 
-            fs, _ = storage.filesystem(streamed[name].uri, options)
-            return ParquetStream(streamed[name], fs, data.columns, data.batch_size, rank=rank,
+            fs, _ = storage.filesystem(part.uri, options)
+            return ParquetStream(part, fs, data.columns, data.batch_size, rank=rank,
                                  world_size=world_size, shuffle_seed=seed,
                                  window_rows=shuffle.buffer_size if shuffle else 1,
                                  tuple_columns=columns)  # fmt: skip
@@ -324,6 +328,35 @@ def worker_loaders(
             world_size=world_size, tuple_columns=columns,
         )  # fmt: skip
 
+    def source_of(name: str) -> SourceSpec:
+        source = data.train if name == "train" else data.val
+        assert isinstance(source, SourceSpec)
+        return source
+
     train = loader("train", shuffle.seed if shuffle else None)
     val = loader("val", None) if data.val is not None else None
     return train, val
+
+
+def image_loader(data: DataSpec, images: ImageSet, options: StorageSpec | None,
+                 source: SourceSpec, *, rank: int, world_size: int, seed: int | None,
+                 tuple_columns: list[str] | None) -> Any:  # fmt: skip
+    """This rank's ``ImageStream`` of an image split: ``data.num_workers`` decoding processes
+    (unset: the CPUs Ray gave this worker, at least 1), pinned memory when training on a
+    GPU."""
+    import ray
+    import torch
+
+    from raytrain import storage
+    from raytrain.data.image_stream import ImageFiles, ImageStream
+
+    workers = data.num_workers
+    if workers is None:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+        workers = max(1, int(cpus))
+    fs, _ = storage.filesystem(images.uri, options)
+    files = ImageFiles(images, fs, source.image_size, source.image_mode, data.transform,
+                       data.preprocess)  # fmt: skip
+    return ImageStream(files, data.batch_size, rank=rank, world_size=world_size,
+                       shuffle_seed=seed, num_workers=workers,
+                       pin_memory=torch.cuda.is_available(), tuple_columns=tuple_columns)  # fmt: skip

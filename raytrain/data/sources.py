@@ -16,8 +16,13 @@ Each split, with the spec's column projection, takes one of two paths:
   the footers. The order is a function of (seed, epoch) and the row-group counts, so every
   row is seen once per epoch and a restore on any world size trains exactly the rows left,
   as for a cached set. Memory stays bounded: a few row groups per rank.
-- **Streamed through Ray Data**: images, CSV, JSON and sets with ``data.preprocess``, whose
-  decoding and mapping run in Ray Data's CPU tasks. Ray Train splits them with
+- **Images, read per rank**: an image folder is listed once here (``image_files``), and
+  each rank reads and decodes its block of every epoch's order in a pool of processes
+  (``image_stream``), exact as a streamed Parquet split is; ``data.preprocess`` and
+  ``data.transform`` run in that pool.
+- **Streamed through Ray Data**: images with ``data.preprocess_on`` (decoding and
+  preprocessing on the CPU nodes it picks: what Ray Data is for), CSV, JSON and Parquet
+  sets with ``data.preprocess`` too large to cache. Ray Train splits them with
   ``streaming_split`` into equal shards, and ``ShardBatches`` iterates each worker's shard
   with a seeded local shuffle buffer. Ray Data hands blocks to shards as they ask, so this
   path is exact in count only: a restore trains the right number of rows, and an equal
@@ -42,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain import storage
-from raytrain.contract import CachedSet, MixedSet, StreamedSet
+from raytrain.contract import CachedSet, ImageSet, MixedSet, StreamedSet
 from raytrain.spec import DataSpec, JobSpec, MixSourceSpec, SourceSpec, StorageSpec
 from raytrain.spec.data import epoch_rows_problem
 
@@ -106,22 +111,12 @@ def data_nodes(
     return {"ray.io/node-id": f"in({','.join(cpu_only)})"}
 
 
-IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "tif", "tiff", "bmp", "gif")
-
-
-def image_classes(fs: Any, path: str) -> list[str]:
-    """The class names of an image folder: its subfolders, sorted (torchvision's
-    ``ImageFolder`` convention); none when the images lie directly in it."""
-    import pyarrow.fs as pafs
-
-    entries = fs.get_file_info(pafs.FileSelector(path))
-    return sorted(e.base_name for e in entries if e.type == pafs.FileType.Directory)
-
-
 def _read_images(source: SourceSpec, fs: Any, path: str) -> Any:
     """Image files under ``path`` as an ``image`` column (HWC uint8), decoded and resized on
     Ray Data workers, plus ``label``: the index of the file's class folder, if any."""
     import ray.data
+
+    from raytrain.data.image_files import IMAGE_EXTENSIONS, image_classes
 
     classes = image_classes(fs, path)
     ds = ray.data.read_images(
@@ -203,11 +198,15 @@ def unreadable_data(
 def choose_path(data: DataSpec, source: SourceSpec, nbytes: int, store_bytes: float) -> str:
     """How a split reaches the workers: ``driver`` (read here, cached), ``materialize``
     (read by Ray Data, cached), ``stream`` (each rank reads its Parquet row groups every
-    epoch) or ``ray_data`` (read by Ray Data every epoch)."""
-    transformed = source.format == "images" or data.preprocess is not None
+    epoch), ``images`` (each rank reads and decodes its image files every epoch) or
+    ``ray_data`` (read by Ray Data every epoch)."""
+    images = source.format == "images"
+    transformed = images or data.preprocess is not None
     mode = data.cache
     fits = nbytes * MEMORY_EXPANSION <= store_bytes * CACHE_FRACTION
     if mode == "never" or (mode == "auto" and (transformed or not fits)):
+        if images and data.preprocess_on is None:
+            return "images"
         return "stream" if source.format == "parquet" and not transformed else "ray_data"
     if nbytes <= DRIVER_READ_BYTES and not transformed:
         return "driver"
@@ -220,13 +219,13 @@ class Splits:
 
     ray_data: dict[str, Any] = field(default_factory=dict)  # Ray Datasets Ray Train shards
     cached: dict[str, CachedSet] = field(default_factory=dict)
-    streamed: dict[str, StreamedSet] = field(default_factory=dict)
+    streamed: dict[str, StreamedSet | ImageSet] = field(default_factory=dict)  # read per rank
     mixed: dict[str, MixedSet] = field(default_factory=dict)
     data_nodes: dict[str, str] | None = None  # where Ray Data's tasks run (``data_nodes``)
 
     def paths(self) -> dict[str, str]:
         """Each split's path, as ``TrainResult.data_paths`` names it."""
-        return {**{k: "streamed" for k in [*self.ray_data, *self.streamed]},
+        return {**{k: "ray_data" for k in self.ray_data}, **{k: "streamed" for k in self.streamed},
                 **{k: "cached" for k in self.cached}, **{k: "mixed" for k in self.mixed}}  # fmt: skip
 
 
@@ -288,6 +287,12 @@ def _place(
         found = stream_plan(source, options)
         _check_rows(name, source, found.num_rows, least)
         splits.streamed[name] = found
+    elif path == "images":
+        logger.info("%s set: each rank reads and decodes its images from %s every epoch",
+                    name, source.uri)  # fmt: skip
+        images = image_plan(source, options, data.bad_images)
+        _check_rows(name, source, images.num_rows, least)
+        splits.streamed[name] = images
     else:
         check_shardable(spec, name, source)
         logger.info("%s set: streamed by Ray Data from %s every epoch", name, source.uri)
@@ -329,6 +334,7 @@ def _mix(
         # a source repeats as the mix draws it: one row will do (epoch_rows is checked)
         _place(spec, f"train.{j}", source, object_store_bytes, one, min_rows=1)
         part = one.cached.get(f"train.{j}") or one.streamed[f"train.{j}"]
+        assert not isinstance(part, ImageSet)  # a mix reads Parquet only (the spec says)
         parts.append(part)
         rows.append(part.rows if isinstance(part, CachedSet) else part.num_rows)
     assert spec.files is not None
@@ -356,6 +362,25 @@ def stream_plan(source: SourceSpec, options: StorageSpec | None) -> StreamedSet:
         return row_groups(source.uri, fs, path)
     except Exception as exc:
         raise unreadable_data(source, None, options, exc) from None
+
+
+def image_plan(source: SourceSpec, options: StorageSpec | None, bad: str) -> ImageSet:
+    """An image split's files and labels (``image_files.list_images``); the headers are read
+    only to leave unreadable files out (``bad: skip``: the preflight checked them under
+    ``error``). Problems with the folder are a ``SpecError`` naming ``source.uri``."""
+    from raytrain.data.image_files import BadImages, list_images
+
+    fs, path = storage.filesystem(source.uri, options)
+    try:
+        images = list_images(source.uri, fs, path, bad=bad, check=bad == "skip")
+    except BadImages as exc:
+        from raytrain.errors import SpecError
+
+        raise SpecError([f"data: {exc}"]) from None
+    if images.skipped:
+        logger.warning("%s: %d image files that do not decode are left out (data.bad_images: "
+                       "skip)", source.uri, images.skipped)  # fmt: skip
+    return images
 
 
 def _check_rows(name: str, source: SourceSpec, rows: int, workers: int) -> None:

@@ -72,6 +72,26 @@ def check_model(spec: JobSpec) -> list[str]:
     problems = [] if needs else lightning_config.config_problems(spec)
     if needs_configure_model(spec) and cls.configure_model is pl.LightningModule.configure_model:
         problems.append(_NO_CONFIGURE_MODEL.format(path=path))
+    return problems + check_data_functions(spec)
+
+
+def check_data_functions(spec: JobSpec) -> list[str]:
+    """``data.preprocess`` and ``data.transform`` import and are callable (they run in the
+    workers' decoding processes or Ray Data's tasks, where a failed import would end the
+    run, not name the field)."""
+    data = spec.files
+    problems: list[str] = []
+    for field in ("preprocess", "transform"):
+        path = getattr(data, field, None) if data is not None else None
+        if path is None:
+            continue
+        try:
+            function = import_object(path)
+        except (Exception, SystemExit) as exc:
+            problems.append(f"data.{field}: cannot import {path!r}: {type(exc).__name__}: {exc}")
+            continue
+        if not callable(function):
+            problems.append(f"data.{field}: {path!r} is not a function")
     return problems
 
 
@@ -253,7 +273,10 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
                 if not will_prepare():
                     problems.append(f"{field}.uri: {missing}")
                 continue
-            names = _source_columns(source, uri, options)
+            names = _source_columns(source, uri, options, data.bad_images)
+        except ImagesProblem as exc:
+            problems.append(f"{field}.uri: {exc}")
+            continue
         except Exception as exc:
             problems.append(f"{field}.uri: cannot read {source.format} data at {uri}: "
                             f"{storage.describe(exc)}")  # fmt: skip
@@ -332,20 +355,23 @@ def _missing(uri: str, options: Any) -> str | None:
     return f"{uri}: nothing there (an empty or missing prefix)"
 
 
-def _source_columns(source: Any, uri: str, options: Any) -> list[str]:
+def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "error") -> list[str]:
     """The columns a split's files give (for images: ``image``, and ``label`` when the
     files sit in class folders); empty when no file of the format is there."""
     if source.format != "images":
         return dataset_schema_names(uri, source.format, options)
-    import pyarrow.fs as pafs
-
-    from raytrain.data.sources import IMAGE_EXTENSIONS, image_classes
+    from raytrain.data.image_files import BadImages, list_images
 
     fs, path = storage.filesystem(uri, options)
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-    if not any(i.extension.lower() in IMAGE_EXTENSIONS for i in infos):
-        return []
-    return ["image", "label"] if image_classes(fs, path) else ["image"]
+    try:  # every header read (bad_images: error), and no class folder without images
+        images = list_images(uri, fs, path, check=bad_images == "error")
+    except BadImages as exc:
+        raise ImagesProblem(str(exc)) from None
+    return ["image", "label"] if images.labels is not None else ["image"]
+
+
+class ImagesProblem(Exception):
+    """An image folder that cannot be trained on, said as the problem's whole message."""
 
 
 def raise_if(problems: list[str]) -> None:

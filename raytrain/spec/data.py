@@ -44,8 +44,9 @@ class SourceSpec(_Section):
 
     format: Literal["parquet", "csv", "json", "images"] = Field(
         default="parquet",
-        description="The files' format; `images`: image files, decoded on Ray Data workers "
-        "into an `image` column, with a `label` column when they sit in one folder per class.",
+        description="The files' format; `images`: image files, decoded by each rank's "
+        "decoding processes (`data.num_workers`; by Ray Data with `data.preprocess_on`) into "
+        "an `image` column, with a `label` column when they sit in one folder per class.",
     )
     image_size: tuple[int, int] | None = Field(
         default=None, description="`images`: resize every image to [height, width]."
@@ -162,6 +163,25 @@ class DataSpec(_Section):
                                  "'in(a,b)' or '!in(a,b)'")  # fmt: skip
         return value
 
+    transform: str | None = Field(
+        default=None,
+        pattern=_IMPORT_PATH,
+        description="`module:function(image) -> image`: each image's augmentation (`images` "
+        "sources read per rank), run in the rank's decoding processes; it gets the decoded, "
+        "resized, converted PIL image, as a torchvision transform does, and returns an array, "
+        "a tensor or an image; the batch's `image` stacks what it returns.",
+    )
+    num_workers: int | None = Field(
+        default=None,
+        ge=0,
+        description="Decoding processes per worker for `images` sources (0: decode on the "
+        "training thread); unset: the CPUs each worker was given (at least 1).",
+    )
+    bad_images: Literal["error", "skip"] = Field(
+        default="error",
+        description="An image file Pillow cannot read (checked from its header before the "
+        "run): `error` names it and stops; `skip` trains without such files and counts them.",
+    )
     cache: Literal["auto", "always", "never"] = Field(
         default="auto",
         description="Keep a split in the object store across epochs (`always`), stream it "
@@ -235,6 +255,22 @@ class DataSpec(_Section):
             raise ValueError("epoch_rows is for a mixed train set (a list of sources)")
         if self.mixed and self.preprocess is not None:
             raise ValueError("preprocess is not supported with a mixed train set")
+        return self
+
+    @model_validator(mode="after")
+    def _transform_reads_images(self) -> DataSpec:
+        if self.transform is None:
+            return self
+        formats = {s.format for _, s in self.train_sources()} | (
+            {self.val.format} if self.val else set()
+        )
+        if "images" not in formats:
+            raise ValueError("transform is each image's augmentation: it needs an `images` "
+                             "source (use preprocess for other formats)")  # fmt: skip
+        if self.preprocess_on is not None:
+            raise ValueError("transform runs where each rank decodes its images; with "
+                             "preprocess_on, images are decoded by Ray Data on those nodes: "
+                             "do the augmentation in preprocess there")  # fmt: skip
         return self
 
     @property

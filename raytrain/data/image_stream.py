@@ -1,0 +1,184 @@
+"""An image folder read by each rank itself: its block of every epoch's order, decoded in
+a pool of processes.
+
+Every epoch's order is a permutation of the listed files seeded by (seed, epoch) (unshuffled:
+the sorted listing), cut into ranks' blocks and batches by ``StreamSchedule`` as a streamed
+Parquet split's rows are: every image once per epoch, the same number of batches on every
+rank without dropping one (``step_slices``' rule), and a restore on any world size trains
+exactly the images the epoch had left.
+
+A rank's batches are fetched by a ``torch.utils.data.DataLoader`` over ``ImageFiles`` with
+the batches as its ``batch_sampler``: ``num_workers`` processes (kept across epochs) read,
+decode, resize and ``transform`` each batch, ``prefetch_factor`` batches ahead of training,
+into pinned memory on GPUs. That is the library made for this (and the baseline a user
+would write), so raytrain adds only the order and the resumable position. Its processes
+start by ``forkserver``: a training worker holds Ray's threads and object-store clients,
+which a ``fork`` would copy mid-use. A batch's files are read by threads (``FETCH_THREADS``
+reads in flight per process): one GET per object is the cost on object storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from raytrain.contract import ImageSet
+from raytrain.data.image_files import open_image
+from raytrain.data.loaders import batch_as, epoch_seed
+from raytrain.data.stream_order import Interval, StreamSchedule
+
+FETCH_THREADS = 16  # reads in flight per decoding process
+PREFETCH = 4  # batches each decoding process works ahead
+
+
+def _as_is(batch: Any) -> Any:
+    """``collate_fn``: ``ImageFiles`` gives whole batches already (module level: pickled)."""
+    return batch
+
+
+class ImageFiles:
+    """A map-style dataset of an ``ImageSet``'s files, fetched a batch at a time
+    (``__getitems__``): each file read (threads), decoded (``open_image``), passed through
+    ``transform`` (per image: it gets a PIL image, as torchvision's transforms do; no
+    transform: the pixels as uint8, (H, W) or (H, W, C)), stacked into ``image`` with
+    ``label`` (the class index, when there are class folders), then ``preprocess`` (per
+    batch, dicts of numpy arrays) and made tensors. ``transform`` and ``preprocess`` are
+    import paths, imported in the process that uses them."""
+
+    def __init__(self, images: ImageSet, filesystem: Any, size: Sequence[int] | None,
+                 mode: str | None, transform: str | None = None,
+                 preprocess: str | None = None):  # fmt: skip
+        self.images = images
+        self._fs = filesystem
+        self._size, self._mode = size, mode
+        self._paths = (transform, preprocess)
+        self._calls: tuple[Callable[..., Any] | None, Callable[..., Any] | None] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __len__(self) -> int:
+        return self.images.num_rows
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_calls": None, "_pool": None}  # made again where it lands
+
+    def _read(self, index: int) -> bytes:
+        path = self.images.files[index]
+        try:
+            with self._fs.open_input_stream(path) as handle:
+                return bytes(handle.read())
+        except Exception as exc:
+            raise _unreadable(self.images, path, exc) from None
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, Any]:
+        import numpy as np
+        import torch
+
+        if self._calls is None:
+            from raytrain.imports import import_object
+
+            self._calls = tuple(import_object(p) if p else None for p in self._paths)  # type: ignore[assignment]
+            self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="raytrain-fetch")
+        assert self._calls is not None and self._pool is not None
+        transform, preprocess = self._calls
+        pixels = []
+        for index, data in zip(indices, self._pool.map(self._read, indices), strict=True):
+            path = self.images.files[index]
+            try:
+                image = open_image(data, self._size, self._mode)
+            except Exception as exc:
+                raise _unreadable(self.images, path, exc) from None
+            pixels.append(np.asarray(image if transform is None else transform(image)))
+        batch: dict[str, Any] = {"image": np.stack(pixels)}
+        if self.images.labels is not None:
+            batch["label"] = np.array([self.images.labels[i] for i in indices], dtype=np.int64)
+        if preprocess is not None:
+            batch = preprocess(batch)
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+                for k, v in batch.items()}  # fmt: skip
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([index])
+
+
+def _unreadable(images: ImageSet, path: str, exc: Exception) -> Exception:
+    from raytrain.errors import TrainingFailed
+
+    detail = str(exc).splitlines()[0] if str(exc) else ""
+    return TrainingFailed(f"data: cannot read the image {path} (a file of {images.uri}): "
+                          f"{type(exc).__name__}: {detail}")  # fmt: skip
+
+
+class _Batches:
+    """The ``batch_sampler``: this pass's batches of file indices, set before each pass (a
+    DataLoader with persistent processes iterates the same sampler object every epoch)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def block_batches(order: Any, block: Sequence[Interval], sizes: Sequence[int]) -> list[list[int]]:
+    """The file indices of each batch: ``block``'s positions of the epoch's ``order``, cut
+    into batches of ``sizes`` (which sum to the block's length)."""
+    import numpy as np
+
+    if not block:
+        return []
+    picked = np.concatenate([order[lo:hi] for lo, hi in block])
+    cuts = np.cumsum([0, *sizes])
+    assert cuts[-1] == len(picked), (cuts[-1], len(picked))
+    return [picked[a:b].tolist() for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+class ImageStream(StreamSchedule):
+    """This rank's batches of an image folder, one pass per epoch, as dicts of tensors (or
+    tuples, in ``tuple_columns`` order). Resumable: see ``StreamSchedule``."""
+
+    def __init__(self, files: ImageFiles, batch_size: int, *, rank: int, world_size: int,
+                 shuffle_seed: int | None = None, num_workers: int = 1,
+                 pin_memory: bool = False, tuple_columns: list[str] | None = None):  # fmt: skip
+        super().__init__(files.images.num_rows, batch_size, rank=rank, world_size=world_size)
+        self._files = files
+        self._seed = shuffle_seed
+        self._workers = num_workers
+        self._pin = pin_memory
+        self._tuple = tuple_columns
+        self._sampler = _Batches()
+        self._loader: Any = None
+
+    def order(self) -> Any:
+        """This epoch's order of the files (the same on every rank)."""
+        import numpy as np
+
+        n = self.num_rows
+        if self._seed is None:
+            return np.arange(n)
+        return np.random.default_rng(epoch_seed(self._seed, self.epoch)).permutation(n)
+
+    def _data_loader(self) -> Any:
+        if self._loader is None:
+            from torch.utils.data import DataLoader
+
+            extra: dict[str, Any] = {}
+            if self._workers > 0:
+                extra = {"persistent_workers": True, "prefetch_factor": PREFETCH,
+                         "multiprocessing_context": "forkserver"}  # fmt: skip
+            self._loader = DataLoader(self._files, batch_sampler=self._sampler,  # type: ignore[arg-type]
+                                      collate_fn=_as_is, num_workers=self._workers,
+                                      pin_memory=self._pin, **extra)  # fmt: skip
+        return self._loader
+
+    def __iter__(self) -> Iterator[Any]:
+        # planned at the first batch, not when the iterator is made (as ParquetStream)
+        _, block, sizes = self.plan()
+        self._sampler.batches = block_batches(self.order(), block, sizes)
+        if not self._sampler.batches:
+            return
+        for batch in self._data_loader():
+            yield batch_as(batch, self._tuple)

@@ -1,0 +1,134 @@
+"""Image folders read by each rank (``image_files``, ``image_stream``): the listing and its
+problems, and an epoch's batches over real PNG files, every image once per epoch, restores
+on other world sizes that train exactly the images left, decoding in a forkserver pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+
+from raytrain.data.image_files import BadImages, decode, list_images
+from raytrain.data.image_stream import ImageFiles, ImageStream
+
+IMAGES = 61  # odd: an equal split over 2 ranks would drop one
+
+
+def write_images(root: Path, n: int = IMAGES, classes: int = 3) -> None:
+    """``n`` 6x5 grey PNGs in ``classes`` class folders; image i's first two pixels hold i
+    (i // 256, i % 256) and its third its class."""
+    from PIL import Image
+
+    for i in range(n):
+        folder = root / f"class-{i % classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = np.zeros((6, 5), dtype=np.uint8)
+        pixels[0, :3] = [i // 256, i % 256, i % classes]
+        Image.fromarray(pixels).save(folder / f"{i:04d}.png")
+
+
+def ids_of(batch: dict) -> list[int]:
+    image = batch["image"].numpy().astype(int)
+    return (image[:, 0, 0] * 256 + image[:, 0, 1]).tolist()
+
+
+def streams(root: Path, world: int, workers: int = 0, **kwargs) -> list[ImageStream]:
+    fs = pafs.LocalFileSystem()
+    images = list_images(str(root), fs, str(root))
+    return [ImageStream(ImageFiles(images, fs, None, None, **kwargs), 8, rank=r,
+                        world_size=world, shuffle_seed=3, num_workers=workers)
+            for r in range(world)]  # fmt: skip
+
+
+def test_the_listing_is_sorted_with_class_labels_and_names_bad_folders(tmp_path: Path) -> None:
+    write_images(tmp_path / "set", n=9)
+    fs = pafs.LocalFileSystem()
+    images = list_images("set", fs, str(tmp_path / "set"))
+    assert images.classes == ("class-0", "class-1", "class-2") and images.num_rows == 9
+    assert list(images.files) == sorted(images.files)
+    assert [int(Path(f).parent.name[-1]) for f in images.files] == list(images.labels or ())
+    (tmp_path / "set" / "class-3").mkdir()
+    with pytest.raises(BadImages, match="class folder .*class-3 has no image files"):
+        list_images("set", fs, str(tmp_path / "set"))
+    (tmp_path / "set" / "class-3").rmdir()
+    (tmp_path / "set" / "class-0" / "broken.png").write_text("not a png")
+    with pytest.raises(BadImages, match=r"broken\.png does not decode: not an image"):
+        list_images("set", fs, str(tmp_path / "set"))
+    skipped = list_images("set", fs, str(tmp_path / "set"), bad="skip")
+    assert skipped.skipped == 1 and skipped.files == images.files
+    (tmp_path / "empty" / "a").mkdir(parents=True)
+    (tmp_path / "empty" / "a" / "notes.txt").write_text("no images here")
+    with pytest.raises(BadImages, match="no image files"):
+        list_images("empty", fs, str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_image_once_per_epoch_equal_steps_with_labels(tmp_path: Path, world: int) -> None:
+    write_images(tmp_path)
+    ranks = streams(tmp_path, world)
+    orders = []
+    for epoch in (0, 1):
+        got: list[int] = []
+        per_rank = []
+        for s in ranks:
+            s.epoch = epoch
+            batches = list(s)
+            per_rank.append(len(batches))
+            for batch in batches:
+                assert batch["label"].tolist() == (batch["image"][:, 0, 2]).tolist()
+                got += ids_of(batch)
+        assert len(set(per_rank)) == 1 and per_rank[0] == len(ranks[0])
+        assert sorted(got) == list(range(IMAGES))
+        orders.append(got)
+    assert orders[0] != orders[1]  # each epoch its own order
+
+
+def test_a_restore_on_another_world_size_trains_exactly_the_images_left(tmp_path: Path) -> None:
+    write_images(tmp_path)
+    two = streams(tmp_path, 2)
+    for s in two:
+        s.epoch = 1
+    trained: list[int] = []
+    for s in two:
+        for position, batch in enumerate(s, start=1):
+            s.position = position
+            trained += ids_of(batch)
+            if position == 2:
+                break
+    states = [s.state_dict() for s in two]
+    assert states[0] == states[1]  # every rank saves the same position
+    (one,) = streams(tmp_path, 1, workers=1)  # and decoding in a process of its own
+    one.load_state_dict(states[0])
+    rest = [i for batch in one for i in ids_of(batch)]
+    assert sorted(trained + rest) == list(range(IMAGES)) and len(one) == 2 + len(rest) // 8 + (
+        len(rest) % 8 > 0
+    )
+
+
+def resize_and_flip(image):  # a transform, as torchvision's take a PIL image
+    return np.asarray(image)[:, ::-1]
+
+
+def test_decoding_resizes_converts_and_transforms_in_the_pool(tmp_path: Path) -> None:
+    write_images(tmp_path, n=4, classes=1)
+    data = (tmp_path / "class-0" / "0003.png").read_bytes()
+    assert decode(data).shape == (6, 5) and decode(data, (3, 4), "RGB").shape == (3, 4, 3)
+    (s,) = streams(tmp_path, 1, workers=2,
+                   transform="tests.unit.test_image_stream:resize_and_flip")  # fmt: skip
+    batch = next(iter(s))
+    assert batch["image"].shape == (4, 6, 5)
+    assert sorted(batch["image"][:, 0, 4].tolist()) == [0, 0, 0, 0]  # id // 256, flipped
+    assert sorted(batch["image"][:, 0, 3].tolist()) == [0, 1, 2, 3]
+
+
+def test_an_image_that_does_not_decode_in_training_is_named(tmp_path: Path) -> None:
+    from raytrain.errors import TrainingFailed
+
+    write_images(tmp_path, n=4, classes=1)
+    (s,) = streams(tmp_path, 1)
+    good = (tmp_path / "class-0" / "0002.png").read_bytes()
+    (tmp_path / "class-0" / "0002.png").write_bytes(good[:40])  # truncated after the listing
+    with pytest.raises(TrainingFailed, match=r"cannot read the image .*0002\.png"):
+        list(s)
