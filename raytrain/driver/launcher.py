@@ -55,7 +55,7 @@ def validate(
 ) -> JobSpec:
     """Load and check ``spec`` as ``fit`` would, writing nothing; raises ``SpecError``."""
     job = check_before_ray(load_spec(spec, overrides))
-    preflight.raise_if(preflight.check_model(job))
+    preflight.raise_if(preflight.check_model(job) + preflight.check_data_functions(job))
     if job.tune is not None:  # every value a trial can get, checked as `raytrain tune` does
         from raytrain.sweep.space import check_space
 
@@ -72,6 +72,7 @@ def check_before_ray(job: JobSpec) -> JobSpec:
     preflight.raise_if(
         located
         + ([] if located else class_check.check_classes(job))
+        + preflight.data_functions_located(job)
         + strategy_problems(job)
         + (preflight.check_capacity(job, capacity) if capacity is not None else [])
         + (preflight.check_local_cpus(job) if capacity is not None else [])
@@ -262,6 +263,7 @@ def _check_model_and_import(job: JobSpec, import_model: bool) -> list[str]:
     """Import and check the model class if asked, then the modules ``_train`` needs first
     (MLflow's are imported later, beside the workers' start, by ``RunRecord``)."""
     problems = preflight.check_model(job) if import_model else []
+    problems += preflight.check_data_functions(job)
     if not problems:
         import ray.train.torch  # noqa: F401
 

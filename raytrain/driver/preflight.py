@@ -72,19 +72,37 @@ def check_model(spec: JobSpec) -> list[str]:
     problems = [] if needs else lightning_config.config_problems(spec)
     if needs_configure_model(spec) and cls.configure_model is pl.LightningModule.configure_model:
         problems.append(_NO_CONFIGURE_MODEL.format(path=path))
-    return problems + check_data_functions(spec)
+    return problems
+
+
+def _data_functions(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, import path) of ``data.preprocess`` and ``data.transform`` where set."""
+    data = spec.files
+    if data is None:
+        return []
+    return [(f, p) for f in ("preprocess", "transform") if (p := getattr(data, f)) is not None]
+
+
+def data_functions_located(spec: JobSpec) -> list[str]:
+    """``data.preprocess``'s and ``data.transform``'s modules can be found and bind their
+    names, read from the source without running it (before Ray starts)."""
+    problems = []
+    for field, path in _data_functions(spec):
+        problem = source_check.module_problem(path)
+        if problem is None and source_check.binds(path) is False:
+            module, _, name = path.partition(":")
+            problem = f"module {module!r} has no attribute {name!r}"
+        if problem:
+            problems.append(f"data.{field}: {problem}")
+    return problems
 
 
 def check_data_functions(spec: JobSpec) -> list[str]:
     """``data.preprocess`` and ``data.transform`` import and are callable (they run in the
     workers' decoding processes or Ray Data's tasks, where a failed import would end the
     run, not name the field)."""
-    data = spec.files
     problems: list[str] = []
-    for field in ("preprocess", "transform"):
-        path = getattr(data, field, None) if data is not None else None
-        if path is None:
-            continue
+    for field, path in _data_functions(spec):
         try:
             function = import_object(path)
         except (Exception, SystemExit) as exc:

@@ -95,5 +95,5 @@ def test_image_folders_killed_mid_epoch_and_resumed_on_fewer_workers_train_each_
                  "--tracking-uri", spec(1)["tracking"]["mlflow"]["tracking_uri"]])  # fmt: skip
     assert code == 0
     lines = capsys.readouterr().out.splitlines()
-    lines = lines[lines.index("images:"):]  # after what Ray printed of the killed workers
+    lines = lines[lines.index("images:") :]  # after what Ray printed of the killed workers
     assert lines[1].startswith("  data-bound: each step waited "), lines

@@ -241,7 +241,7 @@ def test_preprocessing_runs_on_the_data_node_not_the_training_nodes(
     spec["data"] |= {"preprocess": "tests.integration.models:pixels_where_they_ran",
                      "preprocess_on": {"raytrain.io/role": "data"}}  # fmt: skip
     result = raytrain.fit(spec, progress=False)
-    assert result.data_paths == {"train": "streamed", "val": "streamed"}  # through Ray Data
+    assert result.data_paths == {"train": "ray_data", "val": "ray_data"}
     rows = ray.get(log.seen.remote())
     ray.kill(log)
     train = pq.read_table(digits_dir / "train", columns=["id"]).num_rows

@@ -66,6 +66,31 @@ CASES = {
         ["trainer.callbacks=[{class_path: EarlyStopping, init_args: {monitr: val_acc}}]"],
         "trainer.callbacks.0.init_args.monitr",
     ),
+    # image folders ({images}: a folder the fixture writes), listed before Ray starts
+    "image_class_folder_empty": (
+        ["data.train={uri: '{images}/empty-class', format: images}", "data.columns=null"],
+        "data.train.uri",
+    ),
+    "transform_does_not_import": (
+        [
+            "data.train={uri: '{images}/good', format: images}",
+            "data.columns=null",
+            "data.transform=nosuch_pkg.aug:flip",
+        ],
+        "data.transform",
+    ),
+    "transform_not_in_its_module": (
+        [
+            "data.train={uri: '{images}/good', format: images}",
+            "data.columns=null",
+            "data.transform=raytrain.data.image_files:nosuch",
+        ],
+        "data.transform",
+    ),
+    "image_does_not_decode": (
+        ["data.train={uri: '{images}/bad-file', format: images}", "data.columns=null"],
+        "data.train.uri",
+    ),
     "two_model_checkpoints_refused": (
         ["trainer.callbacks=[ModelCheckpoint, ModelCheckpoint]"],
         "trainer.callbacks: two ModelCheckpoints",
@@ -132,13 +157,33 @@ def _run_cases(argvs: dict[str, list[str]], cwd: Path) -> dict:
     return run_fresh(_DRIVER, argvs, cwd, pythonpath=str(cwd), timeout=300)
 
 
+def write_image_folders(root: Path) -> Path:
+    """``good`` (two class folders of a PNG each), ``empty-class`` (one without images) and
+    ``bad-file`` (a text file named .png among good ones)."""
+    from PIL import Image
+
+    for name, classes in (("good", "ab"), ("empty-class", "ab"), ("bad-file", "ab")):
+        for c in classes:
+            (root / name / c).mkdir(parents=True)
+            if not (name == "empty-class" and c == "b"):
+                Image.new("L", (4, 4)).save(root / name / c / "0.png")
+    (root / "bad-file" / "b" / "1.png").write_text("not an image")
+    return root
+
+
+def _argv(overrides: list[str], images: Path) -> list[str]:
+    return [o.replace("{images}", str(images)) for o in overrides]
+
+
 @pytest.fixture(scope="module")
 def outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("bad-input")
     spec_path = write_spec(work / "job.yaml", digits_spec(digits_dir, work))
     broken = work / "broken.yaml"
     broken.write_text("name: x\nmodel: [unclosed\n")
-    argvs = {name: ["run", str(spec_path), *overrides] for name, (overrides, _) in CASES.items()}
+    images = write_image_folders(tmp_path_factory.mktemp("images"))
+    argvs = {name: ["run", str(spec_path), *_argv(overrides, images)]
+             for name, (overrides, _) in CASES.items()}  # fmt: skip
     for name, (overrides, _) in TUNE_CASES.items():
         command = "run" if name == "run_of_a_sweep" else "tune"
         argvs[name] = [command, str(spec_path), *overrides]
@@ -157,7 +202,9 @@ def late_outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     (work / "old_pl_model.py").write_text(
         "import pytorch_lightning as pl\n\nclass Model(pl.LightningModule):\n    pass\n"
     )
-    argvs = {name: ["run", str(spec_path), *overrides] for name, (overrides, _) in LATE.items()}
+    images = write_image_folders(tmp_path_factory.mktemp("images"))
+    argvs = {name: ["run", str(spec_path), *_argv(overrides, images)]
+             for name, (overrides, _) in LATE.items()}  # fmt: skip
     result = _run_cases(argvs, work)
     result["__work__"] = work
     return result

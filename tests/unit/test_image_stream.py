@@ -50,7 +50,7 @@ def test_the_listing_is_sorted_with_class_labels_and_names_bad_folders(tmp_path:
     assert list(images.files) == sorted(images.files)
     assert [int(Path(f).parent.name[-1]) for f in images.files] == list(images.labels or ())
     (tmp_path / "set" / "class-3").mkdir()
-    with pytest.raises(BadImages, match="class folder .*class-3 has no image files"):
+    with pytest.raises(BadImages, match=r"class folder .*class-3 has no image files"):
         list_images("set", fs, str(tmp_path / "set"))
     (tmp_path / "set" / "class-3").rmdir()
     (tmp_path / "set" / "class-0" / "broken.png").write_text("not a png")
