@@ -34,14 +34,21 @@ class CachedSet:
 
 @dataclass(frozen=True)
 class StreamedSet:
-    """A split each rank streams from its Parquet files itself: where its row groups are.
+    """A split each rank streams from its files itself: where its row groups are (Parquet),
+    or its blocks of lines (CSV, JSON Lines: ``data.text_blocks``).
 
-    The driver reads the files' footers once; the workers plan every epoch from these counts
-    alone (``data.parquet_stream``), so all ranks agree on the order without talking."""
+    The driver reads the files' footers (or parses the text files) once; the workers plan
+    every epoch from these counts alone (``data.parquet_stream``), so all ranks agree on
+    the order without talking."""
 
     uri: str  # the split's URI, for messages
     files: tuple[str, ...]  # paths in the filesystem ``storage.filesystem(uri)`` gives
-    row_groups: tuple[tuple[int, int, int], ...]  # (file index, row group in it, rows)
+    # (file index, unit, rows): the unit is the row group in the file (Parquet), or the
+    # index into ``blocks`` (CSV, JSON)
+    row_groups: tuple[tuple[int, int, int], ...]
+    format: str = "parquet"  # parquet, csv or json
+    blocks: tuple[tuple[int, int], ...] = ()  # text formats: each block's (offset, length)
+    schema: Any = None  # text formats: the pyarrow schema every block is parsed into
 
     @property
     def counts(self) -> list[int]:

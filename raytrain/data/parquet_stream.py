@@ -1,4 +1,4 @@
-"""A streamed Parquet split read by each rank itself: its block of every epoch's order
+"""A streamed Parquet split (or CSV, JSON Lines: ``text_blocks``) read by each rank itself: its block of every epoch's order
 (``stream_order``), row group by row group, with pyarrow, reads running ahead in threads.
 
 An epoch's order is a function of (seed, epoch) and the files' row-group counts alone, so
@@ -94,7 +94,9 @@ class WindowReader:
         self._columns = columns
         self._local = threading.local()
 
-    def _parquet(self, index: int) -> Any:
+    def _open(self, index: int) -> Any:
+        """File ``index``, open in this thread: a ``ParquetFile``, or (text formats) the
+        random-access file its blocks are read from."""
         import pyarrow.parquet as pq
 
         files: OrderedDict[int, Any] | None = getattr(self._local, "files", None)
@@ -103,10 +105,19 @@ class WindowReader:
         if index in files:
             files.move_to_end(index)
             return files[index]
-        files[index] = pq.ParquetFile(self._fs.open_input_file(self.set.files[index]))
+        handle = self._fs.open_input_file(self.set.files[index])
+        files[index] = pq.ParquetFile(handle) if self.set.format == "parquet" else handle
         if len(files) > OPEN_FILES:
             files.popitem(last=False)[1].close()
         return files[index]
+
+    def _unit(self, file: int, unit: int) -> Any:
+        """A row group (Parquet) or a block of lines (CSV, JSON) as an Arrow table."""
+        if self.set.format == "parquet":
+            return self._open(file).read_row_group(unit, columns=self._columns)
+        from raytrain.data.text_blocks import read_block
+
+        return read_block(self.set, unit, self._columns, self._open(file))
 
     def read(self, layout: EpochLayout, window: int) -> Any:
         """A window's rows in its order, as one Arrow table. A file that cannot be read is
@@ -119,7 +130,7 @@ class WindowReader:
         for group in layout.windows[window]:
             file, row_group, _ = self.set.row_groups[group]
             try:
-                tables.append(self._parquet(file).read_row_group(row_group, columns=self._columns))
+                tables.append(self._unit(file, row_group))
             except Exception as exc:
                 raise TrainingFailed(
                     f"data: cannot read {self.set.files[file]} (a file of {self.set.uri}): "

@@ -197,8 +197,8 @@ def unreadable_data(
 
 def choose_path(data: DataSpec, source: SourceSpec, nbytes: int, store_bytes: float) -> str:
     """How a split reaches the workers: ``driver`` (read here, cached), ``materialize``
-    (read by Ray Data, cached), ``stream`` (each rank reads its Parquet row groups every
-    epoch), ``images`` (each rank reads and decodes its image files every epoch) or
+    (read by Ray Data, cached), ``stream`` (each rank reads its Parquet row groups, or CSV
+    and JSON blocks, every epoch), ``images`` (each rank reads and decodes its image files every epoch) or
     ``ray_data`` (read by Ray Data every epoch)."""
     images = source.format == "images"
     transformed = images or data.preprocess is not None
@@ -207,7 +207,7 @@ def choose_path(data: DataSpec, source: SourceSpec, nbytes: int, store_bytes: fl
     if mode == "never" or (mode == "auto" and (transformed or not fits)):
         if images and data.preprocess_on is None:
             return "images"
-        return "stream" if source.format == "parquet" and not transformed else "ray_data"
+        return "ray_data" if transformed else "stream"
     if nbytes <= DRIVER_READ_BYTES and not transformed:
         return "driver"
     return "materialize"
@@ -283,7 +283,8 @@ def _place(
         _check_rows(name, source, rows, least)
         splits.cached[name] = CachedSet(ds.to_arrow_refs(), rows)
     elif path == "stream":
-        logger.info("%s set: each rank streams its rows from %s every epoch", name, source.uri)
+        logger.info("%s set: each rank streams its %s rows from %s every epoch", name,
+                    source.format, source.uri)  # fmt: skip
         found = stream_plan(source, options)
         _check_rows(name, source, found.num_rows, least)
         splits.streamed[name] = found
@@ -353,11 +354,21 @@ def _mix(
 
 
 def stream_plan(source: SourceSpec, options: StorageSpec | None) -> StreamedSet:
-    """A Parquet split's files and row groups, read from their footers (a file that cannot
-    be read is a ``TrainingFailed`` naming it)."""
+    """A Parquet split's files and row groups, read from their footers, or a CSV or JSON
+    split's blocks (``text_blocks.plan_text``, a ``SpecError`` naming a file that does not
+    parse); a file that cannot be read is a ``TrainingFailed`` naming it."""
     from raytrain.data.parquet_stream import row_groups
 
     fs, path = storage.filesystem(source.uri, options)
+    if source.format != "parquet":
+        from raytrain.data.text_blocks import BadRows, plan_text
+
+        try:
+            return plan_text(source.uri, fs, path, source.format)
+        except BadRows as exc:
+            from raytrain.errors import SpecError
+
+            raise SpecError([f"data: {exc}"]) from None
     try:
         return row_groups(source.uri, fs, path)
     except Exception as exc:

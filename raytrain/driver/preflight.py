@@ -292,7 +292,7 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
                     problems.append(f"{field}.uri: {missing}")
                 continue
             names = _source_columns(source, uri, options, data.bad_images)
-        except ImagesProblem as exc:
+        except FilesProblem as exc:
             problems.append(f"{field}.uri: {exc}")
             continue
         except Exception as exc:
@@ -376,6 +376,14 @@ def _missing(uri: str, options: Any) -> str | None:
 def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "error") -> list[str]:
     """The columns a split's files give (for images: ``image``, and ``label`` when the
     files sit in class folders); empty when no file of the format is there."""
+    if source.format in ("csv", "json"):  # every row parsed (the plan is kept for the run)
+        from raytrain.data.text_blocks import BadRows, plan_text
+
+        fs, path = storage.filesystem(uri, options)
+        try:
+            return list(plan_text(source.uri, fs, path, source.format).schema.names)
+        except BadRows as exc:
+            raise FilesProblem(str(exc)) from None
     if source.format != "images":
         return dataset_schema_names(uri, source.format, options)
     from raytrain.data.image_files import BadImages, list_images
@@ -384,12 +392,13 @@ def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "erro
     try:  # every header read (bad_images: error), and no class folder without images
         images = list_images(uri, fs, path, check=bad_images == "error")
     except BadImages as exc:
-        raise ImagesProblem(str(exc)) from None
+        raise FilesProblem(str(exc)) from None
     return ["image", "label"] if images.labels is not None else ["image"]
 
 
-class ImagesProblem(Exception):
-    """An image folder that cannot be trained on, said as the problem's whole message."""
+class FilesProblem(Exception):
+    """An image folder or text files that cannot be trained on, said as the problem's whole
+    message."""
 
 
 def raise_if(problems: list[str]) -> None:

@@ -264,7 +264,8 @@ class SeenCountCNN(KillAtStepsCNN):
     each training row (by ``id``, below ``num_ids``) went into a step: the counts are summed
     over the ranks every step, so a checkpoint holds exactly what the model trained on up to
     it. ``step_rows[s]`` counts the rows (over the ranks) that optimizer step ``s + 1``
-    trained on, accumulated batches together. Each rank also appends ``{"pid", "rank",
+    trained on, accumulated batches together. A batch without ``pixels`` has them as the
+    columns ``p0``..``p63`` (a CSV set). Each rank also appends ``{"pid", "rank",
     "step", "ids"}`` lines to ``out_dir/ids.jsonl``."""
 
     def __init__(self, out_dir: str, num_ids: int, **kwargs):
@@ -276,6 +277,8 @@ class SeenCountCNN(KillAtStepsCNN):
         import json
         import os
 
+        if "pixels" not in batch:  # a CSV set: the pixels' 64 columns
+            batch = {**batch, "pixels": torch.stack([batch[f"p{k}"] for k in range(64)], 1)}
         ids = batch["id"]
         line = json.dumps({"pid": os.getpid(), "rank": self.global_rank, "step": self.global_step,
                            "ids": ids.tolist()})  # fmt: skip

@@ -1,4 +1,5 @@
-"""A streamed train set (each rank reading its Parquet row groups) that loses a worker twice
+"""A streamed train set (each rank reading its Parquet row groups, or its blocks of CSV or
+JSON Lines) that loses a worker twice
 mid-epoch: restored once on the same 2 workers, then, its failures spent, resumed by the
 same spec on 1 worker. Every row is trained exactly once per epoch throughout.
 
@@ -14,6 +15,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -33,16 +36,37 @@ def _step(checkpoint: str) -> int:
     return json.loads((Path(checkpoint) / META_FILE).read_text())["step"]
 
 
+def write_part(table: pa.Table, path: Path, fmt: str) -> None:
+    """A part of the train set as Parquet (100-row row groups), CSV (``pixels`` as the
+    columns ``p0``..``p63``) or JSON Lines (``pixels`` a list)."""
+    if fmt == "parquet":
+        pq.write_table(table, path.with_suffix(".parquet"), row_group_size=100)
+    elif fmt == "csv":
+        pixels = table.column("pixels").to_pylist()
+        columns = {"id": table.column("id"),
+                   **{f"p{k}": pa.array([p[k] for p in pixels]) for k in range(64)},
+                   "label": table.column("label")}  # fmt: skip
+        pacsv.write_csv(pa.table(columns), path.with_suffix(".csv"))
+    else:
+        rows = table.to_pylist()
+        path.with_suffix(".json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
 def test_a_streamed_set_killed_mid_epoch_and_resumed_on_fewer_workers_trains_each_row_once(
-    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None
-) -> None:
+    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None,
+    monkeypatch: pytest.MonkeyPatch, fmt: str,
+) -> None:  # fmt: skip
+    from raytrain.data import text_blocks
+
+    # text files split into blocks of about 100 rows, as the Parquet parts' row groups
+    monkeypatch.setattr(text_blocks, "BLOCK_BYTES", 100 * (700 if fmt == "json" else 350))
     train = pq.read_table(digits_dir / "train")
     train = train.slice(0, train.num_rows - (1 - train.num_rows % 2))  # odd
     (tmp_path / "train").mkdir()
     quarter = train.num_rows // 4 + 1
     for i in range(4):
-        pq.write_table(train.slice(i * quarter, quarter),
-                       tmp_path / "train" / f"part-{i}.parquet", row_group_size=100)  # fmt: skip
+        write_part(train.slice(i * quarter, quarter), tmp_path / "train" / f"part-{i}", fmt)
     ids = train.column("id").to_pylist()
     num_ids = max(ids + pq.read_table(digits_dir / "val", columns=["id"])["id"].to_pylist()) + 1
     steps = len(step_slices(len(ids), BATCH, 2))  # an epoch's steps on 2 workers: 30
@@ -54,7 +78,8 @@ def test_a_streamed_set_killed_mid_epoch_and_resumed_on_fewer_workers_trains_eac
                    "init_args": {"out_dir": str(tmp_path), "num_ids": num_ids,
                                  "at_steps": list(KILLS),
                                  "run_dir": str(tmp_path / "runs" / "stream-resume")}},
-            data={"train": {"uri": str(tmp_path / "train")}, "columns": ["id", "pixels", "label"],
+            data={"train": {"uri": str(tmp_path / "train"), "format": fmt},
+                  "columns": None if fmt == "csv" else ["id", "pixels", "label"],
                   "batch_size": BATCH, "shuffle": {"seed": 7, "buffer_size": 300},
                   "cache": "never"},
             scaling={"num_workers": workers},

@@ -87,6 +87,10 @@ CASES = {
         ],
         "data.transform",
     ),
+    "csv_row_with_the_wrong_field_count": (
+        ["data.train={uri: '{images}/bad.csv', format: csv}", "data.columns=null"],
+        "data.train.uri",
+    ),
     "image_does_not_decode": (
         ["data.train={uri: '{images}/bad-file', format: images}", "data.columns=null"],
         "data.train.uri",
@@ -158,8 +162,9 @@ def _run_cases(argvs: dict[str, list[str]], cwd: Path) -> dict:
 
 
 def write_image_folders(root: Path) -> Path:
-    """``good`` (two class folders of a PNG each), ``empty-class`` (one without images) and
-    ``bad-file`` (a text file named .png among good ones)."""
+    """``good`` (two class folders of a PNG each), ``empty-class`` (one without images),
+    ``bad-file`` (a text file named .png among good ones), and ``bad.csv`` (a row of three
+    fields under a header of two)."""
     from PIL import Image
 
     for name, classes in (("good", "ab"), ("empty-class", "ab"), ("bad-file", "ab")):
@@ -168,6 +173,7 @@ def write_image_folders(root: Path) -> Path:
             if not (name == "empty-class" and c == "b"):
                 Image.new("L", (4, 4)).save(root / name / c / "0.png")
     (root / "bad-file" / "b" / "1.png").write_text("not an image")
+    (root / "bad.csv").write_text("x,label\n1,0\n2,1,3\n")
     return root
 
 
