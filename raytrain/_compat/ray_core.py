@@ -6,6 +6,10 @@
   vendored ``pathspec``'s ``GitWildMatchPattern.escape``: Ray's own
   rules for what a working-dir upload leaves out, so ``submit`` names exactly what Ray drops.
 - ``NOISY_LOGGERS``: loggers of Ray internals that print a line per upload or per auth.
+- ``arrow_to_numpy``: ``ray.data._internal.arrow_block.ArrowBlockAccessor``'s numpy batch
+  format, what ``map_batches(batch_format="numpy")`` hands a function (a fixed-size list
+  column as a 2-D array), so ``data.preprocess`` gets the same batch on raytrain's own
+  readers as in Ray Data.
 """
 
 from __future__ import annotations
@@ -47,3 +51,10 @@ def upload_matchers() -> UploadMatchers:
         reads_gitignore=flag != "1",
         escape=GitWildMatchPattern.escape,
     )
+
+
+def arrow_to_numpy(table: Any) -> dict[str, Any]:
+    """An Arrow table as Ray Data's numpy batch: a dict of arrays by column."""
+    from ray.data._internal.arrow_block import ArrowBlockAccessor
+
+    return ArrowBlockAccessor(table).to_batch_format("numpy")

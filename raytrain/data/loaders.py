@@ -314,7 +314,7 @@ def worker_loaders(
             return ParquetStream(part, fs, data.columns, data.batch_size, rank=rank,
                                  world_size=world_size, shuffle_seed=seed,
                                  window_rows=shuffle.buffer_size if shuffle else 1,
-                                 tuple_columns=columns)  # fmt: skip
+                                 tuple_columns=columns, preprocess=data.preprocess)  # fmt: skip
         if name in cached:
             import pyarrow as pa
 

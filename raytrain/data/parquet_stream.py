@@ -23,7 +23,7 @@ import bisect
 import itertools
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -141,11 +141,23 @@ class WindowReader:
         return table if order is None else table.take(order)
 
 
-def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] | None) -> Any:
+def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] | None,
+                preprocess: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Any:  # fmt: skip
     """Batches of ``sizes`` rows cut from the Arrow ``tables`` in order, as dicts of tensors
-    (or tuples in ``columns`` order)."""
+    (or tuples in ``columns`` order); with ``preprocess`` (``data.preprocess``), each batch
+    passes through it as Ray Data's numpy batch first, on this thread."""
     import pyarrow as pa
-    from ray.data.util.torch_utils import arrow_batch_to_tensors
+    from ray.data.util.torch_utils import (
+        arrow_batch_to_tensors,
+        convert_ndarray_batch_to_torch_tensor_batch,
+    )
+
+    from raytrain._compat.ray_core import arrow_to_numpy
+
+    def to_tensors(batch: Any) -> Any:
+        if preprocess is None:
+            return arrow_batch_to_tensors(batch, combine_chunks=True)
+        return convert_ndarray_batch_to_torch_tensor_batch(preprocess(arrow_to_numpy(batch)))
 
     wanted = iter(sizes)
     size = next(wanted, None)
@@ -158,7 +170,7 @@ def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] 
             whole = pa.concat_tables(held) if len(held) > 1 else held[0]
             batch, rest = whole.slice(0, size), whole.slice(size)
             held, rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
-            yield batch_as(arrow_batch_to_tensors(batch, combine_chunks=True), columns)
+            yield batch_as(to_tensors(batch), columns)
             size = next(wanted, None)
 
 
@@ -178,12 +190,14 @@ class ParquetStream(StreamSchedule):
         shuffle_seed: int | None = None,
         window_rows: int = 1,
         tuple_columns: list[str] | None = None,
+        preprocess: str | None = None,
     ):
         super().__init__(streamed.num_rows, batch_size, rank=rank, world_size=world_size)
         self._reader = WindowReader(streamed, filesystem, columns)
         self._seed = shuffle_seed
         self._window_rows = window_rows
         self._tuple = tuple_columns
+        self._preprocess = preprocess
 
     def tables(self, block: Sequence[Interval], epoch: int) -> Iterator[Any]:
         """The rows of ``block`` (positions of ``epoch``'s order) as Arrow tables, in order;
@@ -218,7 +232,12 @@ class ParquetStream(StreamSchedule):
         # planned at the first batch, not when the iterator is made: Lightning makes it
         # before the epoch's hooks set the epoch (or a rollback its position)
         _, block, sizes = self.plan()
-        yield from cut_batches(self.tables(block, self.epoch), sizes, self._tuple)
+        preprocess = None
+        if self._preprocess is not None:
+            from raytrain.imports import import_object
+
+            preprocess = import_object(self._preprocess)
+        yield from cut_batches(self.tables(block, self.epoch), sizes, self._tuple, preprocess)
 
 
 def row_groups(uri: str, filesystem: Any, path: str) -> StreamedSet:

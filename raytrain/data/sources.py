@@ -205,9 +205,9 @@ def choose_path(data: DataSpec, source: SourceSpec, nbytes: int, store_bytes: fl
     mode = data.cache
     fits = nbytes * MEMORY_EXPANSION <= store_bytes * CACHE_FRACTION
     if mode == "never" or (mode == "auto" and (transformed or not fits)):
-        if images and data.preprocess_on is None:
-            return "images"
-        return "ray_data" if transformed else "stream"
+        if data.preprocess_on is not None and transformed:  # decoded, mapped on those nodes
+            return "ray_data"
+        return "images" if images else "stream"
     if nbytes <= DRIVER_READ_BYTES and not transformed:
         return "driver"
     return "materialize"

@@ -140,15 +140,18 @@ class DataSpec(_Section):
     preprocess: str | None = Field(
         default=None,
         pattern=_IMPORT_PATH,
-        description="`module:function(batch) -> batch` over dicts of numpy arrays, run as a Ray "
-        "Data `map_batches` step on CPU workers while the training actors train.",
+        description="`module:function(batch) -> batch` over Ray Data's numpy batches (dicts "
+        "of numpy arrays), run by each worker on every batch it reads (images: in its decoding "
+        "processes), exact per epoch; with `preprocess_on`, a Ray Data `map_batches` step on "
+        "those nodes instead.",
     )
     preprocess_on: dict[str, str] | None = Field(
         default=None,
-        description="Where Ray Data's tasks run (reading, image decoding, `preprocess`: images, "
-        "CSV, JSON and preprocessed sets), as a Ray label selector: `{raytrain.io/role: data}` "
-        "for the nodes started with `ray start --labels raytrain.io/role=data`. Unset: on a GPU "
-        "run, the cluster's nodes without GPUs when it has any, else anywhere; `{}`: anywhere.",
+        description="Decode and preprocess on these nodes, through Ray Data (images and sets "
+        "with `preprocess`; and where Ray Data's tasks read a split to cache), as a Ray label "
+        "selector: `{raytrain.io/role: data}` for the nodes started with `ray start --labels "
+        "raytrain.io/role=data`. Unset: on a GPU run, the cluster's nodes without GPUs when it "
+        "has any, else anywhere; `{}`: anywhere.",
     )
 
     @field_validator("preprocess_on")

@@ -198,3 +198,20 @@ def test_a_ranks_share_in_closed_form_is_step_slices_cut() -> None:
                     assert rank_share(total, batch, world, rank) == (start, len(steps), sizes[-1])
                     assert sizes[:-1] == [batch] * (len(steps) - 1)
                     start += sum(sizes)
+
+
+def double_x(batch: dict) -> dict:
+    """A ``data.preprocess``: Ray Data's numpy batch in, a new column out."""
+    batch["x2"] = batch["x"] * 2
+    return batch
+
+
+def test_a_preprocess_runs_on_each_batch_and_the_set_stays_exact(tmp_path: Path) -> None:
+    found = row_groups("x", pafs.LocalFileSystem(), str(_files(tmp_path)))
+    ranks = [ParquetStream(found, pafs.LocalFileSystem(), ["id", "x"], 16, rank=r, world_size=2,
+                           shuffle_seed=1, window_rows=64,
+                           preprocess="tests.unit.test_parquet_stream:double_x")
+             for r in range(2)]  # fmt: skip
+    batches = [b for s in ranks for b in s]
+    assert all((b["x2"] == b["x"] * 2).all() and b["x2"].dtype == b["x"].dtype for b in batches)
+    assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(ROWS))
