@@ -224,10 +224,10 @@ def main() -> None:
             images = listed[where]
             sides[f"images {where}: raytrain"] = lambda fs=fs, i=images: raytrain_epochs(
                 fs, i, args.workers
-            )  # noqa: E501
+            )
             sides[f"images {where}: DataLoader"] = lambda fs=fs, i=images: dataloader_epochs(
                 fs, i, args.workers
-            )  # noqa: E501
+            )
             sides[f"images {where}: Ray Data"] = lambda uri=uri, n=images.num_rows: ray_data_epochs(
                 uri, options if uri.startswith("s3") else None, n)  # fmt: skip
         csv, jsonl, rows = write_tables(work, args.table_mb)

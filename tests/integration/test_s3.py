@@ -71,3 +71,34 @@ def test_a_checkpoint_on_s3_loads_for_model_logging_and_export(
     pixels = torch.rand(2, 64) * 16
     with torch.no_grad():
         assert torch.equal(trained_model(job, uri)(pixels), model.eval()(pixels))
+
+
+def test_an_image_folder_on_s3_is_listed_checked_and_read_per_rank(
+    s3_endpoint: str, tmp_path: Path
+) -> None:
+    """An image folder under a prefix on the S3 server: listed with its classes and every
+    header read there (a bad object named), then two ranks' ``ImageStream``s (a decoding
+    process each, reads in threads) give every image once, decoded as from local disk."""
+    from raytrain.data.image_files import BadImages, list_images
+    from raytrain.data.image_stream import ImageFiles, ImageStream
+    from tests.image_folders import IMAGES, ids_of, write_images
+
+    write_images(tmp_path / "images")
+    from tests.integration.s3_server import s3_client
+
+    s3_client(s3_endpoint).create_bucket(Bucket="raytrain-images")
+    fs = s3_filesystem(s3_endpoint)
+    pafs.copy_files(str(tmp_path / "images"), "raytrain-images/images",
+                    source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs)  # fmt: skip
+    images = list_images("s3://raytrain-images/images", fs, "raytrain-images/images")
+    assert images.num_rows == IMAGES and images.classes == ("class-0", "class-1", "class-2")
+    ranks = [ImageStream(ImageFiles(images, fs, None, None), 8, rank=r, world_size=2,
+                         shuffle_seed=1, num_workers=1) for r in range(2)]  # fmt: skip
+    batches = [b for s in ranks for b in s]
+    assert sorted(i for b in batches for i in ids_of(b)) == list(range(IMAGES))
+    assert all(b["label"].tolist() == b["image"][:, 0, 2].tolist() for b in batches)
+    with fs.open_output_stream("raytrain-images/images/class-1/zz-broken.png") as handle:
+        handle.write(b"not a png")
+    with pytest.raises(BadImages, match=r"class-1/zz-broken\.png does not decode"):
+        list_images("s3://raytrain-images/images", fs, "raytrain-images/images")

@@ -12,26 +12,7 @@ import pytest
 
 from raytrain.data.image_files import BadImages, decode, list_images
 from raytrain.data.image_stream import ImageFiles, ImageStream
-
-IMAGES = 61  # odd: an equal split over 2 ranks would drop one
-
-
-def write_images(root: Path, n: int = IMAGES, classes: int = 3) -> None:
-    """``n`` 6x5 grey PNGs in ``classes`` class folders; image i's first two pixels hold i
-    (i // 256, i % 256) and its third its class."""
-    from PIL import Image
-
-    for i in range(n):
-        folder = root / f"class-{i % classes}"
-        folder.mkdir(parents=True, exist_ok=True)
-        pixels = np.zeros((6, 5), dtype=np.uint8)
-        pixels[0, :3] = [i // 256, i % 256, i % classes]
-        Image.fromarray(pixels).save(folder / f"{i:04d}.png")
-
-
-def ids_of(batch: dict) -> list[int]:
-    image = batch["image"].numpy().astype(int)
-    return (image[:, 0, 0] * 256 + image[:, 0, 1]).tolist()
+from tests.image_folders import IMAGES, ids_of, write_images
 
 
 def streams(root: Path, world: int, workers: int = 0, **kwargs) -> list[ImageStream]:
