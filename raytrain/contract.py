@@ -47,6 +47,9 @@ class StreamedSet:
     # index into ``blocks`` (CSV, JSON)
     row_groups: tuple[tuple[int, int, int], ...]
     format: str = "parquet"  # parquet, csv or json
+    # packed images (``raytrain pack``): rows of an encoded ``image`` and a ``label``, decoded
+    # by each rank's decoding processes as an image folder's files are
+    images: bool = False
     blocks: tuple[tuple[int, int], ...] = ()  # text formats: each block's (offset, length)
     schema: Any = None  # text formats: the pyarrow schema every block is parsed into
 
@@ -72,6 +75,7 @@ class ImageSet:
     labels: tuple[int, ...] | None  # each file's class index; None: no class folders
     classes: tuple[str, ...] = ()  # the class folders' names, by index
     skipped: int = 0  # files left out of the listing as unreadable (``data.bad_images``)
+    sizes: tuple[int, ...] = ()  # each file's bytes, from the listing
 
     @property
     def num_rows(self) -> int:

@@ -64,20 +64,44 @@ def image_classes(fs: Any, path: str) -> list[str]:
     return sorted(e.base_name for e in entries if e.type == pafs.FileType.Directory)
 
 
-def header_problem(fs: Any, path: str) -> str | None:
-    """Why Pillow cannot read the image at ``path`` from its first bytes, or None."""
+def image_problem(data: bytes) -> str | None:
+    """Why Pillow cannot read an image from ``data`` (its first bytes will do), or None."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with fs.open_input_file(path) as handle:
-            head = handle.read(HEAD_BYTES)
-        with Image.open(io.BytesIO(head)) as image:
+        with Image.open(io.BytesIO(data)) as image:
             image.size  # noqa: B018  # the header parsed
     except UnidentifiedImageError:
         return "not an image Pillow can read"
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None
+
+
+def header_problem(fs: Any, path: str) -> str | None:
+    """Why Pillow cannot read the image at ``path`` from its first bytes, or None."""
+    try:
+        with fs.open_input_file(path) as handle:
+            head = handle.read(HEAD_BYTES)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return image_problem(head)
+
+
+PACK_MANIFEST = "_raytrain_pack.json"  # ``data.pack.MANIFEST``: a packed set's manifest
+
+
+def packed_manifest(fs: Any, path: str) -> dict[str, Any] | None:
+    """The manifest of images packed by ``raytrain pack`` at ``path``, or None: not packed
+    images (no manifest, or one of packed rows)."""
+    import json
+
+    try:
+        with fs.open_input_stream(f"{path.rstrip('/')}/{PACK_MANIFEST}") as handle:
+            manifest = json.loads(handle.read())
+    except Exception:
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == "images" else None
 
 
 def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool = True) -> ImageSet:
@@ -91,7 +115,9 @@ def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool
 
     root = path.rstrip("/")
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    files = sorted(i.path for i in infos if i.type == pafs.FileType.File and is_image(i.path))
+    found = {i.path: i.size or 0 for i in infos
+             if i.type == pafs.FileType.File and is_image(i.path)}  # fmt: skip
+    files = sorted(found)
     top = image_classes(fs, root)
     if not files:
         raise BadImages(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) under {uri}")
@@ -108,7 +134,8 @@ def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool
         gone = {f for f, _ in broken}
         files, skipped = [f for f in files if f not in gone], len(broken)
     if not top:
-        return ImageSet(uri=uri, files=tuple(files), labels=None, skipped=skipped)
+        return ImageSet(uri=uri, files=tuple(files), labels=None, skipped=skipped,
+                        sizes=tuple(found[f] for f in files))  # fmt: skip
     index = {name: i for i, name in enumerate(top)}
     labels, kept = [], []
     for f in files:
@@ -121,4 +148,4 @@ def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool
         raise BadImages(f"the class folder {root}/{empty[0]} has no image files"
                         + (f" (nor have {len(empty) - 1} more)" if len(empty) > 1 else ""))  # fmt: skip
     return ImageSet(uri=uri, files=tuple(kept), labels=tuple(labels), classes=tuple(top),
-                    skipped=skipped)  # fmt: skip
+                    skipped=skipped, sizes=tuple(found[f] for f in kept))  # fmt: skip

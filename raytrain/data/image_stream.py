@@ -19,13 +19,15 @@ reads in flight per process): one GET per object is the cost on object storage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from raytrain.contract import ImageSet
+from raytrain.contract import ImageSet, StreamedSet
 from raytrain.data.image_files import open_image
 from raytrain.data.loaders import batch_as, epoch_seed
+from raytrain.data.parquet_stream import ParquetStream, cut_tables
 from raytrain.data.stream_order import Interval, StreamSchedule
 
 FETCH_THREADS = 16  # reads in flight per decoding process
@@ -46,10 +48,10 @@ class ImageFiles:
     batch, dicts of numpy arrays) and made tensors. ``transform`` and ``preprocess`` are
     import paths, imported in the process that uses them."""
 
-    def __init__(self, images: ImageSet, filesystem: Any, size: Sequence[int] | None,
+    def __init__(self, images: ImageSet | None, filesystem: Any, size: Sequence[int] | None,
                  mode: str | None, transform: str | None = None,
                  preprocess: str | None = None):  # fmt: skip
-        self.images = images
+        self.images = images or ImageSet(uri="", files=(), labels=None)
         self._fs = filesystem
         self._size, self._mode = size, mode
         self._paths = (transform, preprocess)
@@ -70,7 +72,8 @@ class ImageFiles:
         except Exception as exc:
             raise _unreadable(self.images, path, exc) from None
 
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, Any]:
+    def __getitems__(self, indices: Sequence[int] | PackedBatch) -> dict[str, Any]:
+        """A batch of the folder's files by index, or of packed images (``PackedBatch``)."""
         import numpy as np
         import torch
 
@@ -81,17 +84,24 @@ class ImageFiles:
             self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="raytrain-fetch")
         assert self._calls is not None and self._pool is not None
         transform, preprocess = self._calls
+        if isinstance(indices, PackedBatch):
+            datas, paths, labels = indices.images, indices.paths, indices.labels
+        else:
+            datas = list(self._pool.map(self._read, indices))
+            paths = [self.images.files[i] for i in indices]
+            labels = None
+            if self.images.labels is not None:
+                labels = [self.images.labels[i] for i in indices]
         pixels = []
-        for index, data in zip(indices, self._pool.map(self._read, indices), strict=True):
-            path = self.images.files[index]
+        for path, data in zip(paths, datas, strict=True):
             try:
                 image = open_image(data, self._size, self._mode)
             except Exception as exc:
                 raise _unreadable(self.images, path, exc) from None
             pixels.append(np.asarray(image if transform is None else transform(image)))
         batch: dict[str, Any] = {"image": np.stack(pixels)}
-        if self.images.labels is not None:
-            batch["label"] = np.array([self.images.labels[i] for i in indices], dtype=np.int64)
+        if labels is not None:
+            batch["label"] = np.array(labels, dtype=np.int64)
         if preprocess is not None:
             batch = preprocess(batch)
         return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
@@ -99,6 +109,17 @@ class ImageFiles:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.__getitems__([index])
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """A batch of packed images (``raytrain pack``), read by the training process and handed
+    to a decoding process as the ``batch_sampler``'s item: encoded bytes, their source
+    paths (for messages), their labels (or None)."""
+
+    images: list[bytes]
+    paths: list[str]
+    labels: list[int] | None
 
 
 def _unreadable(images: ImageSet, path: str, exc: Exception) -> Exception:
@@ -110,17 +131,32 @@ def _unreadable(images: ImageSet, path: str, exc: Exception) -> Exception:
 
 
 class _Batches:
-    """The ``batch_sampler``: this pass's batches of file indices, set before each pass (a
-    DataLoader with persistent processes iterates the same sampler object every epoch)."""
+    """The ``batch_sampler``: this pass's batches (of file indices, or ``PackedBatch``es
+    read as the loader asks for them), set before each pass (a DataLoader with persistent
+    processes iterates the same sampler object every epoch)."""
 
     def __init__(self) -> None:
-        self.batches: list[list[int]] = []
+        self.batches: Iterable[Any] = []
+        self.count = 0
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.batches)
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return self.count
+
+
+def pool_loader(files: ImageFiles, sampler: _Batches, workers: int, pin: bool) -> Any:
+    """The DataLoader that decodes a rank's batches: ``workers`` forkserver processes kept
+    across epochs, ``PREFETCH`` batches ahead each (0 workers: on this thread)."""
+    from torch.utils.data import DataLoader
+
+    extra: dict[str, Any] = {}
+    if workers > 0:
+        extra = {"persistent_workers": True, "prefetch_factor": PREFETCH,
+                 "multiprocessing_context": "forkserver"}  # fmt: skip
+    return DataLoader(files, batch_sampler=sampler, collate_fn=_as_is,  # type: ignore[arg-type]
+                      num_workers=workers, pin_memory=pin, **extra)  # fmt: skip
 
 
 def block_batches(order: Any, block: Sequence[Interval], sizes: Sequence[int]) -> list[list[int]]:
@@ -163,22 +199,53 @@ class ImageStream(StreamSchedule):
 
     def _data_loader(self) -> Any:
         if self._loader is None:
-            from torch.utils.data import DataLoader
-
-            extra: dict[str, Any] = {}
-            if self._workers > 0:
-                extra = {"persistent_workers": True, "prefetch_factor": PREFETCH,
-                         "multiprocessing_context": "forkserver"}  # fmt: skip
-            self._loader = DataLoader(self._files, batch_sampler=self._sampler,  # type: ignore[arg-type]
-                                      collate_fn=_as_is, num_workers=self._workers,
-                                      pin_memory=self._pin, **extra)  # fmt: skip
+            self._loader = pool_loader(self._files, self._sampler, self._workers, self._pin)
         return self._loader
 
     def __iter__(self) -> Iterator[Any]:
         # planned at the first batch, not when the iterator is made (as ParquetStream)
         _, block, sizes = self.plan()
-        self._sampler.batches = block_batches(self.order(), block, sizes)
-        if not self._sampler.batches:
+        batches = block_batches(self.order(), block, sizes)
+        self._sampler.batches, self._sampler.count = batches, len(batches)
+        if not batches:
             return
         for batch in self._data_loader():
             yield batch_as(batch, self._tuple)
+
+
+class PackedImageStream(ParquetStream):
+    """This rank's batches of packed images (``raytrain pack``: Parquet rows of an encoded
+    ``image``, a ``path`` and a ``label``), as an image folder's: the rows read as any
+    streamed Parquet split's (the epoch's order over row groups and windows, read ahead in
+    threads, exact on resume), each batch's encoded images handed to the decoding processes
+    as a ``PackedBatch`` (one read per row group, not one per image)."""
+
+    def __init__(self, streamed: StreamedSet, filesystem: Any, files: ImageFiles,
+                 batch_size: int, *, rank: int, world_size: int,
+                 shuffle_seed: int | None = None, window_rows: int = 1, num_workers: int = 1,
+                 pin_memory: bool = False, tuple_columns: list[str] | None = None):  # fmt: skip
+        super().__init__(streamed, filesystem, None, batch_size, rank=rank,
+                         world_size=world_size, shuffle_seed=shuffle_seed,
+                         window_rows=window_rows)  # fmt: skip
+        self._files, self._workers, self._pin = files, num_workers, pin_memory
+        self._images_tuple = tuple_columns
+        self._sampler = _Batches()
+        self._loader: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        _, block, sizes = self.plan()
+        if not sizes:
+            return
+
+        def packed() -> Iterator[PackedBatch]:
+            for table in cut_tables(self.tables(block, self.epoch), sizes):
+                names = table.column_names
+                labels = table.column("label").to_pylist() if "label" in names else None
+                yield PackedBatch(table.column("image").to_pylist(),
+                                  table.column("path").to_pylist(), labels)  # fmt: skip
+
+        self._sampler.batches, self._sampler.count = packed(), len(sizes)
+        if self._loader is None:
+            self._loader = pool_loader(self._files, self._sampler, self._workers, self._pin)
+        for batch in self._loader:
+            yield batch_as(batch, self._images_tuple)

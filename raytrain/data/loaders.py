@@ -303,7 +303,7 @@ def worker_loaders(
                                 window_rows=shuffle.buffer_size if shuffle else 1,
                                 tuple_columns=columns)  # fmt: skip
         part = streamed.get(name)
-        if isinstance(part, ImageSet):
+        if isinstance(part, ImageSet) or (isinstance(part, StreamedSet) and part.images):
             return image_loader(data, part, options, source_of(name), rank=rank,
                                 world_size=world_size, seed=seed, tuple_columns=columns)  # fmt: skip
         if isinstance(part, StreamedSet):
@@ -338,25 +338,34 @@ def worker_loaders(
     return train, val
 
 
-def image_loader(data: DataSpec, images: ImageSet, options: StorageSpec | None,
+def image_loader(data: DataSpec, images: ImageSet | StreamedSet, options: StorageSpec | None,
                  source: SourceSpec, *, rank: int, world_size: int, seed: int | None,
                  tuple_columns: list[str] | None) -> Any:  # fmt: skip
-    """This rank's ``ImageStream`` of an image split: ``data.num_workers`` decoding processes
-    (unset: the CPUs Ray gave this worker, at least 1), pinned memory when training on a
-    GPU."""
+    """This rank's ``ImageStream`` of an image split (``PackedImageStream``: packed images):
+    ``data.num_workers`` decoding processes (unset: the CPUs Ray gave this worker, at least
+    1), pinned memory when training on a GPU."""
     import ray
     import torch
 
     from raytrain import storage
-    from raytrain.data.image_stream import ImageFiles, ImageStream
+    from raytrain.data.image_stream import ImageFiles, ImageStream, PackedImageStream
 
     workers = data.num_workers
     if workers is None:
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
         workers = max(1, int(cpus))
     fs, _ = storage.filesystem(images.uri, options)
+    pin = torch.cuda.is_available()
+    if isinstance(images, StreamedSet):
+        decoder = ImageFiles(None, fs, source.image_size, source.image_mode, data.transform,
+                             data.preprocess)  # fmt: skip
+        return PackedImageStream(images, fs, decoder, data.batch_size, rank=rank,
+                                 world_size=world_size, shuffle_seed=seed,
+                                 window_rows=data.shuffle.buffer_size if data.shuffle else 1,
+                                 num_workers=workers, pin_memory=pin,
+                                 tuple_columns=tuple_columns)  # fmt: skip
     files = ImageFiles(images, fs, source.image_size, source.image_mode, data.transform,
                        data.preprocess)  # fmt: skip
     return ImageStream(files, data.batch_size, rank=rank, world_size=world_size,
                        shuffle_seed=seed, num_workers=workers,
-                       pin_memory=torch.cuda.is_available(), tuple_columns=tuple_columns)  # fmt: skip
+                       pin_memory=pin, tuple_columns=tuple_columns)  # fmt: skip

@@ -146,7 +146,6 @@ def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] 
     """Batches of ``sizes`` rows cut from the Arrow ``tables`` in order, as dicts of tensors
     (or tuples in ``columns`` order); with ``preprocess`` (``data.preprocess``), each batch
     passes through it as Ray Data's numpy batch first, on this thread."""
-    import pyarrow as pa
     from ray.data.util.torch_utils import (
         arrow_batch_to_tensors,
         convert_ndarray_batch_to_torch_tensor_batch,
@@ -159,6 +158,14 @@ def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] 
             return arrow_batch_to_tensors(batch, combine_chunks=True)
         return convert_ndarray_batch_to_torch_tensor_batch(preprocess(arrow_to_numpy(batch)))
 
+    for batch in cut_tables(tables, sizes):
+        yield batch_as(to_tensors(batch), columns)
+
+
+def cut_tables(tables: Iterator[Any], sizes: Sequence[int]) -> Iterator[Any]:
+    """Arrow tables of ``sizes`` rows cut from ``tables`` in order."""
+    import pyarrow as pa
+
     wanted = iter(sizes)
     size = next(wanted, None)
     held: list[Any] = []
@@ -170,7 +177,7 @@ def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] 
             whole = pa.concat_tables(held) if len(held) > 1 else held[0]
             batch, rest = whole.slice(0, size), whole.slice(size)
             held, rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
-            yield batch_as(to_tensors(batch), columns)
+            yield batch
             size = next(wanted, None)
 
 

@@ -375,13 +375,21 @@ def stream_plan(source: SourceSpec, options: StorageSpec | None) -> StreamedSet:
         raise unreadable_data(source, None, options, exc) from None
 
 
-def image_plan(source: SourceSpec, options: StorageSpec | None, bad: str) -> ImageSet:
+def image_plan(
+    source: SourceSpec, options: StorageSpec | None, bad: str
+) -> ImageSet | StreamedSet:
     """An image split's files and labels (``image_files.list_images``); the headers are read
     only to leave unreadable files out (``bad: skip``: the preflight checked them under
-    ``error``). Problems with the folder are a ``SpecError`` naming ``source.uri``."""
-    from raytrain.data.image_files import BadImages, list_images
+    ``error``). Problems with the folder are a ``SpecError`` naming ``source.uri``. Images
+    packed by ``raytrain pack``: their shards' row groups, as a ``StreamedSet`` of images."""
+    from raytrain.data.image_files import BadImages, list_images, packed_manifest
 
     fs, path = storage.filesystem(source.uri, options)
+    if packed_manifest(fs, path) is not None:
+        import dataclasses
+
+        return dataclasses.replace(stream_plan(source.model_copy(update={"format": "parquet"}),
+                                               options), images=True)  # fmt: skip
     try:
         images = list_images(source.uri, fs, path, bad=bad, check=bad == "skip")
     except BadImages as exc:

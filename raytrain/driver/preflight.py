@@ -386,9 +386,12 @@ def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "erro
             raise FilesProblem(str(exc)) from None
     if source.format != "images":
         return dataset_schema_names(uri, source.format, options)
-    from raytrain.data.image_files import BadImages, list_images
+    from raytrain.data.image_files import BadImages, list_images, packed_manifest
 
     fs, path = storage.filesystem(uri, options)
+    packed = packed_manifest(fs, path)
+    if packed is not None:  # raytrain pack's shards: checked when they were packed
+        return ["image", "label"] if packed.get("classes") else ["image"]
     try:  # every header read (bad_images: error), and no class folder without images
         images = list_images(uri, fs, path, check=bad_images == "error")
     except BadImages as exc:

@@ -1,0 +1,122 @@
+"""``raytrain pack``: the shard plan's invariant, a pack run again after an interruption
+keeping the shards already whole, packed images read per rank as a folder's (every image
+once, exact on a restore at another world size), packed CSV rows equal to the source's,
+and bad input named with exit 2."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from raytrain.cli.app import main
+from raytrain.data.pack import MANIFEST, pack, plan_shards, shard_name
+from raytrain.spec import SourceSpec
+from tests.image_folders import IMAGES, ids_of, write_images
+
+
+def test_shards_are_consecutive_whole_and_each_just_past_the_size() -> None:
+    rng = random.Random(0)
+    for _ in range(500):
+        sizes = [rng.randint(0, 50) for _ in range(rng.randint(0, 40))]
+        limit = rng.randint(1, 120)
+        runs = plan_shards(sizes, limit)
+        assert [i for run in runs for i in run] == list(range(len(sizes)))
+        assert all(len(run) for run in runs)
+        for run in runs[:-1]:
+            held = sum(sizes[i] for i in run)
+            assert held >= limit and held - sizes[run[-1]] < limit
+
+
+def test_a_pack_run_again_keeps_whole_shards_and_rewrites_the_rest(tmp_path: Path) -> None:
+    write_images(tmp_path / "src")
+    log = io.StringIO()
+    first = pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=0.002, out=log)
+    assert first.files == first.rows == IMAGES and first.shards >= 3 and first.skipped == 0
+    manifest = json.loads((tmp_path / "dest" / MANIFEST).read_text())
+    assert manifest["classes"] == ["class-0", "class-1", "class-2"]
+    assert manifest["shards"] == [shard_name(i) for i in range(first.shards)]
+    # an interrupted pack: one shard never written, another cut short
+    (tmp_path / "dest" / shard_name(1)).unlink()
+    last = tmp_path / "dest" / shard_name(first.shards - 1)
+    last.write_bytes(last.read_bytes()[:100])
+    again = pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=0.002, out=log)
+    assert again.skipped == first.shards - 2 and again.rows == IMAGES
+    rows = pq.read_table(tmp_path / "dest")
+    assert sorted(rows.column("path").to_pylist()) == sorted(
+        str(p.relative_to(tmp_path / "src")) for p in (tmp_path / "src").rglob("*.png")
+    )
+    # larger shards: fewer of them, and none of the old ones past them left to be read
+    fewer = pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=1, out=log)
+    assert fewer.shards == 1 and pq.read_table(tmp_path / "dest").num_rows == IMAGES
+
+
+def test_packed_images_are_read_per_rank_every_image_once_and_exact_on_restore(
+    tmp_path: Path,
+) -> None:
+    from raytrain.data.image_stream import ImageFiles, PackedImageStream
+    from raytrain.data.sources import image_plan
+
+    write_images(tmp_path / "src")
+    pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=0.002, out=io.StringIO())
+    found = image_plan(SourceSpec(uri=str(tmp_path / "dest"), format="images"), None, "error")
+    assert found.images and found.num_rows == IMAGES  # type: ignore[union-attr]
+    fs = pafs.LocalFileSystem()
+
+    def ranks(world: int) -> list[PackedImageStream]:
+        return [PackedImageStream(found, fs, ImageFiles(None, fs, None, None), 8, rank=r,  # type: ignore[arg-type]
+                                  world_size=world, shuffle_seed=2, window_rows=16,
+                                  num_workers=1 if r == 0 else 0) for r in range(world)]  # fmt: skip
+
+    two = ranks(2)
+    batches = [b for s in two for b in s]
+    assert sorted(i for b in batches for i in ids_of(b)) == list(range(IMAGES))
+    assert all(b["label"].tolist() == b["image"][:, 0, 2].tolist() for b in batches)
+    for s in two:
+        s.epoch = 1
+    trained = []
+    for s in two:
+        for position, batch in enumerate(s, start=1):
+            s.position = position
+            trained += ids_of(batch)
+            if position == 2:
+                break
+    (one,) = ranks(1)
+    one.load_state_dict(two[0].state_dict())
+    assert sorted(trained + [i for b in one for i in ids_of(b)]) == list(range(IMAGES))
+
+
+def test_packed_csv_rows_are_the_sources(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    for f in range(3):
+        lines = "".join(f"{i},{i / 4}\n" for i in range(f * 50, f * 50 + 50))
+        (tmp_path / "src" / f"part-{f}.csv").write_text("id,x\n" + lines)
+    done = pack(str(tmp_path / "src"), str(tmp_path / "dest"), "csv", shard_mb=0.0005,
+                out=io.StringIO())  # fmt: skip
+    table = pq.read_table(tmp_path / "dest")
+    assert done.files == 3 and done.rows == 150 and done.shards > 1
+    assert sorted(table.column("id").to_pylist()) == list(range(150))
+    assert table.schema.field("x").type == "float"  # as the per-rank reader parses it
+
+
+def test_bad_input_to_pack_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_images(tmp_path / "src", n=6)
+    (tmp_path / "src" / "class-1" / "zz.png").write_text("not a png")
+    cases = {
+        "zz.png does not decode": ["pack", str(tmp_path / "src"), str(tmp_path / "out")],
+        "inside": ["pack", str(tmp_path / "src"), str(tmp_path / "src" / "packed")],
+        "no such file": ["pack", str(tmp_path / "nothing"), str(tmp_path / "out")],
+        "must be more than 0": ["pack", str(tmp_path / "src"), str(tmp_path / "o2"),
+                                "--shard-mb", "0"],
+    }  # fmt: skip
+    for says, argv in cases.items():
+        assert main(argv) == 2, says
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and "Traceback" not in err, err
