@@ -3,8 +3,9 @@
 The public surface: load and validate a spec, train it here (``fit``) or on a cluster
 (``submit``, a ``JobHandle`` to follow it; ``supervise=True`` resubmits a job lost with
 its head or driver, ``SupervisionError`` otherwise), a run's live progress from anywhere
-(``status``, a ``RunStatus``), one embedded Ray for several runs (``start_local``), and the
-errors it may raise.
+(``status``, a ``RunStatus``), one embedded Ray for several runs (``start_local``), a set
+of many small files packed into Parquet shards (``pack``, a ``PackSummary``), and the errors
+it may raise.
 """
 
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "JobHandle",
     "JobSpec",
     "JobsError",
+    "PackSummary",
     "RaytrainError",
     "RunStateError",
     "RunStatus",
@@ -41,6 +43,7 @@ __all__ = [
     "fit",
     "list_jobs",
     "load_spec",
+    "pack",
     "start_local",
     "status",
     "submit",
@@ -63,4 +66,8 @@ def __getattr__(name: str) -> Any:
         from raytrain.driver.ray_runtime import start_local
 
         return start_local
+    if name in ("pack", "PackSummary"):  # raytrain pack (pyarrow, Pillow: no Ray)
+        from raytrain.data import pack
+
+        return pack.pack if name == "pack" else pack.PackSummary
     raise AttributeError(f"module 'raytrain' has no attribute {name!r}")

@@ -25,3 +25,19 @@ def write_images(root: Path, n: int = IMAGES, classes: int = 3) -> None:
 def ids_of(batch: dict) -> list[int]:
     image = batch["image"].numpy().astype(int)
     return (image[:, 0, 0] * 256 + image[:, 0, 1]).tolist()
+
+
+def write_digit_images(root: Path, first: int, n: int) -> None:
+    """scikit-learn's digits ``first`` to ``first + n`` as 9x8 grey PNGs in ``root/{label}/``:
+    the digit's pixels (0..255) over a row holding the image's index."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    for i in range(first, first + n):
+        folder = root / str(bunch.target[i])
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = np.zeros((9, 8), dtype=np.uint8)
+        pixels[:8] = np.clip(bunch.images[i] * 16, 0, 255)
+        pixels[8, :2] = [i // 256, i % 256]
+        Image.fromarray(pixels).save(folder / f"{i:05d}.png")

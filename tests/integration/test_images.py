@@ -20,27 +20,12 @@ from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
 from raytrain.cli.app import main
 from raytrain.data.loaders import step_slices
 from tests.conftest import digits_spec
+from tests.image_folders import write_digit_images
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EPOCHS, BATCH, TRAIN, VAL = 4, 32, 600, 200
 KILLS = (15, 27)  # mid-epoch 1 (steps 10-19) and mid-epoch 2 (20-29), 10 steps an epoch
-
-
-def write_digit_images(root: Path, first: int, n: int) -> None:
-    """scikit-learn's digits ``first`` to ``first + n`` as 9x8 grey PNGs in ``root/{label}/``:
-    the digit's pixels (0..255) over a row holding the image's index."""
-    from PIL import Image
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    for i in range(first, first + n):
-        folder = root / str(bunch.target[i])
-        folder.mkdir(parents=True, exist_ok=True)
-        pixels = np.zeros((9, 8), dtype=np.uint8)
-        pixels[:8] = np.clip(bunch.images[i] * 16, 0, 255)
-        pixels[8, :2] = [i // 256, i % 256]
-        Image.fromarray(pixels).save(folder / f"{i:05d}.png")
 
 
 def test_image_folders_killed_mid_epoch_and_resumed_on_fewer_workers_train_each_image_4_times(

@@ -69,9 +69,10 @@ def test_packed_images_are_read_per_rank_every_image_once_and_exact_on_restore(
     fs = pafs.LocalFileSystem()
 
     def ranks(world: int) -> list[PackedImageStream]:
-        return [PackedImageStream(found, fs, ImageFiles(None, fs, None, None), 8, rank=r,  # type: ignore[arg-type]
-                                  world_size=world, shuffle_seed=2, window_rows=16,
-                                  num_workers=1 if r == 0 else 0) for r in range(world)]  # fmt: skip
+        decoder = ImageFiles(None, fs, None, None)
+        return [PackedImageStream(found, fs, decoder, 8, rank=r, world_size=world,  # type: ignore[arg-type]
+                                  shuffle_seed=2, window_rows=16, num_workers=1 - r)
+                for r in range(world)]  # fmt: skip
 
     two = ranks(2)
     batches = [b for s in two for b in s]
