@@ -12,6 +12,8 @@ In one run, on generated files (nothing downloaded):
   ``iter_torch_batches``) that images took before. Decoded to tensors, no model; an epoch
   after a first one, so every side's processes have started (the first epochs' times are
   kept in the JSON too).
+- packed images: the same folders packed once by ``raytrain pack`` (timed apart; 64 MB
+  shards), read by one rank's ``PackedImageStream`` with the same decoding processes.
 - CSV and JSON Lines: ``--table-mb`` MB of rows (16 float columns and a label) in 8 files.
   raytrain's path (the blocks planned as the driver does, ``text_blocks.plan_text``, timed
   apart, then one rank's ``ParquetStream`` of an epoch as torch batches) against pyarrow's
@@ -33,6 +35,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,6 +109,27 @@ def raytrain_epochs(fs, images, workers: int) -> list[float]:
         stream.epoch = epoch
         out.append(_epoch(stream, images.num_rows))
     return out
+
+
+def packed_epochs(fs, uri: str, workers: int, n: int) -> list[float]:
+    """Seconds of two epochs of one rank's ``PackedImageStream`` over the packed folder."""
+    from raytrain.data.image_stream import ImageFiles, PackedImageStream
+    from raytrain.data.sources import image_plan
+    from raytrain.spec import SourceSpec
+
+    options = _OPTIONS.get(uri.split("://")[0])
+    found = image_plan(SourceSpec(uri=uri, format="images"), options, "error")
+    stream = PackedImageStream(found, fs, ImageFiles(None, fs, None, "RGB"), BATCH, rank=0,
+                               world_size=1, shuffle_seed=0, window_rows=4096,
+                               num_workers=workers)  # fmt: skip
+    out = []
+    for epoch in range(2):
+        stream.epoch = epoch
+        out.append(_epoch(stream, n))
+    return out
+
+
+_OPTIONS: dict[str, object] = {}  # the S3 options, by scheme, once the server is up
 
 
 def ray_data_epochs(uri: str, options, n: int) -> list[float]:
@@ -218,18 +243,27 @@ def main() -> None:
         sets = {"local": (local, str(work / "images"), str(work / "images")),
                 "s3": (s3, f"s3://{BUCKET}/images", f"{BUCKET}/images")}  # fmt: skip
         listed = {k: list_images(uri, fs, path, check=False) for k, (fs, uri, path) in sets.items()}
+        _OPTIONS["s3"] = options
+        from raytrain.data.pack import pack
+
+        packed = {"local": str(work / "packed"), "s3": f"s3://{BUCKET}/packed"}
+        for where, (_, uri, _) in sets.items():
+            began = time.perf_counter()
+            pack(uri, packed[where], "images", 64, options, out=open(os.devnull, "w"))  # noqa: SIM115
+            runs[f"images {where}: pack (once)"] = [time.perf_counter() - began]
         ray_handle = start_local(2 + DATA_CPUS)
-        sides = {}
+        sides: dict[str, Callable[[], list[float]]] = {}
         for where, (fs, uri, _) in sets.items():
-            images = listed[where]
-            sides[f"images {where}: raytrain"] = lambda fs=fs, i=images: raytrain_epochs(
-                fs, i, args.workers
-            )
-            sides[f"images {where}: DataLoader"] = lambda fs=fs, i=images: dataloader_epochs(
-                fs, i, args.workers
-            )
-            sides[f"images {where}: Ray Data"] = lambda uri=uri, n=images.num_rows: ray_data_epochs(
-                uri, options if uri.startswith("s3") else None, n)  # fmt: skip
+            images, w = listed[where], args.workers
+            s3_options = options if uri.startswith("s3") else None
+            sides |= {
+                f"images {where}: raytrain": partial(raytrain_epochs, fs, images, w),
+                f"images {where}: DataLoader": partial(dataloader_epochs, fs, images, w),
+                f"images {where}: packed": partial(packed_epochs, fs, packed[where], w,
+                                                   images.num_rows),
+                f"images {where}: Ray Data": partial(ray_data_epochs, uri, s3_options,
+                                                     images.num_rows),
+            }  # fmt: skip
         csv, jsonl, rows = write_tables(work, args.table_mb)
         plans = {}
         for fmt, folder in (("csv", csv), ("json", jsonl)):
@@ -263,6 +297,9 @@ def main() -> None:
     print("-" * len(header))
     for name, ours, base in rows_out:
         print(f"{name:<30} {ours:>12,.0f} {base:>12,.0f} {ours / base:>7.2f}")
+    for where in ("local", "s3"):
+        print(f"images {where}: `raytrain pack` of the folder (once): "
+              f"{med[f'images {where}: pack (once)']:.2f} s")  # fmt: skip
     for fmt in ("csv", "json"):
         print(f"{fmt}: the driver's plan (a parse of every block, once a run): "
               f"{med[f'{fmt}: raytrain plan (driver, once a run)']:.2f} s")  # fmt: skip
