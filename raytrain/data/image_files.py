@@ -104,8 +104,58 @@ def packed_manifest(fs: Any, path: str) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) and manifest.get("format") == "images" else None
 
 
-def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool = True) -> ImageSet:
-    """The image files under ``path`` (the folder ``uri`` names), sorted, with their labels.
+def read_labels(uri: str, options: Any = None) -> dict[str, str]:
+    """A labels file (``SourceSpec.labels``): CSV with a ``path`` column (each image's path
+    under the folder) and a ``label`` column (a class name, or an integer class index). A
+    file that is not such a CSV is a ``BadImages`` naming what is wrong."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from raytrain import storage
+
+    fs, path = storage.filesystem(uri, options)
+    try:
+        with fs.open_input_stream(path) as handle:
+            table = pacsv.read_csv(handle, convert_options=pacsv.ConvertOptions(
+                column_types={"path": pa.string(), "label": pa.string()}))  # fmt: skip
+    except Exception as exc:
+        raise BadImages(f"cannot read {uri} as CSV: {str(exc).splitlines()[0]}") from None
+    absent = [c for c in ("path", "label") if c not in table.column_names]
+    if absent:
+        raise BadImages(f"{uri} has no {' or '.join(absent)} column (it has: "
+                        f"{', '.join(table.column_names)}); a labels file is CSV with a header "
+                        "`path,label`")  # fmt: skip
+    out: dict[str, str] = {}
+    rows = zip(table.column("path").to_pylist(), table.column("label").to_pylist(), strict=True)
+    for line, (name, label) in enumerate(rows, start=2):
+        if not name or label is None:
+            raise BadImages(f"{uri}, line {line}: no path or no label")
+        if name in out:
+            raise BadImages(f"{uri}, line {line}: {name!r} is labelled twice")
+        out[name] = label
+    return out
+
+
+def _labelled(files: list[str], root: str, labels: dict[str, str], uri: str) -> tuple[list[int], tuple[str, ...]]:  # fmt: skip
+    """Each file's class index from a labels file, and the class names (none where the
+    labels are integers: they are the indices)."""
+    rel = [f[len(root) + 1 :] for f in files]
+    missing = [f for f, r in zip(files, rel, strict=True) if r not in labels]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise BadImages(f"{missing[0]} has no label in the labels file{more}")
+    values = [labels[r] for r in rel]
+    if all(v.lstrip("-").isdigit() for v in values):
+        return [int(v) for v in values], ()
+    classes = tuple(sorted(set(values)))
+    index = {name: i for i, name in enumerate(classes)}
+    return [index[v] for v in values], classes
+
+
+def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool = True,
+                labels: dict[str, str] | None = None) -> ImageSet:  # fmt: skip
+    """The image files under ``path`` (the folder ``uri`` names), sorted, with their labels:
+    from ``labels`` (``read_labels``: every image must have one) or the class folders.
 
     A class folder without images is a ``BadImages`` naming it, as is a folder with none at
     all. With ``check``, every file's header is read (``header_problem``, in threads): a
@@ -133,19 +183,24 @@ def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool
                             "to train without such files")  # fmt: skip
         gone = {f for f, _ in broken}
         files, skipped = [f for f in files if f not in gone], len(broken)
+    if labels is not None:
+        given, classes = _labelled(files, root, labels, uri)
+        return ImageSet(uri=uri, files=tuple(files), labels=tuple(given), classes=classes,
+                        skipped=skipped, sizes=tuple(found[f] for f in files))  # fmt: skip
     if not top:
         return ImageSet(uri=uri, files=tuple(files), labels=None, skipped=skipped,
                         sizes=tuple(found[f] for f in files))  # fmt: skip
     index = {name: i for i, name in enumerate(top)}
-    labels, kept = [], []
+    indices: list[int] = []
+    kept: list[str] = []
     for f in files:
         parts = f[len(root) + 1 :].split("/")
         if len(parts) > 1:  # a file beside the class folders has no class: left out
             kept.append(f)
-            labels.append(index[parts[0]])
-    empty = sorted(set(top) - {top[i] for i in labels})
+            indices.append(index[parts[0]])
+    empty = sorted(set(top) - {top[i] for i in indices})
     if empty:
         raise BadImages(f"the class folder {root}/{empty[0]} has no image files"
                         + (f" (nor have {len(empty) - 1} more)" if len(empty) > 1 else ""))  # fmt: skip
-    return ImageSet(uri=uri, files=tuple(kept), labels=tuple(labels), classes=tuple(top),
+    return ImageSet(uri=uri, files=tuple(kept), labels=tuple(indices), classes=tuple(top),
                     skipped=skipped, sizes=tuple(found[f] for f in kept))  # fmt: skip

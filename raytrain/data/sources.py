@@ -382,7 +382,7 @@ def image_plan(
     only to leave unreadable files out (``bad: skip``: the preflight checked them under
     ``error``). Problems with the folder are a ``SpecError`` naming ``source.uri``. Images
     packed by ``raytrain pack``: their shards' row groups, as a ``StreamedSet`` of images."""
-    from raytrain.data.image_files import BadImages, list_images, packed_manifest
+    from raytrain.data.image_files import BadImages, list_images, packed_manifest, read_labels
 
     fs, path = storage.filesystem(source.uri, options)
     if packed_manifest(fs, path) is not None:
@@ -391,7 +391,8 @@ def image_plan(
         return dataclasses.replace(stream_plan(source.model_copy(update={"format": "parquet"}),
                                                options), images=True)  # fmt: skip
     try:
-        images = list_images(source.uri, fs, path, bad=bad, check=bad == "skip")
+        labels = None if source.labels is None else read_labels(source.labels, options)
+        images = list_images(source.uri, fs, path, bad=bad, check=bad == "skip", labels=labels)
     except BadImages as exc:
         from raytrain.errors import SpecError
 

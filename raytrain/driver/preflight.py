@@ -293,7 +293,7 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
                 continue
             names = _source_columns(source, uri, options, data.bad_images)
         except FilesProblem as exc:
-            problems.append(f"{field}.uri: {exc}")
+            problems.append(f"{field}.{exc.field}: {exc}")
             continue
         except Exception as exc:
             problems.append(f"{field}.uri: cannot read {source.format} data at {uri}: "
@@ -386,14 +386,20 @@ def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "erro
             raise FilesProblem(str(exc)) from None
     if source.format != "images":
         return dataset_schema_names(uri, source.format, options)
-    from raytrain.data.image_files import BadImages, list_images, packed_manifest
+    from raytrain.data.image_files import BadImages, list_images, packed_manifest, read_labels
 
     fs, path = storage.filesystem(uri, options)
     packed = packed_manifest(fs, path)
     if packed is not None:  # raytrain pack's shards: checked when they were packed
         return ["image", "label"] if packed.get("classes") else ["image"]
+    labels = None
+    if source.labels is not None:
+        try:
+            labels = read_labels(source.labels, options)
+        except BadImages as exc:
+            raise FilesProblem(str(exc), "labels") from None
     try:  # every header read (bad_images: error), and no class folder without images
-        images = list_images(uri, fs, path, check=bad_images == "error")
+        images = list_images(uri, fs, path, check=bad_images == "error", labels=labels)
     except BadImages as exc:
         raise FilesProblem(str(exc)) from None
     return ["image", "label"] if images.labels is not None else ["image"]
@@ -401,7 +407,11 @@ def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "erro
 
 class FilesProblem(Exception):
     """An image folder or text files that cannot be trained on, said as the problem's whole
-    message."""
+    message; ``field``: the source's field it names (``uri``, or ``labels``)."""
+
+    def __init__(self, message: str, field: str = "uri"):
+        super().__init__(message)
+        self.field = field
 
 
 def raise_if(problems: list[str]) -> None:

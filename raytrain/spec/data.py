@@ -54,6 +54,24 @@ class SourceSpec(_Section):
     image_mode: str | None = Field(
         default=None, description="`images`: a Pillow mode to convert to (`RGB`, `L`, ...)."
     )
+    labels: str | None = Field(
+        default=None,
+        min_length=1,
+        description="`images` in a flat folder: a CSV file (path or URI) with a header "
+        "`path,label`: each image's path under `uri` and its class (a name, or an integer "
+        "index); every image must have one. Unset: the class folders give the labels.",
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_location(cls, value: str | None) -> str | None:
+        return None if value is None else _check_location(value)
+
+    @model_validator(mode="after")
+    def _labels_for_images(self) -> SourceSpec:
+        if self.labels is not None and self.format != "images":
+            raise ValueError("labels is for `images` sources: other formats hold their labels")
+        return self
 
     @field_validator("image_size")
     @classmethod
@@ -270,7 +288,20 @@ class DataSpec(_Section):
         if "images" not in formats:
             raise ValueError("transform is each image's augmentation: it needs an `images` "
                              "source (use preprocess for other formats)")  # fmt: skip
-        if self.preprocess_on is not None:
+        return self
+
+    @model_validator(mode="after")
+    def _labels_read_per_rank(self) -> DataSpec:
+        labelled = [f for f, s in [*self.train_sources(), ("data.val", self.val)]
+                    if s is not None and s.labels is not None]  # fmt: skip
+        if labelled and self.preprocess_on is not None:
+            raise ValueError(f"{labelled[0]}.labels: a labels file is read where each rank "
+                             "reads its images, not by Ray Data (preprocess_on)")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _transform_not_on_ray_data(self) -> DataSpec:
+        if self.transform is not None and self.preprocess_on is not None:
             raise ValueError("transform runs where each rank decodes its images; with "
                              "preprocess_on, images are decoded by Ray Data on those nodes: "
                              "do the augmentation in preprocess there")  # fmt: skip

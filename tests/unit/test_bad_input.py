@@ -91,6 +91,13 @@ CASES = {
         ["data.train={uri: '{images}/bad.csv', format: csv}", "data.columns=null"],
         "data.train.uri",
     ),
+    "image_labels_file_without_labels": (
+        [
+            "data.train={uri: '{images}/good/a', format: images, labels: '{images}/bad.csv'}",
+            "data.columns=null",
+        ],
+        "data.train.labels",
+    ),
     "image_does_not_decode": (
         ["data.train={uri: '{images}/bad-file', format: images}", "data.columns=null"],
         "data.train.uri",

@@ -113,3 +113,32 @@ def test_an_image_that_does_not_decode_in_training_is_named(tmp_path: Path) -> N
     (tmp_path / "class-0" / "0002.png").write_bytes(good[:40])  # truncated after the listing
     with pytest.raises(TrainingFailed, match=r"cannot read the image .*0002\.png"):
         list(s)
+
+
+def test_a_flat_folder_takes_its_labels_from_a_labels_file(tmp_path: Path) -> None:
+    from raytrain.data.image_files import read_labels
+
+    write_images(tmp_path / "nested", n=6)
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for png in sorted((tmp_path / "nested").rglob("*.png")):
+        png.rename(flat / png.name)
+    fs = pafs.LocalFileSystem()
+    names = tmp_path / "names.csv"
+    names.write_text("path,label\n" + "".join(f"{i:04d}.png,{'cat' if i % 2 else 'dog'}\n"
+                                              for i in range(6)))  # fmt: skip
+    images = list_images("flat", fs, str(flat), labels=read_labels(str(names)))
+    assert images.classes == ("cat", "dog") and images.labels == (1, 0, 1, 0, 1, 0)
+    numbers = tmp_path / "numbers.csv"
+    numbers.write_text("label,path\n" + "".join(f"{i % 3},{i:04d}.png\n" for i in range(6)))
+    images = list_images("flat", fs, str(flat), labels=read_labels(str(numbers)))
+    assert images.classes == () and images.labels == (0, 1, 2, 0, 1, 2)
+    numbers.write_text("path,label\n0000.png,1\n")
+    with pytest.raises(BadImages, match=r"0001\.png has no label in the labels file \(and 4"):
+        list_images("flat", fs, str(flat), labels=read_labels(str(numbers)))
+    numbers.write_text("path,class\n0000.png,1\n")
+    with pytest.raises(BadImages, match=r"numbers\.csv has no label column \(it has: path, class"):
+        read_labels(str(numbers))
+    numbers.write_text("path,label\n0000.png,1\n0000.png,2\n")
+    with pytest.raises(BadImages, match=r"numbers\.csv, line 3: '0000\.png' is labelled twice"):
+        read_labels(str(numbers))
