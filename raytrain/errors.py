@@ -69,6 +69,11 @@ class NonFiniteLossError(RuntimeError):
     """Raised in the workers when the loss or its gradients are NaN/Inf; never retried."""
 
 
+class BadDataError(RuntimeError):
+    """Raised in the workers for data no retry can train on (an image that does not decode,
+    images of different shapes in a batch); never retried. The message names the file."""
+
+
 class LossSpikeError(RuntimeError):
     """Raised in the workers when they agree the loss spiked (``failure.spike``): the run is
     retried from its last checkpoint, skipping the rows up to the spike."""

@@ -97,8 +97,11 @@ class ImageFiles:
             try:
                 image = open_image(data, self._size, self._mode)
             except Exception as exc:
-                raise _unreadable(self.images, path, exc) from None
+                raise _undecodable(self.images, path, exc) from None
             pixels.append(np.asarray(image if transform is None else transform(image)))
+        shapes = {p.shape for p in pixels}
+        if len(shapes) > 1:
+            raise _mixed_shapes(self.images.uri, paths, pixels)
         batch: dict[str, Any] = {"image": np.stack(pixels)}
         if labels is not None:
             batch["label"] = np.array(labels, dtype=np.int64)
@@ -122,12 +125,50 @@ class PackedBatch:
     labels: list[int] | None
 
 
+def _undecodable(images: ImageSet, path: str, exc: Exception) -> Exception:
+    from raytrain.errors import BadDataError
+
+    detail = str(exc).splitlines()[0] if str(exc) else ""
+    return BadDataError(f"data: the image {path} (of {images.uri or 'a packed set'}) does not "
+                        f"decode: {type(exc).__name__}: {detail}")  # fmt: skip
+
+
 def _unreadable(images: ImageSet, path: str, exc: Exception) -> Exception:
     from raytrain.errors import TrainingFailed
 
     detail = str(exc).splitlines()[0] if str(exc) else ""
     return TrainingFailed(f"data: cannot read the image {path} (a file of {images.uri}): "
                           f"{type(exc).__name__}: {detail}")  # fmt: skip
+
+
+def _mixed_shapes(uri: str, paths: Sequence[str], pixels: Sequence[Any]) -> Exception:
+    """The error for a batch whose images differ in shape: two of them named."""
+    from raytrain.errors import BadDataError
+
+    first = pixels[0].shape
+    other = next(i for i, p in enumerate(pixels) if p.shape != first)
+    return BadDataError(
+        f"data: images of {uri or 'a packed set'} differ in shape within a batch: {paths[0]} "
+        f"is {first}, {paths[other]} is {pixels[other].shape}; set the source's image_size "
+        "(and image_mode, e.g. RGB) or a data.transform that makes them one shape"
+    )
+
+
+def _decoded(loader: Any) -> Iterator[Any]:
+    """The pool's batches; an error of ours raised in a decoding process comes back as the
+    DataLoader re-raises it (its first line "Caught ... in DataLoader worker process 0", the
+    process's traceback after): raised again with our message alone, which is what the
+    run's failure line shows."""
+    from raytrain.errors import BadDataError, TrainingFailed
+
+    try:
+        yield from loader
+    except (BadDataError, TrainingFailed) as exc:
+        text = str(exc)
+        if not text.startswith("Caught "):
+            raise
+        last = text.rstrip().splitlines()[-1]
+        raise type(exc)(last.split(f"{type(exc).__name__}: ", 1)[-1]) from None
 
 
 class _Batches:
@@ -209,7 +250,7 @@ class ImageStream(StreamSchedule):
         self._sampler.batches, self._sampler.count = batches, len(batches)
         if not batches:
             return
-        for batch in self._data_loader():
+        for batch in _decoded(self._data_loader()):
             yield batch_as(batch, self._tuple)
 
 
@@ -247,5 +288,5 @@ class PackedImageStream(ParquetStream):
         self._sampler.batches, self._sampler.count = packed(), len(sizes)
         if self._loader is None:
             self._loader = pool_loader(self._files, self._sampler, self._workers, self._pin)
-        for batch in self._loader:
+        for batch in _decoded(self._loader):
             yield batch_as(batch, self._images_tuple)

@@ -6,6 +6,8 @@ exceptions:
 
 - a non-finite loss (``NonFiniteLossError`` on any rank, or wrapped by any) is never
   retried: a retry from the last checkpoint would replay the same batches to the same NaN;
+  nor is data that cannot be trained on (``BadDataError``: an image that does not decode),
+  which a retry would read again;
 - a loss spike (``LossSpikeError``: the ranks agreed on it, ``failure.spike``) is retried
   and not counted against ``max_failures``: the restart rolls back to the last checkpoint
   and skips the rows up to the spike (``worker.spike``), so it does not replay it; once
@@ -30,6 +32,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from raytrain.errors import (
+    BadDataError,
     LossSpikeError,
     LossSpikeLimitError,
     NonFiniteLossError,
@@ -72,7 +75,7 @@ class FailurePolicy:
             except Exception:  # a notice that cannot be sent never changes the decision
                 logger.warning("the failure could not be told to the driver", exc_info=True)
         if any(wraps(error, NonFiniteLossError) or wraps(error, LossSpikeLimitError)
-               for error in errors):  # fmt: skip
+               or wraps(error, BadDataError) for error in errors):  # fmt: skip
             return Decision.RAISE
         if any(wraps(error, LossSpikeError) for error in errors):
             logger.warning("loss spike: rolling back to the last checkpoint")

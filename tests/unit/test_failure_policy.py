@@ -75,6 +75,13 @@ def test_a_non_finite_loss_is_never_retried(errors: tuple[BaseException, ...]) -
     assert decide(unlimited, *errors) == RAISE
 
 
+def test_data_that_cannot_be_trained_on_is_never_retried() -> None:
+    from raytrain.errors import BadDataError
+
+    bad = BadDataError("data: the image cat/7.png (of s3://b/train) does not decode")
+    assert decide(policy(max_failures=-1), Wrapped(bad), RuntimeError("aborted")) == RAISE
+
+
 def test_an_ordinary_failure_is_retried_up_to_max_failures() -> None:
     p = policy(max_failures=2)
     crash = RuntimeError("worker died")

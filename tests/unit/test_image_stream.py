@@ -104,14 +104,15 @@ def test_decoding_resizes_converts_and_transforms_in_the_pool(tmp_path: Path) ->
     assert sorted(batch["image"][:, 0, 3].tolist()) == [0, 1, 2, 3]
 
 
-def test_an_image_that_does_not_decode_in_training_is_named(tmp_path: Path) -> None:
-    from raytrain.errors import TrainingFailed
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_image_that_does_not_decode_in_training_is_named(tmp_path: Path, workers: int) -> None:
+    from raytrain.errors import BadDataError
 
     write_images(tmp_path, n=4, classes=1)
-    (s,) = streams(tmp_path, 1)
+    (s,) = streams(tmp_path, 1, workers=workers)
     good = (tmp_path / "class-0" / "0002.png").read_bytes()
     (tmp_path / "class-0" / "0002.png").write_bytes(good[:40])  # truncated after the listing
-    with pytest.raises(TrainingFailed, match=r"cannot read the image .*0002\.png"):
+    with pytest.raises(BadDataError, match=r"^data: the image .*0002\.png .* does not decode"):
         list(s)
 
 
@@ -142,3 +143,16 @@ def test_a_flat_folder_takes_its_labels_from_a_labels_file(tmp_path: Path) -> No
     numbers.write_text("path,label\n0000.png,1\n0000.png,2\n")
     with pytest.raises(BadImages, match=r"numbers\.csv, line 3: '0000\.png' is labelled twice"):
         read_labels(str(numbers))
+
+
+def test_images_of_different_shapes_in_a_batch_are_named_with_the_fix(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from raytrain.errors import BadDataError
+
+    write_images(tmp_path, n=4, classes=1)
+    Image.new("RGB", (5, 6)).save(tmp_path / "class-0" / "0002.png")  # RGB among grey
+    (s,) = streams(tmp_path, 1)
+    with pytest.raises(BadDataError, match=r"differ in shape within a batch: .* is \(6, 5\), "
+                       r".*0002\.png is \(6, 5, 3\); set the source's image_size"):  # fmt: skip
+        list(s)
