@@ -10,8 +10,9 @@
         loses it; exit 3: the cluster was given up on)
     raytrain status JOB_ID|SPEC|NAME --storage URI [--json]   (a run's live progress)
     raytrain doctor SPEC|NAME --storage URI [--tracking-uri URI]   (where its time went)
-    raytrain pack SRC DEST [--format images|csv|json] [--shard-mb 256]   (small files ->
-        Parquet shards; run again after an interruption, it keeps the shards already whole)
+    raytrain pack SRC DEST [--format images|csv|json] [--shard-mb 256] [--skip-bad]
+        (many small files as Parquet shards; run again after an interruption, it keeps the
+        shards already whole)
     raytrain logs|stop JOB_ID [--address URL]      raytrain list [--address URL]
     (a job command sends the cluster's token over plain http only to this machine, or with
     --insecure)
@@ -191,6 +192,8 @@ def _add_job_commands(sub: Any) -> None:
                       help="what SRC holds (default: images)")  # fmt: skip
     pack.add_argument("--shard-mb", type=float, default=256.0,
                       help="about this many MB of source files a shard (default 256)")  # fmt: skip
+    pack.add_argument("--skip-bad", action="store_true",
+                      help="images: leave out the files that do not decode, counted")  # fmt: skip
     for name, text in (
         ("logs", "a job's driver output"),
         ("stop", "stop a job"),
@@ -296,22 +299,38 @@ def _report(args: argparse.Namespace) -> int:
 
 def _pack(args: argparse.Namespace) -> int:
     """``raytrain pack``: its arguments checked, the shards written, a summary printed."""
+    import math
+    import os
+
     from raytrain import storage
     from raytrain.data.pack import PackError, pack
+    from raytrain.errors import StorageError
 
-    if not args.shard_mb > 0:
-        raise SpecError(f"--shard-mb {args.shard_mb:g}: must be more than 0")
+    if not (args.shard_mb > 0 and math.isfinite(args.shard_mb)):
+        raise SpecError(f"--shard-mb {args.shard_mb:g}: must be a number of MB more than 0")
+    for name, value in (("SRC", args.src), ("DEST", args.dest)):
+        if not value.strip():
+            raise SpecError(f"{name}: empty; name a folder or a URI")
     src, dest = storage.resolve(args.src).rstrip("/"), storage.resolve(args.dest).rstrip("/")
+    if not storage.is_uri(src):
+        src = os.path.realpath(src)  # a link to the folder is the folder
+    if not storage.is_uri(dest):
+        dest = os.path.realpath(dest)
     if dest == src or dest.startswith(src + "/"):
         raise SpecError(f"{args.dest}: inside {args.src}, which it would then be part of: "
                         "pack into another folder")  # fmt: skip
     if not storage.exists(src):
         raise SpecError(f"{args.src}: no such file or folder")
     try:
-        done = pack(src, dest, args.format, args.shard_mb)
+        done = pack(src, dest, args.format, args.shard_mb, skip_bad=args.skip_bad)
     except PackError as exc:
         raise SpecError(f"{args.src}: {exc}") from None
+    except OSError as exc:  # the store's refusal: a read-only folder, a missing bucket
+        raise StorageError(f"{args.dest}: cannot write the shards there: "
+                           f"{storage.describe(exc)}") from None  # fmt: skip
     again = f", {done.skipped} of them already there" if done.skipped else ""
+    if done.bad_files:
+        again += f"; {done.bad_files:,} files that do not decode left out (--skip-bad)"
     print(printable(f"raytrain: packed {done.files:,} files ({done.bytes / 1e6:,.1f} MB, "
                     f"{done.rows:,} rows) into {done.shards} shards at {args.dest}{again} in "
                     f"{done.seconds:.1f}s"))  # fmt: skip

@@ -64,12 +64,15 @@ def image_classes(fs: Any, path: str) -> list[str]:
     return sorted(e.base_name for e in entries if e.type == pafs.FileType.Directory)
 
 
-def image_problem(data: bytes) -> str | None:
-    """Why Pillow cannot read an image from ``data`` (its first bytes will do), or None."""
+def image_problem(data: bytes, whole: bool = False) -> str | None:
+    """Why Pillow cannot read an image from ``data`` (its first bytes will do), or None;
+    ``whole``: decoded to its last pixel, so a truncated file is found too."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(data)) as image:
+            if whole:
+                image.load()
             image.size  # noqa: B018  # the header parsed
     except UnidentifiedImageError:
         return "not an image Pillow can read"
@@ -91,9 +94,10 @@ def header_problem(fs: Any, path: str) -> str | None:
 PACK_MANIFEST = "_raytrain_pack.json"  # ``data.pack.MANIFEST``: a packed set's manifest
 
 
-def packed_manifest(fs: Any, path: str) -> dict[str, Any] | None:
-    """The manifest of images packed by ``raytrain pack`` at ``path``, or None: not packed
-    images (no manifest, or one of packed rows)."""
+def pack_manifest(fs: Any, path: str) -> dict[str, Any] | None:
+    """The manifest ``raytrain pack`` wrote at ``path``, or None (not a pack's folder). An
+    unfinished pack (interrupted, or stopped at a bad file) is a ``BadImages`` saying so: its
+    shards are a mix of the old and the new."""
     import json
 
     try:
@@ -101,7 +105,19 @@ def packed_manifest(fs: Any, path: str) -> dict[str, Any] | None:
             manifest = json.loads(handle.read())
     except Exception:
         return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == "images" else None
+    if not isinstance(manifest, dict):
+        return None
+    if manifest.get("complete") is False:
+        raise BadImages(f"{path} is an unfinished pack of {manifest.get('source')} (raytrain "
+                        "pack was stopped before its end): run the same raytrain pack again")  # fmt: skip
+    return manifest
+
+
+def packed_manifest(fs: Any, path: str) -> dict[str, Any] | None:
+    """The manifest of images packed by ``raytrain pack`` at ``path``, or None: not packed
+    images (no manifest, or one of packed rows); ``pack_manifest``'s error when unfinished."""
+    manifest = pack_manifest(fs, path)
+    return manifest if manifest is not None and manifest.get("format") == "images" else None
 
 
 def read_labels(uri: str, options: Any = None) -> dict[str, str]:
@@ -128,7 +144,8 @@ def read_labels(uri: str, options: Any = None) -> dict[str, str]:
     out: dict[str, str] = {}
     rows = zip(table.column("path").to_pylist(), table.column("label").to_pylist(), strict=True)
     for line, (name, label) in enumerate(rows, start=2):
-        if not name or label is None:
+        name, label = (name or "").strip(), (label or "").strip()
+        if not name or not label:
             raise BadImages(f"{uri}, line {line}: no path or no label")
         if name in out:
             raise BadImages(f"{uri}, line {line}: {name!r} is labelled twice")
@@ -146,6 +163,10 @@ def _labelled(files: list[str], root: str, labels: dict[str, str], uri: str) -> 
         raise BadImages(f"{missing[0]} has no label in the labels file{more}")
     values = [labels[r] for r in rel]
     if all(v.lstrip("-").isdigit() for v in values):
+        negative = next((f for f, v in zip(files, values, strict=True) if int(v) < 0), None)
+        if negative is not None:
+            raise BadImages(f"{negative}'s label {labels[negative[len(root) + 1 :]]} is no "
+                            "class index: integer labels are 0 or more")  # fmt: skip
         return [int(v) for v in values], ()
     classes = tuple(sorted(set(values)))
     index = {name: i for i, name in enumerate(classes)}

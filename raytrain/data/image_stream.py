@@ -98,7 +98,13 @@ class ImageFiles:
                 image = open_image(data, self._size, self._mode)
             except Exception as exc:
                 raise _undecodable(self.images, path, exc) from None
-            pixels.append(np.asarray(image if transform is None else transform(image)))
+            if transform is None:
+                pixels.append(np.asarray(image))
+                continue
+            try:
+                pixels.append(np.asarray(transform(image)))
+            except Exception as exc:
+                raise _failed("transform", self._paths[0], path, exc) from exc
         shapes = {p.shape for p in pixels}
         if len(shapes) > 1:
             raise _mixed_shapes(self.images.uri, paths, pixels)
@@ -106,7 +112,10 @@ class ImageFiles:
         if labels is not None:
             batch["label"] = np.array(labels, dtype=np.int64)
         if preprocess is not None:
-            batch = preprocess(batch)
+            try:
+                batch = preprocess(batch)
+            except Exception as exc:
+                raise _failed("preprocess", self._paths[1], paths[0], exc) from exc
         return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
                 for k, v in batch.items()}  # fmt: skip
 
@@ -123,6 +132,17 @@ class PackedBatch:
     images: list[bytes]
     paths: list[str]
     labels: list[int] | None
+
+
+def _failed(field: str, function: str | None, path: str, exc: Exception) -> Exception:
+    """A user's ``data.transform`` or ``data.preprocess`` that raised: named, with the image
+    (or the batch's first) it was given. A ``BadDataError``: the same images would fail it
+    again, so it is not retried."""
+    from raytrain.errors import BadDataError
+
+    detail = str(exc).splitlines()[0] if str(exc) else ""
+    return BadDataError(f"data.{field} {function} failed on {path}: "
+                        f"{type(exc).__name__}: {detail}")  # fmt: skip
 
 
 def _undecodable(images: ImageSet, path: str, exc: Exception) -> Exception:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -72,6 +73,7 @@ class PackSummary:
     rows: int
     seconds: float
     dest: str
+    bad_files: int = 0  # images left out as undecodable (``skip_bad``)
 
 
 def shard_name(index: int) -> str:
@@ -79,29 +81,41 @@ def shard_name(index: int) -> str:
 
 
 def pack(src: str, dest: str, fmt: str = "images", shard_mb: float = 256,
-         options: Any = None, out: TextIO = sys.stderr) -> PackSummary:  # fmt: skip
+         options: Any = None, out: TextIO = sys.stderr,
+         skip_bad: bool = False) -> PackSummary:  # fmt: skip
     """Pack the files under ``src`` (format ``fmt``) into Parquet shards under ``dest`` (see
     the module docstring); progress lines go to ``out``. A source that cannot be packed is
     a ``PackError`` naming it; a file that does not decode (images) or parse (CSV, JSON)
-    too, with the shards before it kept."""
+    too, with the shards before it kept (``skip_bad``: images that do not decode are left
+    out and counted instead)."""
     from raytrain import storage
 
+    import pyarrow.fs as pafs
+
     began = time.monotonic()
+    if not math.isfinite(shard_mb) or shard_mb <= 0:
+        raise PackError(f"--shard-mb {shard_mb:g}: a size in MB, more than 0")
     src_fs, src_path = storage.filesystem(src, options)
     dest_fs, dest_path = storage.filesystem(dest, options)
     if fmt == "images":
-        source = _image_source(src, src_fs, src_path)
+        if src_fs.get_file_info(src_path).type == pafs.FileType.File:
+            raise PackError(f"{src} is a file: pack a folder of images")
+        source = _image_source(src, src_fs, src_path, skip_bad)
     elif fmt in ("csv", "json"):
         source = _text_source(src, src_fs, src_path, fmt)
     else:
         raise PackError(f"--format {fmt}: images, csv or json")
     units, sizes, write = source.units, source.sizes, source.write
-    plan = plan_shards(sizes, max(1, int(shard_mb * 2**20)))
-    dest_fs.create_dir(dest_path, recursive=True)
+    plan = plan_shards(sizes, max(1, int(min(shard_mb, 2**40) * 2**20)))
+    manifest_uri = f"{dest.rstrip('/')}/{MANIFEST}"
+    _claim(dest_fs, dest_path, dest)
+    # unfinished until the end: a reader refuses the folder meanwhile, a rerun may go on
+    storage.write_text(manifest_uri, json.dumps({"format": fmt, "source": src,
+                                                 "complete": False}), options)  # fmt: skip
     skipped, rows = 0, 0
     for index, run in enumerate(plan):
         path = f"{dest_path.rstrip('/')}/{shard_name(index)}"
-        key = _plan_key(fmt, [units[i] for i in run], [sizes[i] for i in run])
+        key = _plan_key(fmt, [units[i] for i in run], [sizes[i] for i in run], source.stamps)
         held = _whole_shard(dest_fs, path, key)
         if held is not None:
             skipped += 1
@@ -119,12 +133,32 @@ def pack(src: str, dest: str, fmt: str = "images", shard_mb: float = 256,
     _remove_stale(dest_fs, dest_path, len(plan))
     summary = PackSummary(files=source.files, bytes=sum(sizes),
                           shards=len(plan), skipped=skipped, rows=rows,
-                          seconds=time.monotonic() - began, dest=dest)  # fmt: skip
-    manifest = {"format": fmt, "source": src, "files": summary.files, "bytes": summary.bytes,
-                "rows": rows, "shards": [shard_name(i) for i in range(len(plan))],
-                "shard_mb": shard_mb, **source.manifest}  # fmt: skip
-    storage.write_text(f"{dest.rstrip('/')}/{MANIFEST}", json.dumps(manifest, indent=1), options)
+                          seconds=time.monotonic() - began, dest=dest,
+                          bad_files=source.bad[0])  # fmt: skip
+    manifest = {"format": fmt, "source": src, "complete": True, "files": summary.files,
+                "bytes": summary.bytes, "rows": rows, "skipped_files": source.bad[0],
+                "shards": [shard_name(i) for i in range(len(plan))], "shard_mb": shard_mb,
+                **source.manifest}  # fmt: skip
+    storage.write_text(manifest_uri, json.dumps(manifest, indent=1), options)
     return summary
+
+
+def _claim(fs: Any, path: str, dest: str) -> None:
+    """Make ``dest`` a pack's folder: new, empty, or a pack's already (a manifest, finished
+    or not). Anything else is refused: the shards' clean-up would delete files it did not
+    write, and a reader would take them as part of the set."""
+    import pyarrow.fs as pafs
+
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        raise PackError(f"{dest} is a file: name a folder for the shards")
+    if info.type == pafs.FileType.Directory:
+        names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(path))}
+        if names and MANIFEST not in names:
+            raise PackError(f"{dest} holds other files ({', '.join(sorted(names)[:3])}"
+                            f"{', ...' if len(names) > 3 else ''}) and no pack's "
+                            f"{MANIFEST}: pack into a new or empty folder")  # fmt: skip
+    fs.create_dir(path, recursive=True)
 
 
 @dataclass(frozen=True)
@@ -133,15 +167,22 @@ class PackSource:
     the writer of a shard of them (unit indices, footer metadata -> Parquet bytes, rows),
     the source's files, and what the manifest adds (an image folder's classes)."""
 
-    units: list[Any]
+    units: list[Any]  # image file paths, or (CSV/JSON file path, block index)
     sizes: list[int]
     write: Callable[[list[int], dict[bytes, bytes]], tuple[bytes, int]]
     files: int
     manifest: dict[str, Any]
+    stamps: dict[str, Any]  # each file's modification time (ns), from its listing
+    bad: list[int]  # [images left out as undecodable] (a counter the writer updates)
 
 
-def _plan_key(fmt: str, units: Sequence[Any], sizes: Sequence[int]) -> bytes:
-    digest = hashlib.sha256(json.dumps([fmt, list(units), list(sizes)]).encode())
+def _plan_key(fmt: str, units: Sequence[Any], sizes: Sequence[int],
+              stamps: dict[str, Any]) -> bytes:  # fmt: skip
+    """A shard's identity: its units and their bytes, and its files' paths and modification
+    times (``stamps``), so a rerun over a changed source writes the shard again."""
+    files = sorted({u if isinstance(u, str) else u[0] for u in units})
+    digest = hashlib.sha256(json.dumps([fmt, list(units), list(sizes),
+                                        [(f, stamps.get(f)) for f in files]]).encode())  # fmt: skip
     return digest.hexdigest().encode()
 
 
@@ -202,8 +243,18 @@ def _parquet(table: Any, metadata: dict[bytes, bytes], row_bytes: float) -> byte
     return sink.getvalue().to_pybytes()
 
 
-def _image_source(src: str, fs: Any, path: str) -> PackSource:
-    """An image folder's files, each a unit."""
+def _stamps(fs: Any, path: str) -> dict[str, Any]:
+    """Every file's modification time under ``path`` (ns; None where the store has none)."""
+    import pyarrow.fs as pafs
+
+    infos = fs.get_file_info(pafs.FileSelector(path.rstrip("/"), recursive=True))
+    return {i.path: i.mtime_ns for i in infos if i.type == pafs.FileType.File}
+
+
+def _image_source(src: str, fs: Any, path: str, skip_bad: bool) -> PackSource:
+    """An image folder's files, each a unit. Each is decoded whole as it is packed (a
+    truncated file passes a header check): one that does not decode is a ``PackError``
+    naming it, or with ``skip_bad`` left out of its shard and counted."""
     import pyarrow as pa
 
     from raytrain.data.image_files import BadImages, image_problem, list_images
@@ -213,6 +264,7 @@ def _image_source(src: str, fs: Any, path: str) -> PackSource:
     except BadImages as exc:
         raise PackError(str(exc)) from None
     root = path.rstrip("/") + "/"
+    bad = [0]
 
     def read(i: int) -> bytes:
         with fs.open_input_stream(images.files[i]) as handle:
@@ -221,20 +273,29 @@ def _image_source(src: str, fs: Any, path: str) -> PackSource:
     def write(run: list[int], metadata: dict[bytes, bytes]) -> tuple[bytes, int]:
         with ThreadPoolExecutor(FETCH_THREADS) as pool:
             datas = list(pool.map(read, run))
+        kept, kept_data = [], []
         for i, data in zip(run, datas, strict=True):
-            why = image_problem(data)
-            if why is not None:
-                raise PackError(f"{images.files[i]} does not decode: {why}")
-        columns = {"image": pa.array(datas, pa.binary()),
-                   "path": pa.array([images.files[i].removeprefix(root) for i in run])}  # fmt: skip
+            why = image_problem(data, whole=True)
+            if why is None:
+                kept.append(i)
+                kept_data.append(data)
+            elif skip_bad:
+                bad[0] += 1
+            else:
+                raise PackError(f"{images.files[i]} does not decode: {why} (--skip-bad packs "
+                                "without such files)")  # fmt: skip
+        columns = {"image": pa.array(kept_data, pa.binary()),
+                   "path": pa.array([images.files[i].removeprefix(root) for i in kept],
+                                    pa.string())}  # fmt: skip
         if images.labels is not None:
-            columns["label"] = pa.array([images.labels[i] for i in run], pa.int64())
+            columns["label"] = pa.array([images.labels[i] for i in kept], pa.int64())
         table = pa.table(columns)
         extra = {b"raytrain.classes": json.dumps(list(images.classes)).encode()}
-        return _parquet(table, {**metadata, **extra}, sum(map(len, datas)) / len(datas)), len(run)
+        mean = sum(map(len, kept_data)) / max(len(kept_data), 1)
+        return _parquet(table, {**metadata, **extra}, mean), len(kept)
 
     return PackSource(list(images.files), list(images.sizes), write, images.num_rows,
-                      {"classes": list(images.classes)})  # fmt: skip
+                      {"classes": list(images.classes)}, _stamps(fs, path), bad)  # fmt: skip
 
 
 def _text_source(src: str, fs: Any, path: str, fmt: str) -> PackSource:
@@ -247,17 +308,21 @@ def _text_source(src: str, fs: Any, path: str, fmt: str) -> PackSource:
         found = plan_text(src, fs, path, fmt)
     except BadRows as exc:
         raise PackError(str(exc)) from None
-    units = [(f, u) for f, u, _ in found.row_groups]
+    units = [(found.files[f], u) for f, u, _ in found.row_groups]
+    index = {name: f for f, name in enumerate(found.files)}
 
     def write(run: list[int], metadata: dict[bytes, bytes]) -> tuple[bytes, int]:
         tables = []
         for i in run:
-            f, u = units[i]
-            with fs.open_input_file(found.files[f]) as handle:
+            name, u = units[i]
+            with fs.open_input_file(name) as handle:
                 tables.append(read_block(found, u, None, handle))
         table = pa.concat_tables(tables)
         nbytes = sum(found.blocks[units[i][1]][1] for i in run)
         return _parquet(table, metadata, nbytes / max(table.num_rows, 1)), table.num_rows
 
+    stamps = {name: stamp for name, stamp in _stamps(fs, path).items() if name in index}
+    if not stamps and found.files:  # a single file
+        stamps = {found.files[0]: fs.get_file_info(found.files[0]).mtime_ns}
     return PackSource(units, [found.blocks[u][1] for _, u in units], write, len(found.files),
-                      {})  # fmt: skip
+                      {}, stamps, [0])  # fmt: skip

@@ -385,7 +385,13 @@ def image_plan(
     from raytrain.data.image_files import BadImages, list_images, packed_manifest, read_labels
 
     fs, path = storage.filesystem(source.uri, options)
-    if packed_manifest(fs, path) is not None:
+    try:
+        packed = packed_manifest(fs, path)
+    except BadImages as exc:
+        from raytrain.errors import SpecError
+
+        raise SpecError([f"data: {exc}"]) from None
+    if packed is not None:
         import dataclasses
 
         return dataclasses.replace(stream_plan(source.model_copy(update={"format": "parquet"}),

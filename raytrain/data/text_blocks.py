@@ -25,6 +25,9 @@ from raytrain.contract import StreamedSet
 
 BLOCK_BYTES = 16 * 2**20  # a block's bytes, about: a rank holds a few windows of them
 PARSE_THREADS = 8
+# a folder's files of a format: those with these extensions, when any have them (a README
+# beside the CSV files is not parsed as one); else all its files
+EXTENSIONS = {"csv": ("csv", "tsv", "txt"), "json": ("json", "jsonl", "ndjson")}
 _MEMO: dict[tuple[Any, ...], StreamedSet] = {}
 _MEMO_LOCK = threading.Lock()
 
@@ -143,6 +146,8 @@ def plan_text(uri: str, fs: Any, path: str, fmt: str) -> StreamedSet:
     else:
         infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
                  if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))]  # fmt: skip
+        named = [i for i in infos if i.extension.lower() in EXTENSIONS[fmt]]
+        infos = named or infos  # files named for their format, when there are any
     infos.sort(key=lambda i: i.path)
     key = (uri, fmt, tuple((i.path, i.size, i.mtime_ns) for i in infos))
     with _MEMO_LOCK:
@@ -174,6 +179,8 @@ def plan_text(uri: str, fs: Any, path: str, fmt: str) -> StreamedSet:
 
     with ThreadPoolExecutor(PARSE_THREADS) as pool:
         counted = list(pool.map(count, units))
+    if not any(n for n, _ in counted):
+        raise BadRows(f"no rows in the {fmt} files under {uri}")
     try:
         schema = pa.unify_schemas([s for _, s in counted], promote_options="permissive")
     except Exception as exc:

@@ -376,6 +376,13 @@ def _missing(uri: str, options: Any) -> str | None:
 def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "error") -> list[str]:
     """The columns a split's files give (for images: ``image``, and ``label`` when the
     files sit in class folders); empty when no file of the format is there."""
+    from raytrain.data.image_files import BadImages, pack_manifest
+
+    if storage.is_uri(uri) or os.path.isdir(uri):  # raytrain pack's folder: finished?
+        try:
+            pack_manifest(*storage.filesystem(uri, options))
+        except BadImages as exc:
+            raise FilesProblem(str(exc)) from None
     if source.format in ("csv", "json"):  # every row parsed (the plan is kept for the run)
         from raytrain.data.text_blocks import BadRows, plan_text
 
@@ -386,11 +393,14 @@ def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "erro
             raise FilesProblem(str(exc)) from None
     if source.format != "images":
         return dataset_schema_names(uri, source.format, options)
-    from raytrain.data.image_files import BadImages, list_images, packed_manifest, read_labels
+    from raytrain.data.image_files import list_images, packed_manifest, read_labels
 
     fs, path = storage.filesystem(uri, options)
     packed = packed_manifest(fs, path)
     if packed is not None:  # raytrain pack's shards: checked when they were packed
+        if source.labels is not None:
+            raise FilesProblem("the folder is packed images, which hold their labels: drop "
+                               "labels (pack the folder with class folders)", "labels")  # fmt: skip
         return ["image", "label"] if packed.get("classes") else ["image"]
     labels = None
     if source.labels is not None:

@@ -32,6 +32,9 @@ class DataModuleSpec(ClassSpec):
     node, ``setup`` on every rank, then its loaders, sharded by raytrain."""
 
 
+MAX_IMAGE_SIDE = 16384  # pixels: a side past it is a typo, not a resize
+
+
 class SourceSpec(_Section):
     uri: str = Field(
         min_length=1, description="A file, or a folder/prefix of many files: path or URI."
@@ -78,6 +81,20 @@ class SourceSpec(_Section):
     def _positive_size(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
         if value is not None and min(value) < 1:
             raise ValueError(f"height and width must be >= 1, got {list(value)}")
+        if value is not None and max(value) > MAX_IMAGE_SIDE:
+            raise ValueError(
+                f"height and width must be at most {MAX_IMAGE_SIDE}, got "
+                f"{list(value)} (a batch of such would not fit in memory)"
+            )
+        return value
+
+    @field_validator("image_mode")
+    @classmethod
+    def _pillow_mode(cls, value: str | None) -> str | None:
+        from PIL import Image
+
+        if value is not None and value not in Image.MODES:
+            raise ValueError(f"{value!r} is not a Pillow mode: one of {', '.join(Image.MODES)}")
         return value
 
 

@@ -143,6 +143,23 @@ def test_a_flat_folder_takes_its_labels_from_a_labels_file(tmp_path: Path) -> No
     numbers.write_text("path,label\n0000.png,1\n0000.png,2\n")
     with pytest.raises(BadImages, match=r"numbers\.csv, line 3: '0000\.png' is labelled twice"):
         read_labels(str(numbers))
+    numbers.write_text("path,label\n0000.png, 1\n0001.png, \n")  # a space, an empty label
+    with pytest.raises(BadImages, match=r"numbers\.csv, line 3: no path or no label"):
+        read_labels(str(numbers))
+    numbers.write_text("path,label\n" + "".join(f"{i:04d}.png,{i - 1}\n" for i in range(6)))
+    with pytest.raises(BadImages, match=r"0000\.png's label -1 is no class index"):
+        list_images("flat", fs, str(flat), labels=read_labels(str(numbers)))
+
+
+def test_an_image_mode_pillow_lacks_and_a_huge_size_are_refused_by_the_spec() -> None:
+    from pydantic import ValidationError
+
+    from raytrain.spec import SourceSpec
+
+    with pytest.raises(ValidationError, match=r"'XYZ' is not a Pillow mode: one of 1, CMYK"):
+        SourceSpec(uri="/x", format="images", image_mode="XYZ")
+    with pytest.raises(ValidationError, match=r"at most 16384, got \[100000, 8\]"):
+        SourceSpec(uri="/x", format="images", image_size=(100000, 8))
 
 
 def test_images_of_different_shapes_in_a_batch_are_named_with_the_fix(tmp_path: Path) -> None:
@@ -155,4 +172,19 @@ def test_images_of_different_shapes_in_a_batch_are_named_with_the_fix(tmp_path: 
     (s,) = streams(tmp_path, 1)
     with pytest.raises(BadDataError, match=r"differ in shape within a batch: .* is \(6, 5\), "
                        r".*0002\.png is \(6, 5, 3\); set the source's image_size"):  # fmt: skip
+        list(s)
+
+
+def broken_transform(image):  # a transform with a bug
+    return image.nosuch()
+
+
+def test_a_transform_that_raises_is_named_with_its_image(tmp_path: Path) -> None:
+    from raytrain.errors import BadDataError
+
+    write_images(tmp_path, n=2, classes=1)
+    (s,) = streams(tmp_path, 1, workers=1,
+                   transform="tests.unit.test_image_stream:broken_transform")  # fmt: skip
+    with pytest.raises(BadDataError, match=r"^data\.transform tests\.unit\.test_image_stream:"
+                       r"broken_transform failed on .*\.png: AttributeError"):  # fmt: skip
         list(s)

@@ -110,14 +110,54 @@ def test_bad_input_to_pack_exits_2_naming_it(
 ) -> None:
     write_images(tmp_path / "src", n=6)
     (tmp_path / "src" / "class-1" / "zz.png").write_text("not a png")
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "part-1.parquet").write_text("someone else's")
+    (tmp_path / "a-file").write_text("x")
     cases = {
         "zz.png does not decode": ["pack", str(tmp_path / "src"), str(tmp_path / "out")],
         "inside": ["pack", str(tmp_path / "src"), str(tmp_path / "src" / "packed")],
         "no such file": ["pack", str(tmp_path / "nothing"), str(tmp_path / "out")],
-        "must be more than 0": ["pack", str(tmp_path / "src"), str(tmp_path / "o2"),
-                                "--shard-mb", "0"],
+        "more than 0": ["pack", str(tmp_path / "src"), str(tmp_path / "o2"), "--shard-mb", "0"],
+        "a number of MB": ["pack", str(tmp_path / "src"), str(tmp_path / "o2"),
+                           "--shard-mb", "inf"],
+        "holds other files (part-1.parquet) and no pack's": [
+            "pack", str(tmp_path / "src"), str(tmp_path / "theirs")],
+        "a-file is a file: name a folder": [
+            "pack", str(tmp_path / "src"), str(tmp_path / "a-file")],
+        "is a file: pack a folder of images": [
+            "pack", str(tmp_path / "src" / "class-0" / "0000.png"), str(tmp_path / "o3")],
+        "DEST: empty": ["pack", str(tmp_path / "src"), " "],
     }  # fmt: skip
     for says, argv in cases.items():
         assert main(argv) == 2, says
         err = capsys.readouterr().err
         assert err.startswith("error: ") and says in err and "Traceback" not in err, err
+    assert (tmp_path / "theirs" / "part-1.parquet").read_text() == "someone else's"
+
+
+def test_truncated_images_are_found_or_skipped_and_a_changed_source_is_packed_again(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    from raytrain.data.image_files import BadImages, packed_manifest
+    from raytrain.data.pack import PackError
+
+    write_images(tmp_path / "src", n=9)
+    whole = (tmp_path / "src" / "class-1" / "0004.png").read_bytes()  # the 5th of 9
+    (tmp_path / "src" / "class-1" / "0004.png").write_bytes(whole[:50])  # its header is whole
+    with pytest.raises(PackError, match=r"0004\.png does not decode"):
+        pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=0.0003, out=io.StringIO())
+    with pytest.raises(BadImages, match="an unfinished pack"):  # what it wrote is not read
+        packed_manifest(pafs.LocalFileSystem(), str(tmp_path / "dest"))
+    done = pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=0.0003,
+                out=io.StringIO(), skip_bad=True)  # fmt: skip
+    assert done.bad_files == 1 and done.rows == 8 and done.shards >= 2
+    # a file rewritten in place (its path and size the same, its time not): its shard only
+    # is written again
+    last = sorted((tmp_path / "src").rglob("*.png"))[-1]
+    os.utime(last, ns=(1, 1))
+    again = pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=0.0003,
+                 out=io.StringIO(), skip_bad=True)  # fmt: skip
+    assert again.rows == 8 and again.skipped == done.shards - 1
+    assert packed_manifest(pafs.LocalFileSystem(), str(tmp_path / "dest"))["complete"]

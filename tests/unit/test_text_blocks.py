@@ -111,3 +111,15 @@ def test_a_json_line_that_does_not_parse_is_named(tmp_path: Path) -> None:
     (folder / "part-0.json").write_text('{"id": 1, "x": 2}\n{"id": 2, "x": \n')
     with pytest.raises(BadRows, match=r"part-0\.json, line 2: JSON parse error: Invalid value\.$"):
         plan_text("t", pafs.LocalFileSystem(), str(folder), "json")
+
+
+def test_files_with_no_rows_are_said_so_and_a_readme_beside_the_csv_is_not_read(
+    tmp_path: Path,
+) -> None:
+    folder = write(tmp_path / "t", "csv")
+    (folder / "README.md").write_text("# not,a,csv\nat all\n")
+    assert plan_text("t", pafs.LocalFileSystem(), str(folder), "csv").num_rows == ROWS
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "only-header.csv").write_text("id,x\n")
+    with pytest.raises(BadRows, match=r"no rows in the csv files under e"):
+        plan_text("e", pafs.LocalFileSystem(), str(tmp_path / "empty"), "csv")
