@@ -313,11 +313,11 @@ def check_shardable(spec: JobSpec, name: str, source: SourceSpec) -> None:
     from raytrain.errors import SpecError
 
     raise SpecError([
-        f"data.{name}: {source.uri} would be streamed by Ray Data (images, csv or json, or "
-        "data.preprocess, too large to cache), which gives each worker other rows; with "
+        f"data.{name}: {source.uri} would be streamed by Ray Data (data.preprocess_on), "
+        "which gives each worker other rows; with "
         f"strategy.model_parallel.tensor_parallel_size {tp} the workers of a tensor-parallel "
-        "group must read the same rows: use Parquet without data.preprocess, or data.cache: "
-        "always"
+        "group must read the same rows: drop data.preprocess_on (each worker then reads and "
+        "preprocesses its own rows), or data.cache: always"
     ])
 
 

@@ -150,6 +150,9 @@ def test_a_set_ray_data_would_stream_is_refused_under_tensor_parallelism(
 
     csv = digits_spec(digits_dir, tmp_path)
     csv["data"]["train"] = {"uri": str(tmp_path / "train.csv"), "format": "csv"}
+    # preprocessed on CPU nodes: the one path through Ray Data's streaming_split
+    csv["data"] |= {"preprocess": "tests.integration.models:images_to_pixels",
+                    "preprocess_on": {"raytrain.io/role": "data"}}  # fmt: skip
     csv["model"] = {"class_path": "raytrain.models.tinygpt:TinyGPT"}
     csv["strategy"] = {"name": "model_parallel", "model_parallel": {"tensor_parallel_size": 2}}
     spec = parse_spec(csv)
