@@ -27,6 +27,20 @@ def ids_of(batch: dict) -> list[int]:
     return (image[:, 0, 0] * 256 + image[:, 0, 1]).tolist()
 
 
+def first_steps(ranks: list, epoch: int, steps: int) -> list[int]:
+    """The ids every rank's loader trains in the first ``steps`` steps of ``epoch``, each
+    told its position as Lightning tells it (``LoaderPosition``)."""
+    trained: list[int] = []
+    for s in ranks:
+        s.epoch = epoch
+        for position, batch in enumerate(s, start=1):
+            s.position = position
+            trained += ids_of(batch)
+            if position == steps:
+                break
+    return trained
+
+
 def write_digit_images(root: Path, first: int, n: int) -> None:
     """scikit-learn's digits ``first`` to ``first + n`` as 9x8 grey PNGs in ``root/{label}/``:
     the digit's pixels (0..255) over a row holding the image's index."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from raytrain.contract import ImageSet, StreamedSet
 from raytrain.data.image_files import open_image
-from raytrain.data.loaders import batch_as, epoch_seed
+from raytrain.data.loaders import batch_as, epoch_order
 from raytrain.data.parquet_stream import ParquetStream, cut_tables
 from raytrain.data.stream_order import Interval, StreamSchedule
 
@@ -251,12 +251,7 @@ class ImageStream(StreamSchedule):
 
     def order(self) -> Any:
         """This epoch's order of the files (the same on every rank)."""
-        import numpy as np
-
-        n = self.num_rows
-        if self._seed is None:
-            return np.arange(n)
-        return np.random.default_rng(epoch_seed(self._seed, self.epoch)).permutation(n)
+        return epoch_order(self.num_rows, self._seed, self.epoch)
 
     def _data_loader(self) -> Any:
         if self._loader is None:

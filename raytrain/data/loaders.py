@@ -26,6 +26,16 @@ def epoch_seed(seed: int, epoch: int, rank: int = 0) -> int:
     return zlib.crc32(f"{seed}/{epoch}/{rank}".encode())
 
 
+def epoch_order(n: int, seed: int | None, epoch: int) -> Any:
+    """An epoch's order of ``n`` rows: a permutation seeded by (seed, epoch), the same in
+    every process; no seed: the rows' own order."""
+    import numpy as np
+
+    if seed is None:
+        return np.arange(n)
+    return np.random.default_rng(epoch_seed(seed, epoch)).permutation(n)
+
+
 def step_slices(num_rows: int, batch_size: int, world_size: int) -> list[list[tuple[int, int]]]:
     """How an epoch's ``num_rows`` (in order) become steps: for each step, each rank's
     ``(start, stop)`` slice of that order.
@@ -127,12 +137,7 @@ class EpochSchedule:
 
     def order(self) -> Any:
         """The current epoch's order of all rows (the same on every rank)."""
-        import numpy as np
-
-        n = self._rows
-        if self._seed is None:
-            return np.arange(n)
-        return np.random.default_rng(epoch_seed(self._seed, self.epoch)).permutation(n)
+        return epoch_order(self._rows, self._seed, self.epoch)
 
     def rows_done(self) -> int:
         """How many rows of this epoch's order the first ``position`` steps cover."""

@@ -12,7 +12,7 @@ import pytest
 
 from raytrain.data.image_files import BadImages, decode, list_images
 from raytrain.data.image_stream import ImageFiles, ImageStream
-from tests.image_folders import IMAGES, ids_of, write_images
+from tests.image_folders import IMAGES, first_steps, ids_of, write_images
 
 
 def streams(root: Path, world: int, workers: int = 0, **kwargs) -> list[ImageStream]:
@@ -69,15 +69,7 @@ def test_every_image_once_per_epoch_equal_steps_with_labels(tmp_path: Path, worl
 def test_a_restore_on_another_world_size_trains_exactly_the_images_left(tmp_path: Path) -> None:
     write_images(tmp_path)
     two = streams(tmp_path, 2)
-    for s in two:
-        s.epoch = 1
-    trained: list[int] = []
-    for s in two:
-        for position, batch in enumerate(s, start=1):
-            s.position = position
-            trained += ids_of(batch)
-            if position == 2:
-                break
+    trained = first_steps(two, epoch=1, steps=2)
     states = [s.state_dict() for s in two]
     assert states[0] == states[1]  # every rank saves the same position
     (one,) = streams(tmp_path, 1, workers=1)  # and decoding in a process of its own

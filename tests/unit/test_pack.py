@@ -17,7 +17,7 @@ import pytest
 from raytrain.cli.app import main
 from raytrain.data.pack import MANIFEST, pack, plan_shards, shard_name
 from raytrain.spec import SourceSpec
-from tests.image_folders import IMAGES, ids_of, write_images
+from tests.image_folders import IMAGES, first_steps, ids_of, write_images
 
 
 def test_shards_are_consecutive_whole_and_each_just_past_the_size() -> None:
@@ -78,15 +78,7 @@ def test_packed_images_are_read_per_rank_every_image_once_and_exact_on_restore(
     batches = [b for s in two for b in s]
     assert sorted(i for b in batches for i in ids_of(b)) == list(range(IMAGES))
     assert all(b["label"].tolist() == b["image"][:, 0, 2].tolist() for b in batches)
-    for s in two:
-        s.epoch = 1
-    trained = []
-    for s in two:
-        for position, batch in enumerate(s, start=1):
-            s.position = position
-            trained += ids_of(batch)
-            if position == 2:
-                break
+    trained = first_steps(two, epoch=1, steps=2)
     (one,) = ranks(1)
     one.load_state_dict(two[0].state_dict())
     assert sorted(trained + [i for b in one for i in ids_of(b)]) == list(range(IMAGES))
