@@ -57,6 +57,19 @@ def write_spec(path: Path, spec: dict[str, Any]) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_standing_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A cluster a developer has up (``raytrain up``) is not joined by the tests: its
+    record is looked for in an empty folder of the session's own."""
+    before = os.environ.get("RAYTRAIN_HOME")
+    os.environ["RAYTRAIN_HOME"] = str(tmp_path_factory.mktemp("raytrain-home"))
+    yield
+    if before is None:
+        os.environ.pop("RAYTRAIN_HOME", None)
+    else:
+        os.environ["RAYTRAIN_HOME"] = before
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No inherited cluster or tracking server: tests run against what they start."""

@@ -10,6 +10,11 @@
   format, what ``map_batches(batch_format="numpy")`` hands a function (a fixed-size list
   column as a 2-D array), so ``data.preprocess`` gets the same batch on raytrain's own
   readers as in Ray Data.
+- ``RayletPool``: a raylet's ``NodeManagerService`` over ``ray._private.grpc_utils``'
+  ``init_grpc_channel`` (token auth included): ``GetNodeStats`` to count the idle worker
+  processes no job has taken yet (``CoreWorkerStats.job_id`` nil, no actor), and
+  ``PrestartWorkers`` (no job id, a keep-alive) to start more. Ray keeps such a pool only
+  for its first driver; nothing public starts one later.
 """
 
 from __future__ import annotations
@@ -58,3 +63,59 @@ def arrow_to_numpy(table: Any) -> dict[str, Any]:
     from ray.data._internal.arrow_block import ArrowBlockAccessor
 
     return ArrowBlockAccessor(table).to_batch_format("numpy")
+
+
+RAY_TRAIN_WORKER_MODULE = "ray.train.v2._internal.execution.worker_group.worker"
+
+# A worker process no job has taken reports the nil job id: all bits set.
+_NIL_JOB_ID = b"\xff\xff\xff\xff"
+
+
+class RayletPool:
+    """The idle worker processes of one raylet (``host:port``, its node manager) that any
+    job may take: counted, and started on request."""
+
+    def __init__(self, address: str):
+        from ray._private.grpc_utils import init_grpc_channel
+        from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+
+        # generated protobuf modules: no stubs, their members are untyped
+        self._common: Any = common_pb2
+        self._messages: Any = node_manager_pb2
+        self.address = address
+        self._channel = init_grpc_channel(address)
+        self._stub = node_manager_pb2_grpc.NodeManagerServiceStub(self._channel)
+
+    def idle(self, timeout: float = 5.0) -> int:
+        """Python worker processes that are up, idle, and not yet any job's."""
+        return len(self.idle_pids(timeout))
+
+    def idle_pids(self, timeout: float = 5.0) -> list[int]:
+        """The process ids of ``idle``'s processes."""
+        common = self._common
+        reply = self._stub.GetNodeStats(self._messages.GetNodeStatsRequest(), timeout=timeout)
+        return [
+            w.pid
+            for w in reply.core_workers_stats
+            if w.worker_type == common.WORKER
+            and w.job_id == _NIL_JOB_ID
+            and w.language == common.PYTHON
+        ]
+
+    def prestart(self, count: int, keep_alive_s: int, timeout: float = 5.0) -> None:
+        """Ask the raylet to start ``count`` more (it starts at most its startup
+        concurrency at once); each is kept ``keep_alive_s`` though idle."""
+        request = self._messages.PrestartWorkersRequest(
+            language=self._common.PYTHON, keep_alive_duration_secs=keep_alive_s, num_workers=count
+        )
+        self._stub.PrestartWorkers(request, timeout=timeout)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def refresh_auth_mode() -> None:
+    """Make this process's Ray see the ``RAY_AUTH_MODE`` now in its environment."""
+    from ray._raylet import Config  # type: ignore[attr-defined]  # Cython: no stub
+
+    Config.initialize("")

@@ -19,6 +19,11 @@ else does raytrain touch it. ``tests/unit/test_compat.py`` pins what each entry 
 - ``PolicyAdapter``: ``DefaultFailurePolicy`` with a decision taken first
   (``make_decision(training_failed_error)``, ``FailureDecision.RAISE/RETRY``).
 - ``LocalScalingPolicy``: ``FixedScalingPolicy`` without autoscaler requests.
+- ``InheritingController``: ``TrainController`` with ``worker_group_cls`` an
+  ``InheritedEnvWorkerGroup``, a ``WorkerGroup`` overriding the static
+  ``_get_worker_runtime_env(custom_runtime_env)``: workers get no runtime environment of
+  Ray Train's making where the cluster's processes already have its variables, so they
+  can start in the raylet's warm processes. Used when the controller needs none either.
 - ``OnWorkerGroupStart``: a ``WorkerGroupCallback`` (``after_worker_group_start``).
 - ``worker_preemption_info``: ``get_train_context().preemption_context.preemption_info``.
 - ``GcsPlacementGroupCleanerCallback``: ``PlacementGroupCleanerCallback`` starting a
@@ -67,6 +72,7 @@ from ray.train.v2._internal.execution.failure_handling import (
     FailureDecision,
 )
 from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+from ray.train.v2._internal.execution.worker_group import WorkerGroup
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 logger = logging.getLogger(__name__)
@@ -198,6 +204,27 @@ class LocalScalingPolicy(FixedScalingPolicy):
         return None
 
 
+class InheritedEnvWorkerGroup(WorkerGroup):
+    """``WorkerGroup`` whose workers get no runtime environment of Ray Train's making.
+
+    Ray Train gives every worker the ``RAY_TRAIN_*`` variables its driver had, as a runtime
+    environment. A worker with a runtime environment can only run in a process started for
+    it, never in one of the raylet's idle (prestarted, preloaded) processes. On a cluster
+    raytrain started, every process has those variables from the start, so the runtime
+    environment adds nothing and costs each worker a cold process.
+    """
+
+    @staticmethod
+    def _get_worker_runtime_env(custom_runtime_env: Any) -> Any:
+        return dict(custom_runtime_env)
+
+
+class InheritingController(TrainController):
+    """``TrainController`` whose worker groups are ``InheritedEnvWorkerGroup``s."""
+
+    worker_group_cls = InheritedEnvWorkerGroup
+
+
 def _gcs_cleaner(callback: Any) -> Any:
     """Ray's placement-group cleaner callback (made with its defaults) as
     ``GcsPlacementGroupCleanerCallback``; any other callback as it is."""
@@ -269,12 +296,13 @@ class ControllerTrainer(TorchTrainer):
         policy = controller_kwargs["scaling_policy"]
         if inherited and isinstance(policy, FixedScalingPolicy):  # elastic stays Ray's own
             controller_kwargs["scaling_policy"] = LocalScalingPolicy(policy.scaling_config)
-        else:
+        if not inherited:
             options["runtime_env"] = {"env_vars": env}
+        controller_cls = InheritingController if inherited else TrainController
         controller_kwargs["failure_policy"] = PolicyAdapter(
             self.run_config.failure_config, self._policy
         )
-        actor: Any = ray.remote(**options)(TrainController)  # an actor class: untyped in Ray
+        actor: Any = ray.remote(**options)(controller_cls)  # an actor class: untyped in Ray
         controller = actor.remote(**controller_kwargs)
         self._controller = controller
         if self._aborted.is_set():  # abort() came before the controller existed

@@ -14,6 +14,8 @@
         (many small files as Parquet shards; run again after an interruption, it keeps the
         shards already whole)
     raytrain logs|stop JOB_ID [--address URL]      raytrain list [--address URL]
+    raytrain up [--num-cpus N] [--num-gpus N] [--warm N] | up --status | down
+        (a local cluster that stays up: runs join it and start in warm processes)
     (a job command sends the cluster's token over plain http only to this machine, or with
     --insecure)
 
@@ -206,6 +208,9 @@ def _add_job_commands(sub: Any) -> None:
         if name == "stop":
             cmd.add_argument("--wait", action="store_true", help="wait until it has stopped")
     _add_address(sub.add_parser("list", help="the cluster's jobs"))
+    from raytrain.cli.cluster import add_cluster_commands
+
+    add_cluster_commands(sub)
 
 
 def _print_summary(result: FitResult) -> None:
@@ -362,6 +367,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(printable(f"unrecognized arguments: {' '.join(extra)}"))
     args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
+        if args.command in ("up", "down"):
+            from raytrain.cli.cluster import cluster_command
+
+            return cluster_command(args)
         if args.command == "doctor":
             from raytrain.cli.status import doctor_command
 

@@ -14,8 +14,11 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from raytrain.driver import cluster_record
+from raytrain.driver.warm_pool import PRELOAD_CONFIG, WarmPool, local_raylet_address
 from raytrain.spec import JobSpec
 
 # Logical CPUs an embedded cluster keeps for Ray Data beyond the training workers.
@@ -48,6 +51,10 @@ _ASYNC_GET_WARN_ENV = "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"
 _PREEMPTION_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _TRAIN_METRICS_ENV = "RAY_TRAIN_METRICS_ENABLED"
 
+# Ray's token authentication mode: set by ``ray.init`` for a new local cluster, and by
+# ``join_up`` for the cluster ``raytrain up`` started.
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
 # What an embedded cluster's processes get unless the caller has set the variable already.
 EMBEDDED_ENV = {
     _POLL_ENV: CONTROLLER_POLL_S,
@@ -68,6 +75,13 @@ class RayHandle:
     # What starting the embedded cluster changed in this process's environment, undone by
     # ``shutdown`` (see ``EnvChanges``); None for a joined cluster.
     env_changes: EnvChanges | None = field(default=None, repr=False)
+    # The idle preloaded worker processes an embedded cluster keeps (see driver.warm_pool).
+    pool: WarmPool | None = field(default=None, repr=False)
+
+    @property
+    def ends_with_run(self) -> bool:
+        """Whether the cluster stops when this handle shuts down: one started here."""
+        return self.started_here and self.address is None and self.embedded_env is not None
 
     def resources(self) -> dict[str, float]:
         import ray
@@ -81,6 +95,9 @@ class RayHandle:
         import ray
 
         global _started_env
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
         if self.started_here and ray.is_initialized():
             ray.shutdown()
             _started_env = None
@@ -123,9 +140,10 @@ def cluster_address() -> str | None:
 
 def joins_cluster() -> bool:
     """Whether a run will join a cluster rather than this machine's embedded one:
-    ``RAY_ADDRESS`` is set, or this process is already connected to a cluster that
-    ``start_local`` did not start (a pipeline's own ``ray.init``)."""
-    if cluster_address():
+    ``RAY_ADDRESS`` is set, ``raytrain up`` has a cluster up, or this process is already
+    connected to a cluster that ``start_local`` did not start (a pipeline's own
+    ``ray.init``)."""
+    if cluster_address() or cluster_record.running() is not None:
         return True
     ray = sys.modules.get("ray")
     return bool(ray is not None and ray.is_initialized() and _started_env is None)
@@ -168,12 +186,25 @@ def local_cpus(spec: JobSpec) -> int:
 _started_env: dict[str, str] | None = None
 
 
-def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: Any) -> RayHandle:
+def start_local(
+    num_cpus: int,
+    *,
+    verbose: bool = False,
+    warm: int = 0,
+    warm_marks: Path | None = None,
+    **init_kwargs: Any,
+) -> RayHandle:
     """Start an embedded Ray on this machine with ``num_cpus`` logical CPUs.
 
     A pipeline that trains several jobs can start one and let every ``fit`` reuse it (each
     ``fit`` then skips Ray's startup); ``fit`` starts one itself, sized for its job, when no
-    Ray is running. ``init_kwargs`` go to ``ray.init`` (``object_store_memory``, ...).
+    Ray is running. With ``warm`` > 0 the cluster keeps that many idle worker processes
+    with torch, Lightning and raytrain's worker modules imported (``driver.warm_pool``):
+    worth it on a cluster that waits between runs (``raytrain up``), not on one that
+    starts with its run, where the pool's imports compete with the run's own (ARCHITECTURE,
+    "Warm workers only on a cluster that stays up"). ``init_kwargs`` go to ``ray.init``
+    (``object_store_memory``, ...); ``warm_marks``: the folder where warm processes mark
+    themselves ready (``worker.warm_ready``), so that the pool imports one at a time.
     """
     global _started_env
     before = dict(os.environ)  # before Ray's import too, which sets RAY_CLIENT_MODE
@@ -188,6 +219,7 @@ def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: Any) -> 
     for key, value in EMBEDDED_ENV.items():
         os.environ.setdefault(key, value)
     env = dict(os.environ)
+    system_config = {**(PRELOAD_CONFIG if warm else {}), **init_kwargs.pop("_system_config", {})}
     try:
         ray.init(
             # a new cluster here even when `ray start` left one on this machine: joining a
@@ -197,6 +229,7 @@ def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: Any) -> 
             include_dashboard=False,
             log_to_driver=verbose,
             logging_level=logging.WARNING,
+            _system_config=system_config or None,
             **init_kwargs,
         )
     except BaseException:
@@ -204,7 +237,12 @@ def start_local(num_cpus: int, *, verbose: bool = False, **init_kwargs: Any) -> 
         raise
     _started_env = env
     changes = EnvChanges.between(before, os.environ)
-    return RayHandle(started_here=True, address=None, embedded_env=env, env_changes=changes)
+    pool = None
+    if warm > 0:
+        pool = WarmPool(local_raylet_address(), warm, marks=warm_marks).start()
+    return RayHandle(
+        started_here=True, address=None, embedded_env=env, env_changes=changes, pool=pool
+    )
 
 
 def adopt_embedded(env: dict[str, str] | None) -> None:
@@ -227,7 +265,36 @@ def connect(spec: JobSpec, *, verbose: bool = False) -> RayHandle:
     if address:
         ray.init(address=address, log_to_driver=verbose, logging_level=logging.WARNING)
         return RayHandle(started_here=True, address=address)
+    up = cluster_record.running()
+    if up is not None:
+        return join_up(up, verbose=verbose)
     return start_local(local_cpus(spec), verbose=verbose)
+
+
+def join_up(up: cluster_record.ClusterRecord, *, verbose: bool = False) -> RayHandle:
+    """Join the cluster ``raytrain up`` started, saying so in one line. Its processes were
+    started with ``EMBEDDED_ENV``; this driver takes the same values (Ray Train reads some
+    in the driver), undone at ``shutdown``, so the run is trimmed as on an embedded
+    cluster and its workers can take the cluster's warm processes."""
+    import ray
+
+    print(f"raytrain: joining the cluster `raytrain up` started, {up.describe()}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    from raytrain._compat.ray_core import refresh_auth_mode
+
+    before = dict(os.environ)
+    for key, value in up.embedded_env.items():
+        os.environ.setdefault(key, value)
+    if os.environ.get(AUTH_MODE_ENV) != before.get(AUTH_MODE_ENV):
+        refresh_auth_mode()
+    try:
+        ray.init(address=up.address, log_to_driver=verbose, logging_level=logging.WARNING)
+    except BaseException:
+        EnvChanges.between(before, os.environ).undo(os.environ)
+        raise
+    changes = EnvChanges.between(before, os.environ)
+    return RayHandle(started_here=True, address=up.address, embedded_env=up.embedded_env,
+                     env_changes=changes)  # fmt: skip
 
 
 def _quiet_ray(verbose: bool) -> None:

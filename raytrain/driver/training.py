@@ -97,7 +97,7 @@ def make_trainer(
                         keeper=keeper)  # fmt: skip
     return build_trainer(
         embedded_env=ray_handle.embedded_env,
-        ends_with_run=ray_handle.started_here,
+        ends_with_run=ray_handle.ends_with_run,
         max_preemptions=job.failure.max_preemptions,
         notify=SinkNotice(sink, FAILURE_KEY),
         injected=ChaosClaim(chaos) if chaos is not None else None,

@@ -234,6 +234,21 @@ def test_ray_trains_internals_are_where_the_trainer_expects_them() -> None:
     assert isinstance(ray_train.RAY_NODE_ID_KEY, str) and ray_train.RAY_NODE_ID_KEY
 
 
+def test_an_inheriting_worker_group_passes_no_runtime_env_of_ray_trains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raytrain._compat import ray_train
+
+    # Ray's controller builds its groups from this class attribute, and Ray's group gives
+    # each worker the propagated variables as a runtime env: what the subclass drops
+    assert ray_train.TrainController.worker_group_cls is ray_train.WorkerGroup
+    assert ray_train.InheritingController.worker_group_cls is ray_train.InheritedEnvWorkerGroup
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    rays = ray_train.WorkerGroup._get_worker_runtime_env({})
+    assert rays["env_vars"]["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"
+    assert ray_train.InheritedEnvWorkerGroup._get_worker_runtime_env({}) == {}
+
+
 def test_a_trimmed_trainer_drops_only_the_helpers_a_local_run_never_uses() -> None:
     from ray.train.v2.api.config import ScalingConfig
 
@@ -287,3 +302,11 @@ def test_rays_upload_rules_are_read_from_ray() -> None:
     spec = rules.path_spec.from_lines("gitwildmatch", ["/" + rules.escape("a[1]*.txt")])
     assert spec.match_file("a[1]*.txt") and not spec.match_file("a1x.txt")
     assert rules.reads_gitignore is True
+
+
+def test_the_preloaded_ray_train_worker_module_is_where_ray_keeps_its_worker() -> None:
+    import importlib
+
+    from raytrain._compat.ray_core import RAY_TRAIN_WORKER_MODULE
+
+    assert hasattr(importlib.import_module(RAY_TRAIN_WORKER_MODULE), "RayTrainWorker")

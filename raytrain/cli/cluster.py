@@ -1,0 +1,72 @@
+"""``raytrain up`` / ``raytrain down``: a local cluster that stays up between runs.
+
+raytrain up [--num-cpus N] [--num-gpus N] [--warm N]   (exit 0; says so when one is up)
+raytrain up --status                                   (exit 0 up, 1 nothing up)
+raytrain down                                          (exit 0; says so when none was)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from raytrain.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+
+
+def add_cluster_commands(sub: Any) -> None:
+    up = sub.add_parser("up", help="start a local Ray cluster that stays up: runs join it, "
+                        "their workers start in warm processes")  # fmt: skip
+    up.add_argument("--num-cpus", type=int, default=None,
+                    help="logical CPUs (default: cores + 2 for Ray Data)")  # fmt: skip
+    up.add_argument("--num-gpus", type=int, default=None,
+                    help="GPUs (default: those Ray finds)")  # fmt: skip
+    up.add_argument("--warm", type=int, default=None,
+                    help="idle worker processes kept with torch and Lightning imported "
+                    "(default: one per training CPU + 5 for a run's helpers)")  # fmt: skip
+    up.add_argument("--status", action="store_true", help="say whether one is up, and its size")
+    sub.add_parser("down", help="stop the cluster `raytrain up` started")
+
+
+def _bad(flag: str, value: int | None, least: int) -> str | None:
+    if value is not None and value < least:
+        return f"{flag} {value}: must be at least {least}"
+    return None
+
+
+def cluster_command(args: argparse.Namespace) -> int:
+    from raytrain.driver import cluster_record, local_cluster
+
+    if args.command == "down":
+        stopped = local_cluster.down()
+        if stopped is None:
+            print("raytrain: no cluster is up")
+        else:
+            print(f"raytrain: stopped the cluster at {stopped.address} (pid {stopped.pid})")
+        return EXIT_OK
+    if args.status:
+        found = cluster_record.running()
+        if found is None:
+            print("raytrain: no cluster is up")
+            return EXIT_FAILED
+        print(f"raytrain: up at {found.describe()}")
+        return EXIT_OK
+    checks = (_bad("--num-cpus", args.num_cpus, 1), _bad("--num-gpus", args.num_gpus, 0),
+              _bad("--warm", args.warm, 0))  # fmt: skip
+    problems = [p for p in checks if p]
+    if problems:
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    num_cpus = args.num_cpus or (os.cpu_count() or 1) + local_cluster.DATA_CPUS
+    try:
+        record, started = local_cluster.up(num_cpus, args.num_gpus, args.warm)
+    except local_cluster.UpError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if started:
+        print(f"raytrain: cluster up at {record.describe()}; `raytrain down` stops it")
+    else:
+        print(f"raytrain: a cluster is already up at {record.describe()}")
+    return EXIT_OK

@@ -1,0 +1,86 @@
+"""The record of the cluster ``raytrain up`` started (``driver.local_cluster``): where it
+is, what it holds, and whether its server still lives.
+
+A JSON file in ``$RAYTRAIN_HOME`` (default ``~/.raytrain``), mode 0600, written whole. It
+holds the address and the few variables the cluster's processes were started with that
+Ray Train compares, never the whole environment: that may hold credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HOME_ENV = "RAYTRAIN_HOME"
+RECORD_NAME = "cluster.json"
+LOG_NAME = "cluster.log"
+
+
+def home() -> Path:
+    """Where ``up`` keeps its record and log."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".raytrain")
+
+
+@dataclass(frozen=True)
+class ClusterRecord:
+    """What ``up`` started: the server's process id, the cluster's GCS address, its size,
+    the idle processes it keeps warm, and the variables its processes were started with
+    that a run compares (``embedded_env``)."""
+
+    pid: int
+    address: str
+    num_cpus: int
+    num_gpus: int
+    warm: int
+    embedded_env: dict[str, str]
+    started_at: float
+
+    def describe(self) -> str:
+        gpus = f", {self.num_gpus} GPU(s)" if self.num_gpus else ""
+        return (f"{self.address} (pid {self.pid}): {self.num_cpus} CPU(s){gpus}, "
+                f"{self.warm} warm worker process(es)")  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process under a reused id: not ours
+        return False
+    return True
+
+
+def running() -> ClusterRecord | None:
+    """The cluster ``up`` started, when its server is alive; None otherwise (never up, or
+    its server died: a stale record is ignored)."""
+    path = home() / RECORD_NAME
+    try:
+        record = ClusterRecord(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return record if alive(record.pid) else None
+
+
+def write_record(record: ClusterRecord) -> None:
+    """Write the record whole (a reader never sees half of it) and readable by its owner
+    only."""
+    folder = home()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{RECORD_NAME}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(asdict(record), f)
+    os.replace(tmp, folder / RECORD_NAME)
+
+
+def remove_record(pid: int) -> None:
+    """Remove the record if it is still this server's."""
+    path = home() / RECORD_NAME
+    try:
+        if json.loads(path.read_text()).get("pid") == pid:
+            path.unlink()
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,100 @@
+"""``raytrain up``: a cluster that stays up between runs. Two runs join it (each says so),
+the second after the user's model file was edited, and sees the edit: a warm process never
+holds the user's code. ``up`` twice says it is up; ``down`` leaves no process of the
+cluster's; ``down`` again says nothing is up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import digits_spec, write_spec
+from tests.integration.cli_runs import cli_env
+
+pytestmark = pytest.mark.integration
+
+MODEL = '''
+from pathlib import Path
+
+from raytrain.models.digits import DigitsCNN
+
+VERSION = "{version}"
+
+
+class Marked(DigitsCNN):
+    """The digits net, writing this file's VERSION where it is told when training starts."""
+
+    def __init__(self, mark_file: str, lr: float = 0.003):
+        super().__init__(lr=lr)
+        self.mark_file = mark_file
+
+    def on_fit_start(self) -> None:
+        if self.global_rank == 0:
+            Path(self.mark_file).write_text(VERSION)
+'''
+
+
+def _raytrain(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "raytrain", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=300)  # fmt: skip
+
+
+def _group(pgid: int) -> list[int]:
+    """Live processes of the process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    found.append(int(entry.name))
+            except ProcessLookupError:
+                continue
+    return found
+
+
+def test_runs_join_a_cluster_that_stays_up_and_import_the_users_current_code(
+    digits_dir: Path, tmp_path: Path, clean_env: None
+) -> None:
+    env = cli_env(RAYTRAIN_HOME=str(tmp_path / "home"))
+    assert _raytrain(env, tmp_path, "down").stdout.strip() == "raytrain: no cluster is up"
+    status = _raytrain(env, tmp_path, "up", "--status")
+    assert status.returncode == 1 and "no cluster is up" in status.stdout
+
+    started = _raytrain(env, tmp_path, "up", "--num-cpus", "4")
+    assert started.returncode == 0, started.stderr
+    assert "cluster up at" in started.stdout and "raytrain down" in started.stdout
+    record = json.loads((tmp_path / "home" / "cluster.json").read_text())
+    assert (tmp_path / "home" / "cluster.json").stat().st_mode & 0o777 == 0o600
+    again = _raytrain(env, tmp_path, "up")
+    assert again.returncode == 0 and "already up" in again.stdout, again.stdout
+    try:
+        seen, firsts = [], []
+        for version in ("one", "two"):
+            (tmp_path / "marked_model.py").write_text(MODEL.format(version=version))
+            mark = tmp_path / f"mark-{version}"
+            spec = digits_spec(digits_dir, tmp_path, name=f"up-{version}",
+                               model={"class_path": "marked_model:Marked",
+                                      "init_args": {"mark_file": str(mark)}},
+                               trainer={"max_epochs": 1})  # fmt: skip
+            path = write_spec(tmp_path / f"{version}.yaml", spec)
+            run = _raytrain(env, tmp_path, "run", str(path), "--json")
+            assert run.returncode == 0, run.stderr[-3000:]
+            assert "joining the cluster `raytrain up` started" in run.stderr
+            result = json.loads(run.stdout.strip().splitlines()[-1])
+            assert result["checkpoints"] and "first_step" in result["timings"]
+            firsts.append(result["timings"])
+            seen.append(mark.read_text())
+        assert seen == ["one", "two"]  # the edit reached the second run's workers
+        print("first step (s) after the command's start, each run:", firsts)
+        assert _raytrain(env, tmp_path, "up", "--status").returncode == 0
+    finally:
+        stopped = _raytrain(env, tmp_path, "down")
+    assert stopped.returncode == 0 and "stopped the cluster" in stopped.stdout
+    assert _group(record["pid"]) == []
+    assert not (tmp_path / "home" / "cluster.json").exists()
+    assert _raytrain(env, tmp_path, "down").stdout.strip() == "raytrain: no cluster is up"

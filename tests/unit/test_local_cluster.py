@@ -1,0 +1,82 @@
+"""The record of ``raytrain up``'s cluster, and the ``up``/``down`` commands' answers that
+need no cluster: what a stale record means, who may read it, and bad flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raytrain.cli.app import main
+from raytrain.driver import cluster_record
+from raytrain.driver.cluster_record import ClusterRecord
+from raytrain.driver.ray_runtime import RayHandle
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(cluster_record.HOME_ENV, str(tmp_path))
+    return tmp_path
+
+
+def _record(pid: int) -> ClusterRecord:
+    return ClusterRecord(pid=pid, address="127.0.0.1:6379", num_cpus=4, num_gpus=0, warm=7,
+                         embedded_env={"RAY_AUTH_MODE": "token"}, started_at=0.0)  # fmt: skip
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_record_counts_only_while_its_server_lives(home: Path) -> None:
+    assert cluster_record.running() is None  # never up
+    cluster_record.write_record(_record(_dead_pid()))
+    assert cluster_record.running() is None  # its server died: stale, ignored
+    live = _record(os.getpid())
+    cluster_record.write_record(live)
+    assert cluster_record.running() == live
+    assert (home / cluster_record.RECORD_NAME).stat().st_mode & 0o777 == 0o600
+    (home / cluster_record.RECORD_NAME).write_text("{not json")
+    assert cluster_record.running() is None
+
+
+def test_a_server_removes_only_its_own_record(home: Path) -> None:
+    cluster_record.write_record(_record(123))
+    cluster_record.remove_record(456)  # another server's: kept
+    assert json.loads((home / cluster_record.RECORD_NAME).read_text())["pid"] == 123
+    cluster_record.remove_record(123)
+    assert not (home / cluster_record.RECORD_NAME).exists()
+
+
+def test_down_and_status_with_nothing_up(home: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["down"]) == 0
+    assert capsys.readouterr().out.strip() == "raytrain: no cluster is up"
+    assert main(["up", "--status"]) == 1
+    assert "no cluster is up" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--num-cpus", "0"], "--num-cpus 0"), (["--num-gpus", "-1"], "--num-gpus -1"),
+    (["--warm", "-2"], "--warm -2"),
+])  # fmt: skip
+def test_bad_up_flags_are_refused_by_name(
+    home: Path, capsys: pytest.CaptureFixture, flags: list[str], named: str
+) -> None:
+    assert main(["up", *flags]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+    assert not (home / cluster_record.RECORD_NAME).exists()  # nothing started
+
+
+def test_only_a_cluster_started_here_ends_with_the_run() -> None:
+    assert RayHandle(started_here=True, address=None, embedded_env={}).ends_with_run
+    joined_up = RayHandle(started_here=True, address="h:1", embedded_env={})
+    assert not joined_up.ends_with_run
+    assert not RayHandle(started_here=True, address="h:1").ends_with_run  # RAY_ADDRESS
+    assert not RayHandle(started_here=False, address=None, embedded_env={}).ends_with_run
