@@ -177,21 +177,22 @@ def run_job(
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
         timings.update(worker_timings(trained.latest, start))
+        stopping = Background(lambda: _stop_ray(ray_handle, mark))
     except BaseException as exc:
-        if status is not None:
-            status.finish("failed", error=str(exc) or type(exc).__name__,
-                          failure=failure_kind(exc))  # fmt: skip
-        if record is not None and close_on_failure:
-            killed = isinstance(exc, KeyboardInterrupt)
-            record.finish("KILLED" if killed else "FAILED", error=str(exc))
-        if held is not None:
-            held.release()
+        try:
+            if status is not None:
+                status.finish("failed", error=str(exc) or type(exc).__name__,
+                              failure=failure_kind(exc))  # fmt: skip
+            if record is not None and close_on_failure:
+                killed = isinstance(exc, KeyboardInterrupt)
+                record.finish("KILLED" if killed else "FAILED", error=str(exc))
+            if held is not None:
+                held.release()
+        finally:
+            _stop_ray(ray_handle, mark)
         raise
-    finally:
-        ray_handle.shutdown()
-        mark("ray_stopped")
     assert status is not None
-    try:
+    try:  # Ray stops meanwhile: logging the model and closing the records need no Ray
         result = _finish(job, trained, record, held, mark)
     except ModelNotRegistered:  # trained and FINISHED; only the registration is missing
         status.finish("finished")
@@ -199,9 +200,17 @@ def run_job(
     except BaseException as exc:
         status.finish("failed", error=str(exc) or type(exc).__name__, failure=failure_kind(exc))
         raise
+    finally:
+        stopping.result()
     status.finish("finished")
     result.wall_time_s, result.timings = time.time() - start, timings
     return result
+
+
+def _stop_ray(ray_handle: ray_runtime.RayHandle, mark: Any) -> None:
+    """Leave Ray (stop it, when this run started it), timed as ``ray_stopped``."""
+    ray_handle.shutdown()
+    mark("ray_stopped")
 
 
 def _decide_devices(job: JobSpec, ray_handle: ray_runtime.RayHandle) -> JobSpec:
@@ -226,6 +235,7 @@ def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark
         mark("model_logged")
         log_profiles(job, record.tracker())
         record.finish("FINISHED", best=best or "")
+        mark("tracking_closed")
         # register_as asked for, model missing: exit 1
         record.model.raise_if_unregistered(record.state.mlflow_run_id)
     finally:

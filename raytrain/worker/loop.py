@@ -114,6 +114,7 @@ def train_loop(config: dict[str, Any]) -> None:
     from raytrain.worker.reporting import ReportLogger
     from raytrain.worker.step_timeline import StepTimeline
     from raytrain.worker.strategy import data_rank
+    from raytrain.worker.threads import OMP_ENV, choose_threads
     from raytrain.worker.user_code import build_profiler, start_from, upload_profiles
     from raytrain.worker.user_data import worker_data
 
@@ -122,8 +123,9 @@ def train_loop(config: dict[str, Any]) -> None:
     work = WorkerConfig.from_train_loop_config(config)
     spec = work.spec
     context = ray.train.get_context()
-    threads = max(1, int(spec.scaling.worker_resources().get("CPU", 1)))
-    torch.set_num_threads(threads)
+    threads = choose_threads(spec.scaling.worker_resources().get("CPU", 1), os.environ)
+    torch.set_num_threads(threads.threads)
+    os.environ.setdefault(OMP_ENV, str(threads.threads))  # what its own processes inherit
     if spec.trainer.seed is not None:
         import lightning.pytorch as pl
 
@@ -155,8 +157,9 @@ def train_loop(config: dict[str, Any]) -> None:
         publish=_publisher(work.sink, wait=True),
     )  # fmt: skip
     batching = global_batch(spec, replicas)
-    if rank == 0:  # at every start and resize: what one optimizer step trains on
+    if rank == 0:  # at every start and resize: what one optimizer step trains on, and how
         print(f"raytrain: {batching.describe()}", flush=True)
+        print(f"raytrain: {threads.describe()}", flush=True)
     mtbf = _mtbf_reader(work.sink) if rank == 0 else None
     checkpoint = ray.train.get_checkpoint()
     token, key, from_memory, keeper = None, 0, None, work.keeper
