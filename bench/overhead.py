@@ -8,8 +8,10 @@ to end from launch to the command's exit. The step figures come from the same cl
 
 Besides the default run (Ray sized by raytrain: the workers' CPUs + 2), raytrain's
 per-epoch overhead is measured with Ray given 6 and 16 logical CPUs, and with the train set
-in 32 files: an epoch's fixed cost must depend on neither. The startup breakdown comes
-from ``raytrain run --json`` (``FitResult.timings``).
+in 32 files: an epoch's fixed cost must depend on neither. "warm" runs the same command on
+a cluster ``raytrain up`` started (brought up before each repetition, so its pool of warm
+worker processes is full, and stopped after). The startup breakdowns come from ``raytrain
+run --json`` (``FitResult.timings``).
 
     python bench/overhead.py [--reps 3] [--models digits,compute] [--variants A,B]
                              [--out FILE.json]
@@ -37,6 +39,7 @@ SHUFFLE: dict | None = {"seed": 0}
 FIGURES = ("step_s", "startup_s", "epoch_overhead_s", "exit_s")
 LABELS = {"step_s": "step (ms)", "startup_s": "startup to 1st step (s)",
           "epoch_overhead_s": "per-epoch overhead (s)", "exit_s": "end to end (s)"}  # fmt: skip
+WARM = "warm"
 # raytrain runs beside the default one: (label, logical CPUs given to Ray, train files,
 # spec sections merged into the run's). Metrics are reported every 10 steps by default;
 # every step measures what reporting costs. "DataModule" feeds the same rows from a
@@ -49,11 +52,13 @@ VARIANTS = {
         ("Ray 16 CPUs, 32 files", 16, 32, {}),
         ("metrics every step", None, 1, {"trainer": {"log_every_n_steps": 1}}),
         ("DataModule", None, 1, {}),
+        (WARM, None, 1, {}),
     ],
     "compute": [
         ("Ray 16 CPUs", 16, 1, {}),
         # the per-rank step timeline off: what measuring it costs a compute-bound step
         ("no timeline", None, 1, {"tracking": {"timeline": False}}),
+        (WARM, None, 1, {}),
     ],
 }
 # FitResult.timings, in the order they happen: (key, what ends there)
@@ -71,9 +76,12 @@ PHASES = [
 ]
 
 
-def _env(cpus: int | None = None) -> dict[str, str]:
+def _env(cpus: int | None = None, home: Path | None = None) -> dict[str, str]:
+    """The runs' environment: no cluster but the one ``home`` records (``raytrain up``'s
+    record folder; None: a folder that holds none, so a cluster you have up is not used)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["RAYTRAIN_HOME"] = str(home or Path(tempfile.gettempdir()) / "raytrain-bench-no-cluster")
     if cpus is not None:
         env["RAYTRAIN_LOCAL_CPUS"] = str(cpus)
     return env
@@ -118,6 +126,7 @@ def run_raytrain(
     cpus: int | None = None,
     sections: dict | None = None,
     datamodule: bool = False,
+    home: Path | None = None,
 ) -> dict[str, float]:
     import yaml
 
@@ -153,7 +162,7 @@ def run_raytrain(
     path = work / f"{model}.yaml"
     path.write_text(yaml.safe_dump(spec))
     cmd = [sys.executable, "-m", "raytrain", "run", str(path), "--fresh", "--json"]
-    figures, stdout = _run(cmd, timing, _env(cpus))
+    figures, stdout = _run(cmd, timing, _env(cpus, home))
     timings = json.loads(stdout.strip().splitlines()[-1])["timings"]
     # FitResult.timings count from fit()'s start; the first step ties them to the launch
     offset = figures["startup_s"] - timings["first_step"]
@@ -181,6 +190,14 @@ def write_data(root: Path, train_files: int) -> Path:
     return root
 
 
+def _cluster(command: str, home: Path) -> None:
+    """``raytrain up`` (it returns once its warm processes are ready) or ``down``."""
+    proc = subprocess.run([sys.executable, "-m", "raytrain", command], capture_output=True,
+                          text=True, env=_env(home=home), cwd=ROOT, timeout=600)  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"raytrain {command} failed:\n{proc.stdout}{proc.stderr}")
+
+
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
@@ -198,6 +215,13 @@ def _bench_model(
         for side in sides if rep % 2 == 0 else sides[::-1]:
             if side == "baseline":
                 runs[side].append(run_baseline(model, data[1], work))
+            elif side == WARM:
+                home = work / "home"
+                _cluster("up", home)
+                try:
+                    runs[side].append(run_raytrain(model, data[1], work, home=home))
+                finally:
+                    _cluster("down", home)
             else:
                 _, cpus, files, sections = next(v for v in variants if v[0] == side)
                 runs[side].append(run_raytrain(model, data[files], work, cpus, sections,
@@ -238,6 +262,12 @@ def _print_tables(results: dict[str, dict], reps: int) -> None:
                   f"{res['baseline'][key] * scale:>10.2f} {res['ratio'][key]:>7.2f}")  # fmt: skip
         base = res["baseline"]
         for label, figures in res["variants"].items():
+            if label == WARM:  # a cluster raytrain up started, against the hand-written DDP
+                for key in ("startup_s", "exit_s", "step_s"):
+                    k = 1000 if key == "step_s" else 1
+                    print(f"{model:<9} {LABELS[key] + ', warm':<44} {figures[key] * k:>10.2f} "
+                          f"{base[key] * k:>10.2f} {figures[key] / base[key]:>7.2f}")  # fmt: skip
+                continue
             key, scale = ("step_s", 1000) if "metrics" in label else ("epoch_overhead_s", 1)
             # the DataModule's step against raytrain's own (cached Parquet) step
             key, scale, against = (("step_s", 1000, res["raytrain"]) if label == "DataModule"
@@ -263,15 +293,19 @@ def _print_tables(results: dict[str, dict], reps: int) -> None:
         print(f"\nraytrain doctor, {model} (the last repetition's raytrain run)")
         print(res["doctor"].rstrip())
     for model, res in results.items():
-        figures = res["raytrain"]
-        print(f"\nstartup breakdown, {model} (s from the command's launch, median of {reps})")
-        before = 0.0
-        for key, what in PHASES:
-            at = figures[f"at_{key}"]
-            print(f"  {what:<46} {at - before:>6.2f}   (at {at:5.2f})")
-            before = at
-        print(f"  {'(MLflow run opened beside the workers, at)':<46} "
-              f"{figures['at_tracking_ready']:>6.2f}")  # fmt: skip
+        cases = [("cold", res["raytrain"])]
+        if WARM in res["variants"]:
+            cases.append((WARM, res["variants"][WARM]))
+        for case, figures in cases:
+            print(f"\nstartup breakdown, {model}, {case} "
+                  f"(s from the command's launch, median of {reps})")  # fmt: skip
+            before = 0.0
+            for key, what in PHASES:
+                at = figures[f"at_{key}"]
+                print(f"  {what:<46} {at - before:>6.2f}   (at {at:5.2f})")
+                before = at
+            print(f"  {'(MLflow run opened beside the workers, at)':<46} "
+                  f"{figures['at_tracking_ready']:>6.2f}")  # fmt: skip
 
 
 def main() -> None:
