@@ -20,6 +20,8 @@ class RaytrainError(Exception):
     """Base of raytrain's user-facing errors; ``exit_code`` is what the CLI exits with."""
 
     exit_code: int = EXIT_FAILED
+    # the message was printed when it happened: the CLI only exits with ``exit_code``
+    said: bool = False
 
     def __init__(self, problems: str | Iterable[str]):
         # every message is printed, and may be logged or recorded: never with a credential
@@ -86,6 +88,22 @@ class LossSpikeLimitError(RuntimeError):
 
 class TrainingFailed(RaytrainError):
     """Training started but did not finish; the message carries the worker's own error."""
+
+    exit_code = EXIT_FAILED
+
+
+class ClusterLost(RaytrainError):
+    """The cluster ``raytrain up`` started went away during the run (``raytrain down``, or
+    its server died). Nothing of the run is lost: the same command resumes it from its last
+    committed checkpoint. ``driver.cluster_watch`` has printed the message already, the
+    moment it noticed (``said``): the CLI does not print it twice."""
+
+    exit_code = EXIT_FAILED
+    said = True
+
+
+class ClusterUnreachable(RaytrainError):
+    """The cluster ``raytrain up`` recorded does not answer a run that joins it."""
 
     exit_code = EXIT_FAILED
 

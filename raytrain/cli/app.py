@@ -429,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_summary(result)
         return EXIT_OK
     except RaytrainError as exc:
-        for line in exc.problems:
+        for line in [] if exc.said else exc.problems:
             print(f"error: {printable(line)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

@@ -36,6 +36,17 @@ def _bad(flag: str, value: int | None, least: int) -> str | None:
 
 
 def cluster_command(args: argparse.Namespace) -> int:
+    from raytrain.driver import cluster_record
+
+    try:
+        return _cluster_command(args)
+    except OSError as exc:  # the record's folder cannot be made or written
+        print(f"error: {cluster_record.HOME_ENV} ({cluster_record.home()}): {exc.strerror or exc}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
+
+
+def _cluster_command(args: argparse.Namespace) -> int:
     from raytrain.driver import cluster_record, local_cluster
 
     if args.command == "down":

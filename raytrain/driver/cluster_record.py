@@ -8,6 +8,7 @@ Ray Train compares, never the whole environment: that may hold credentials.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -16,6 +17,12 @@ from pathlib import Path
 HOME_ENV = "RAYTRAIN_HOME"
 RECORD_NAME = "cluster.json"
 LOG_NAME = "cluster.log"
+# Held (flock, exclusive) by the server for its whole life: the test of whether it lives,
+# which a reused process id cannot fool, and what keeps a second server from starting.
+LOCK_NAME = "cluster.lock"
+# Held by `raytrain up` from its check to the record's writing: two `up`s at once start
+# one server, and the second says it is up.
+UP_LOCK_NAME = "up.lock"
 
 
 def home() -> Path:
@@ -44,6 +51,7 @@ class ClusterRecord:
 
 
 def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (of this user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -53,15 +61,44 @@ def alive(pid: int) -> bool:
     return True
 
 
+def lock(name: str, *, wait: bool) -> int | None:
+    """An exclusive flock on ``home()/name``: the open descriptor (closing it releases the
+    lock), or None when another process holds it and ``wait`` is false."""
+    folder = home()
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _server_holds_lock() -> bool:
+    path = home() / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # a lock taken here is released with it
+    return False
+
+
 def running() -> ClusterRecord | None:
-    """The cluster ``up`` started, when its server is alive; None otherwise (never up, or
-    its server died: a stale record is ignored)."""
+    """The cluster ``up`` started, while its server lives (it holds ``LOCK_NAME``); None
+    otherwise: never up, or its server died (a stale record, whatever now has its pid)."""
     path = home() / RECORD_NAME
     try:
         record = ClusterRecord(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    return record if alive(record.pid) else None
+    return record if _server_holds_lock() and alive(record.pid) else None
 
 
 def write_record(record: ClusterRecord) -> None:

@@ -20,6 +20,7 @@ from raytrain._compat.versions import check_supported
 from raytrain.checkpoints.layout import STOPPED_KEY
 from raytrain.driver import (
     class_check,
+    cluster_record,
     preflight,
     ray_runtime,
     run_folder,
@@ -28,6 +29,7 @@ from raytrain.driver import (
     training,
 )
 from raytrain.driver.background import Background
+from raytrain.driver.cluster_watch import lost_line
 from raytrain.driver.lease import Lease
 from raytrain.driver.profiles import log_profiles
 from raytrain.driver.results import (
@@ -40,7 +42,7 @@ from raytrain.driver.results import (
 )
 from raytrain.driver.run_record import RunRecord
 from raytrain.driver.status_record import StatusRecord, failure_kind
-from raytrain.errors import ModelNotRegistered, SpecError
+from raytrain.errors import ClusterLost, ModelNotRegistered, SpecError
 from raytrain.imports import import_object
 from raytrain.redaction import redact
 from raytrain.spec import JobSpec, load_spec
@@ -67,7 +69,11 @@ def check_before_ray(job: JobSpec) -> JobSpec:
     """Every check that needs no import of the model's code (cheap: a spec, file footers,
     the machine); the model's import is checked while Ray starts (``fit``) or after."""
     check_supported()
-    capacity = None if ray_runtime.joins_cluster() else preflight.local_capacity(job)
+    up = cluster_record.running()
+    if up is not None and not ray_runtime.cluster_address():  # the cluster it will join
+        capacity: dict[str, float] | None = {"CPU": up.num_cpus, "GPU": up.num_gpus}
+    else:
+        capacity = None if ray_runtime.joins_cluster() else preflight.local_capacity(job)
     located = preflight.check_model_located(job)  # a model not found: no parse to add
     preflight.raise_if(
         located
@@ -75,7 +81,7 @@ def check_before_ray(job: JobSpec) -> JobSpec:
         + preflight.data_functions_located(job)
         + strategy_problems(job)
         + (preflight.check_capacity(job, capacity) if capacity is not None else [])
-        + (preflight.check_local_cpus(job) if capacity is not None else [])
+        + (preflight.check_local_cpus(job) if capacity is not None and up is None else [])
         + preflight.check_stores(job, allow_prepare=True)
     )
     if capacity is not None:  # the workers run on this machine's CPU
@@ -177,7 +183,8 @@ def run_job(
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
         timings.update(worker_timings(trained.latest, start))
-        stopping = Background(lambda: _stop_ray(ray_handle, mark))
+        # the environment is put back on this thread, once Ray is left (see RayHandle)
+        stopping = Background(lambda: _stop_ray(ray_handle, mark, restore_env=False))
     except BaseException as exc:
         try:
             if status is not None:
@@ -190,6 +197,8 @@ def run_job(
                 held.release()
         finally:
             _stop_ray(ray_handle, mark)
+        if ray_handle.watch is not None and ray_handle.cluster_lost():  # Ray says less
+            raise ClusterLost(lost_line(ray_handle.watch.record)) from exc
         raise
     assert status is not None
     try:  # Ray stops meanwhile: logging the model and closing the records need no Ray
@@ -202,14 +211,15 @@ def run_job(
         raise
     finally:
         stopping.result()
+        ray_handle.restore_env()
     status.finish("finished")
     result.wall_time_s, result.timings = time.time() - start, timings
     return result
 
 
-def _stop_ray(ray_handle: ray_runtime.RayHandle, mark: Any) -> None:
+def _stop_ray(ray_handle: ray_runtime.RayHandle, mark: Any, *, restore_env: bool = True) -> None:
     """Leave Ray (stop it, when this run started it), timed as ``ray_stopped``."""
-    ray_handle.shutdown()
+    ray_handle.shutdown(restore_env=restore_env)
     mark("ray_stopped")
 
 

@@ -16,6 +16,7 @@ The record: ``driver.cluster_record``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -27,9 +28,12 @@ import time
 from pathlib import Path
 
 from raytrain.driver.cluster_record import (
+    LOCK_NAME,
     LOG_NAME,
+    UP_LOCK_NAME,
     ClusterRecord,
     home,
+    lock,
     remove_record,
     running,
     write_record,
@@ -62,13 +66,21 @@ class UpError(RuntimeError):
 
 def up(num_cpus: int, num_gpus: int | None = None, warm: int | None = None,
        timeout_s: float = 300.0) -> tuple[ClusterRecord, bool]:  # fmt: skip
-    """Start the server unless one is up; (its record, whether it started now)."""
-    found = running()
-    if found is not None:
-        return found, False
-    folder = home()
-    folder.mkdir(parents=True, exist_ok=True)
-    log = folder / LOG_NAME
+    """Start the server unless one is up; (its record, whether it started now). Two
+    ``up``s at once start one server: the second waits, then finds it up."""
+    held = lock(UP_LOCK_NAME, wait=True)
+    try:
+        found = running()
+        if found is not None:
+            return found, False
+        return _start_server(num_cpus, num_gpus, warm, timeout_s), True
+    finally:
+        os.close(held)  # type: ignore[arg-type]  # waited: never None
+
+
+def _start_server(num_cpus: int, num_gpus: int | None, warm: int | None,
+                  timeout_s: float) -> ClusterRecord:  # fmt: skip
+    log = home() / LOG_NAME
     gpus = "auto" if num_gpus is None else str(num_gpus)
     cmd = [sys.executable, "-m", "raytrain.driver.local_cluster", str(num_cpus), gpus,
            str(default_warm(num_cpus) if warm is None else warm)]  # fmt: skip
@@ -79,13 +91,13 @@ def up(num_cpus: int, num_gpus: int | None = None, warm: int | None = None,
     while time.monotonic() < deadline:
         record = running()
         if record is not None and record.pid == proc.pid:
-            return record, True
+            return record
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
             raise UpError(f"the cluster did not start (exit {proc.returncode}); {log}:\n"
                           + "\n".join(tail))  # fmt: skip
-        time.sleep(0.2)
-    proc.terminate()
+        time.sleep(0.2)  # the server writes its record once its pool is warm
+    os.killpg(proc.pid, signal.SIGKILL)
     raise UpError(f"the cluster did not start within {timeout_s:.0f} s; see {log}")
 
 
@@ -105,12 +117,14 @@ def down(timeout_s: float = 60.0) -> ClusterRecord | None:
     record = running()
     if record is None:
         return None
-    os.kill(record.pid, signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError):  # it may end between the check and now
+        os.kill(record.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while _group_alive(record.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     if _group_alive(record.pid):  # its cluster's shutdown hung: end the whole group
-        os.killpg(record.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record.pid, signal.SIGKILL)
     remove_record(record.pid)
     return record
 
@@ -119,12 +133,20 @@ def serve(num_cpus: int, num_gpus: int | None, warm: int) -> None:
     """The server: start the cluster, write its record, wait for SIGTERM or SIGINT, stop."""
     import ray
 
+    server_lock = lock(LOCK_NAME, wait=False)
+    if server_lock is None:
+        raise SystemExit("another raytrain cluster server holds " + str(home() / LOCK_NAME))
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+
     marks = Path(tempfile.mkdtemp(prefix="raytrain-warm-"))
     os.environ[WARM_DIR_ENV] = str(marks)  # the cluster's processes inherit it
     handle = start_local(num_cpus, warm=warm, warm_marks=marks, num_gpus=num_gpus)
+    # after ray.init, which installs its own SIGTERM handler (it exits at once)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
         if handle.pool is not None:  # up returns once a run would find the pool warm
             handle.pool.wait_ready(marks, WARM_WAIT_S)
@@ -140,11 +162,13 @@ def serve(num_cpus: int, num_gpus: int | None, warm: int) -> None:
                                embedded_env=compared, started_at=time.time())  # fmt: skip
         write_record(record)
         print(f"raytrain: cluster up at {record.describe()}", flush=True)
-        stop.wait()
+        while not stop.wait(1.0):  # a timed wait: the signal's handler runs between waits
+            pass
     finally:
         remove_record(os.getpid())
         handle.shutdown()
         shutil.rmtree(marks, ignore_errors=True)
+        os.close(server_lock)
 
 
 if __name__ == "__main__":

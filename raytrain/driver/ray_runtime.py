@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from raytrain.driver import cluster_record
+from raytrain.driver.cluster_watch import ClusterWatch
 from raytrain.driver.warm_pool import PRELOAD_CONFIG, WarmPool, local_raylet_address
+from raytrain.errors import ClusterUnreachable, one_line
 from raytrain.spec import JobSpec
 
 # Logical CPUs an embedded cluster keeps for Ray Data beyond the training workers.
@@ -77,6 +79,12 @@ class RayHandle:
     env_changes: EnvChanges | None = field(default=None, repr=False)
     # The idle preloaded worker processes an embedded cluster keeps (see driver.warm_pool).
     pool: WarmPool | None = field(default=None, repr=False)
+    # On the cluster `raytrain up` started: notices it going away (driver.cluster_watch).
+    watch: ClusterWatch | None = field(default=None, repr=False)
+
+    def cluster_lost(self) -> bool:
+        """Whether the cluster ``raytrain up`` started went away while this run used it."""
+        return self.watch is not None and self.watch.lost.is_set()
 
     @property
     def ends_with_run(self) -> bool:
@@ -91,16 +99,26 @@ class RayHandle:
     def object_store_bytes(self) -> float:
         return self.resources().get("object_store_memory", 2e9)
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, restore_env: bool = True) -> None:
+        """Leave Ray, stopping the cluster if this handle started it; with ``restore_env``
+        also ``restore_env()`` (a caller that runs this in a thread does that itself, on
+        its own thread: ``os.environ`` is not safe to change beside a reader)."""
         import ray
 
         global _started_env
+        if self.watch is not None:
+            self.watch.stop()
         if self.pool is not None:
             self.pool.stop()
             self.pool = None
         if self.started_here and ray.is_initialized():
             ray.shutdown()
             _started_env = None
+        if restore_env:
+            self.restore_env()
+
+    def restore_env(self) -> None:
+        """Put back what starting or joining the cluster changed in ``os.environ``."""
         if self.env_changes is not None:  # the cluster is gone: nothing needs them now
             self.env_changes.undo(os.environ)
             self.env_changes = None
@@ -289,12 +307,18 @@ def join_up(up: cluster_record.ClusterRecord, *, verbose: bool = False) -> RayHa
         refresh_auth_mode()
     try:
         ray.init(address=up.address, log_to_driver=verbose, logging_level=logging.WARNING)
-    except BaseException:
+    except BaseException as exc:
         EnvChanges.between(before, os.environ).undo(os.environ)
+        if isinstance(exc, Exception):  # Ray's connection or authentication error
+            raise ClusterUnreachable(
+                f"the cluster `raytrain up` started ({up.address}) does not answer: "
+                f"{one_line(exc)}; `raytrain down` stops what is left of it (a run then "
+                "starts its own cluster), `raytrain up` starts a new one"
+            ) from exc
         raise
     changes = EnvChanges.between(before, os.environ)
     return RayHandle(started_here=True, address=up.address, embedded_env=up.embedded_env,
-                     env_changes=changes)  # fmt: skip
+                     env_changes=changes, watch=ClusterWatch(up).start())  # fmt: skip
 
 
 def _quiet_ray(verbose: bool) -> None:

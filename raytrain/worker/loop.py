@@ -125,7 +125,7 @@ def train_loop(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     threads = choose_threads(spec.scaling.worker_resources().get("CPU", 1), os.environ)
     torch.set_num_threads(threads.threads)
-    os.environ.setdefault(OMP_ENV, str(threads.threads))  # what its own processes inherit
+    os.environ[OMP_ENV] = str(threads.threads)  # what its own processes inherit
     if spec.trainer.seed is not None:
         import lightning.pytorch as pl
 

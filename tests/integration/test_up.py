@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,9 +93,35 @@ def test_runs_join_a_cluster_that_stays_up_and_import_the_users_current_code(
         assert seen == ["one", "two"]  # the edit reached the second run's workers
         print("first step (s) after the command's start, each run:", firsts)
         assert _raytrain(env, tmp_path, "up", "--status").returncode == 0
+
+        # a longer run; the cluster goes away once it has committed a checkpoint
+        cmd = [sys.executable, "-m", "raytrain", "run", str(path), "name=up-lost",
+               "trainer.max_epochs=30", "--json"]  # fmt: skip
+        lost = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        _wait_for_checkpoints(tmp_path / "runs" / "up-lost", 2, lost)
     finally:
         stopped = _raytrain(env, tmp_path, "down")
     assert stopped.returncode == 0 and "stopped the cluster" in stopped.stdout
     assert _group(record["pid"]) == []
     assert not (tmp_path / "home" / "cluster.json").exists()
     assert _raytrain(env, tmp_path, "down").stdout.strip() == "raytrain: no cluster is up"
+
+    _, err = lost.communicate(timeout=300)
+    said = [line for line in err.splitlines() if "went away during the run" in line]
+    assert lost.returncode == 1 and len(said) == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    # the same command again, nothing up: an embedded cluster, resumed where it stopped
+    again = _raytrain(env, tmp_path, *cmd[3:])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["resumed_from"]
+
+
+def _wait_for_checkpoints(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
+    """Until ``run_dir`` holds ``count`` checkpoint folders (the first is then committed);
+    fails if the run ends first."""
+    while proc.poll() is None:
+        if run_dir.is_dir() and len(list(run_dir.glob("checkpoint_*"))) >= count:
+            return
+        time.sleep(0.2)  # polling a folder: the run gives no other signal
+    raise AssertionError(f"the run ended (exit {proc.returncode}) before its checkpoints")

@@ -34,16 +34,25 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def test_a_record_counts_only_while_its_server_lives(home: Path) -> None:
+def test_a_record_counts_only_while_its_server_holds_the_lock(home: Path) -> None:
     assert cluster_record.running() is None  # never up
-    cluster_record.write_record(_record(_dead_pid()))
-    assert cluster_record.running() is None  # its server died: stale, ignored
     live = _record(os.getpid())
     cluster_record.write_record(live)
-    assert cluster_record.running() == live
-    assert (home / cluster_record.RECORD_NAME).stat().st_mode & 0o777 == 0o600
-    (home / cluster_record.RECORD_NAME).write_text("{not json")
-    assert cluster_record.running() is None
+    assert cluster_record.running() is None  # no server holds the lock: stale
+    held = cluster_record.lock(cluster_record.LOCK_NAME, wait=False)
+    assert held is not None
+    try:
+        assert cluster_record.running() == live
+        assert cluster_record.lock(cluster_record.LOCK_NAME, wait=False) is None  # one server
+        cluster_record.write_record(_record(_dead_pid()))
+        assert cluster_record.running() is None  # the lock's holder is not the record's pid
+        assert (home / cluster_record.RECORD_NAME).stat().st_mode & 0o777 == 0o600
+        (home / cluster_record.RECORD_NAME).write_text("{not json")
+        assert cluster_record.running() is None
+    finally:
+        os.close(held)
+    cluster_record.write_record(live)
+    assert cluster_record.running() is None  # the server died: its lock went with it
 
 
 def test_a_server_removes_only_its_own_record(home: Path) -> None:
@@ -52,6 +61,16 @@ def test_a_server_removes_only_its_own_record(home: Path) -> None:
     assert json.loads((home / cluster_record.RECORD_NAME).read_text())["pid"] == 123
     cluster_record.remove_record(123)
     assert not (home / cluster_record.RECORD_NAME).exists()
+
+
+def test_a_home_that_is_a_file_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(cluster_record.HOME_ENV, str(tmp_path / "file"))
+    assert main(["up"]) == 2
+    err = capsys.readouterr().err
+    assert "RAYTRAIN_HOME" in err and str(tmp_path / "file") in err and "Traceback" not in err
 
 
 def test_down_and_status_with_nothing_up(home: Path, capsys: pytest.CaptureFixture) -> None:
