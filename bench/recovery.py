@@ -24,9 +24,14 @@ The model (tests/integration/models.py, ``KillAtStepsCNN``, ``KillAtStepsGPT``) 
 wall-clock times of each kill and of the first step finished after each (re)start. It
 prints a table and writes JSON.
 
+With ``--warm`` the embedded Ray keeps a pool of warm worker processes (torch and
+Lightning imported, ``driver.warm_pool``), as ``raytrain up`` does, and each run starts
+once the pool is ready: a replacement worker then starts in one of them if the pool has
+refilled since the run began (it refills one process at a time).
+
     python -m bench.recovery [--kills 40,100,170] [--memory auto] [--width 128,32]
                              [--strategy ddp|fsdp|tp2] [--repeat N] [--toggle-every N]
-                             [--out FILE.json]
+                             [--warm] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -43,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def run(
+def _run(
     work: Path,
     name: str,
     kills: list[int],
@@ -215,6 +221,8 @@ def main() -> None:
         default=10,
         help="with --memory: the overhead's blocks, in steps (the state kept in every other)",
     )
+    parser.add_argument("--warm", action="store_true",
+                        help="keep a pool of warm processes, as raytrain up does")  # fmt: skip
     args = parser.parse_args()
     kills = [int(k) for k in args.kills.split(",")]
     channels, hidden = (int(v) for v in args.width.split(","))
@@ -228,7 +236,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_splits(str(work / "digits" / "train"), str(work / "digits" / "val"))
-        handle = start_local(2 + DATA_CPUS)
+        if args.warm:
+            from raytrain.driver.local_cluster import default_warm
+            from raytrain.worker.warm_ready import WARM_DIR_ENV
+
+            marks = work / "warm"
+            marks.mkdir()
+            os.environ[WARM_DIR_ENV] = str(marks)
+            handle = start_local(2 + DATA_CPUS, warm=default_warm(2 + DATA_CPUS),
+                                 warm_marks=marks)  # fmt: skip
+        else:
+            handle = start_local(2 + DATA_CPUS)
+
+        def run(*a: object, **kw: object) -> dict:  # each run starts on a full pool
+            if handle.pool is not None and handle.pool.marks is not None:
+                handle.pool.wait_ready(handle.pool.marks, 180)
+            return _run(*a, **kw)  # type: ignore[arg-type]
+
         if memory is not None:
             how = {"width": width, "strategy": args.strategy}
             toggled = [run(work, f"toggled-{i}", [], False, memory, **how,
@@ -275,7 +299,7 @@ def main() -> None:
         print(f"val_acc {variant} - uninterrupted: {gap:+.4f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"kills": kills, "results": results}, indent=2))
+    out.write_text(json.dumps({"kills": kills, "warm": args.warm, "results": results}, indent=2))
     print(f"wrote {out}")
 
 
