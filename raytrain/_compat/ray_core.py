@@ -12,7 +12,8 @@
   readers as in Ray Data.
 - ``RayletPool``: a raylet's ``NodeManagerService`` over ``ray._private.grpc_utils``'
   ``init_grpc_channel`` (token auth included): ``GetNodeStats`` to count the idle worker
-  processes no job has taken yet (``CoreWorkerStats.job_id`` nil, no actor), and
+  processes no job has taken yet (``CoreWorkerStats.job_id`` nil) and those holding an
+  actor (``actor_id`` not nil), and
   ``PrestartWorkers`` (no job id, a keep-alive) to start more. Ray keeps such a pool only
   for its first driver; nothing public starts one later.
 """
@@ -67,8 +68,19 @@ def arrow_to_numpy(table: Any) -> dict[str, Any]:
 
 RAY_TRAIN_WORKER_MODULE = "ray.train.v2._internal.execution.worker_group.worker"
 
-# A worker process no job has taken reports the nil job id: all bits set.
+# A worker process no job has taken reports the nil job id, one without an actor the nil
+# actor id: all bits set.
 _NIL_JOB_ID = b"\xff\xff\xff\xff"
+_NIL_ACTOR_ID = b"\xff" * 16
+
+
+@dataclass(frozen=True)
+class NodeWorkers:
+    """A raylet's Python workers: ``idle`` (process ids no job has taken yet) and
+    ``actors`` (how many processes hold an actor)."""
+
+    idle: list[int]
+    actors: int
 
 
 class RayletPool:
@@ -88,19 +100,23 @@ class RayletPool:
 
     def idle(self, timeout: float = 5.0) -> int:
         """Python worker processes that are up, idle, and not yet any job's."""
-        return len(self.idle_pids(timeout))
+        return len(self.workers(timeout).idle)
 
     def idle_pids(self, timeout: float = 5.0) -> list[int]:
         """The process ids of ``idle``'s processes."""
+        return self.workers(timeout).idle
+
+    def workers(self, timeout: float = 5.0) -> NodeWorkers:
+        """The raylet's Python worker processes: the idle ones no job has taken, and how
+        many hold an actor (a run's controller, workers and helpers)."""
         common = self._common
         reply = self._stub.GetNodeStats(self._messages.GetNodeStatsRequest(), timeout=timeout)
-        return [
-            w.pid
-            for w in reply.core_workers_stats
-            if w.worker_type == common.WORKER
-            and w.job_id == _NIL_JOB_ID
-            and w.language == common.PYTHON
-        ]
+        python = [w for w in reply.core_workers_stats
+                  if w.worker_type == common.WORKER and w.language == common.PYTHON]  # fmt: skip
+        return NodeWorkers(
+            idle=[w.pid for w in python if w.job_id == _NIL_JOB_ID],
+            actors=sum(1 for w in python if w.actor_id and w.actor_id != _NIL_ACTOR_ID),
+        )
 
     def prestart(self, count: int, keep_alive_s: int, timeout: float = 5.0) -> None:
         """Ask the raylet to start ``count`` more (it starts at most its startup

@@ -24,7 +24,7 @@ def add_cluster_commands(sub: Any) -> None:
                     help="GPUs (default: those Ray finds)")  # fmt: skip
     up.add_argument("--warm", type=int, default=None,
                     help="idle worker processes kept with torch and Lightning imported "
-                    "(default: one per training CPU + 5 for a run's helpers)")  # fmt: skip
+                    "(default: 2 per training CPU + 5 for a run's helpers)")  # fmt: skip
     up.add_argument("--status", action="store_true", help="say whether one is up, and its size")
     sub.add_parser("down", help="stop the cluster `raytrain up` started")
 

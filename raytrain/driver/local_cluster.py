@@ -56,8 +56,11 @@ RUN_HELPERS = 5
 
 
 def default_warm(num_cpus: int) -> int:
-    """Idle processes to keep: a run's helpers plus one per CPU a training worker may take."""
-    return max(1, num_cpus - DATA_CPUS) + RUN_HELPERS
+    """Idle processes to keep: a run's helpers and one per CPU a training worker may take,
+    plus as many spares for the group that replaces it after a failure (the pool refills
+    only between runs)."""
+    workers = max(1, num_cpus - DATA_CPUS)
+    return 2 * workers + RUN_HELPERS
 
 
 class UpError(RuntimeError):
