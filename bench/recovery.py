@@ -250,7 +250,7 @@ def main() -> None:
 
         def run(*a: object, **kw: object) -> dict:  # each run starts on a full pool
             if handle.pool is not None and handle.pool.marks is not None:
-                handle.pool.wait_ready(handle.pool.marks, 180)
+                handle.pool.wait_ready(180)
             return _run(*a, **kw)  # type: ignore[arg-type]
 
         if memory is not None:

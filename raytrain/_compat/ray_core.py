@@ -98,14 +98,6 @@ class RayletPool:
         self._channel = init_grpc_channel(address)
         self._stub = node_manager_pb2_grpc.NodeManagerServiceStub(self._channel)
 
-    def idle(self, timeout: float = 5.0) -> int:
-        """Python worker processes that are up, idle, and not yet any job's."""
-        return len(self.workers(timeout).idle)
-
-    def idle_pids(self, timeout: float = 5.0) -> list[int]:
-        """The process ids of ``idle``'s processes."""
-        return self.workers(timeout).idle
-
     def workers(self, timeout: float = 5.0) -> NodeWorkers:
         """The raylet's Python worker processes: the idle ones no job has taken, and how
         many hold an actor (a run's controller, workers and helpers)."""

@@ -90,7 +90,7 @@ class WarmPool:
             return set()
         return {int(p.name) for p in self.marks.iterdir() if p.name.isdigit()}
 
-    def wait_ready(self, marks: Path, timeout_s: float) -> bool:
+    def wait_ready(self, timeout_s: float) -> bool:
         """Wait until ``target`` idle processes have imported every preloaded module (each
         has marked itself in ``marks``, see ``worker.warm_ready``), at most ``timeout_s``;
         whether they have. A process is registered, and counted idle, before it imports."""
@@ -99,8 +99,7 @@ class WarmPool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                ready = {int(p.name) for p in marks.iterdir() if p.name.isdigit()}
-                if len(ready & set(self._raylet.idle_pids())) >= self.target:
+                if len(self._marked() & set(self._raylet.workers().idle)) >= self.target:
                     return True
             except Exception as err:  # the raylet is still starting
                 logger.debug("warm pool: %s", err)
