@@ -3,12 +3,11 @@
 Every rank sends, per report window, the p50 and p90 of each part of its steps
 (``worker.step_timeline``). ``Timelines`` keeps them by window and rank, logs them to
 MLflow per rank (``timeline/rank{r}/{part}_p50_s``, ``_p90_s`` and ``_mean_s`` at the
-window's step),
-and once every rank of a window has reported, compares their ``busy`` time (a rank's own
-work: data wait, forward, backward without waiting for the gradients' all-reduce, the
-optimizer). Under DDP every rank's step takes as long as the slowest one's, so the step
-time cannot tell them apart, but the busy time can: the others wait for the straggler in
-``comm_wait``.
+window's step), and once every rank of a window has reported, compares their ``busy``
+time (a rank's own work: data wait, forward, backward and the optimizer, less any wait in
+a collective: the gradients' all-reduce, and those the step runs itself). Under DDP every
+rank's step takes as long as the slowest one's, so the step time cannot tell them apart,
+but the busy time can: the others wait for the straggler in ``comm_wait``.
 
 A rank is a straggler when its busy p50 is above ``FACTOR`` times the median of the
 others' for ``WINDOWS`` windows running (``straggler_in``, pure). It is named once on

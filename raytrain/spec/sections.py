@@ -427,7 +427,7 @@ class TrackingSpec(_Section):
     timeline: bool = Field(
         default=True,
         description="Time every rank's steps by part (data wait, forward, backward, waiting "
-        "for the gradients' all-reduce, optimizer, hooks), p50/p90 per report window into "
+        "in collectives, optimizer, hooks), p50/p90 per report window into "
         "MLflow, and name a straggler rank (bench/overhead.py measures its cost).",
     )
     prometheus: bool = Field(

@@ -7,7 +7,8 @@ run's average step: each part's mean over the run's windows, averaged over the r
 ``diagnose`` (pure) names what bounds the step, first match wins:
 
 - data-bound: the wait for the next batch is at least ``DATA_SHARE`` of the step;
-- communication-bound: the wait for the gradients' all-reduce is at least ``COMM_SHARE``
+- communication-bound: the wait in collectives (the gradients' all-reduce, and those the
+  step runs itself) is at least ``COMM_SHARE``
   of the step, and no straggler explains it;
 - checkpoint-bound: the batch-end hooks (checkpoint saves, reports) are at least
   ``HOOKS_SHARE`` of the step;
@@ -87,7 +88,8 @@ def _bound(parts: dict[str, float], straggler: bool) -> Finding:
     if share.get("comm_wait", 0.0) >= COMM_SHARE and not straggler:
         return Finding(
             "communication-bound", f"communication-bound: each step waited "
-            f"{_ms(parts['comm_wait'])} for the gradients' all-reduce, "
+            f"{_ms(parts['comm_wait'])} in collectives (the gradients' all-reduce, the "
+            f"step's own), "
             f"{share['comm_wait']:.0%} {of}",
             "fewer, larger steps (a larger data.batch_size or "
             "trainer.accumulate_grad_batches), fewer workers, or a faster network")  # fmt: skip

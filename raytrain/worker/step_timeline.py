@@ -4,13 +4,21 @@
 from Lightning's own hooks, in the order Lightning calls them:
 
 - ``data_wait``: from the previous batch's end to this one's start (Lightning fetching it);
-- ``forward``: from the batch's start to ``on_before_backward`` (the training step);
+- ``forward``: from the batch's start to ``on_before_backward`` (the training step), less
+  its time in collectives;
 - ``backward``: the backward pass, less ``comm_wait``;
-- ``comm_wait``: under DDP, how long the backward pass waited for the gradients'
-  all-reduce after its last gradient bucket was ready (a DDP communication hook marks each
-  bucket; the hook then runs torch's own all-reduce). A rank waiting here waits for a
-  slower one. Not measured under FSDP, whose communication is inside forward and backward;
-- ``optimizer``: from ``on_before_optimizer_step`` to the batch's end hooks;
+- ``comm_wait``: time spent waiting in collectives, wherever in the step they ran. Under
+  DDP, how long the backward pass waited for the gradients' all-reduce after its last
+  gradient bucket was ready (a DDP communication hook marks each bucket; the hook then
+  runs torch's own all-reduce); and in every part, the time inside any blocking
+  collective the step ran itself: the user's own all-reduce, ``self.log(...,
+  sync_dist=True)``, torchmetrics' sync, DDP's buffer broadcast
+  (``_compat.torch_collectives.CollectiveTimer``, measured at torch.distributed's
+  functions, not at one hook). A rank waiting here waits for a slower one; a wait at a
+  collective inside the training step no longer reads as the waiting rank's forward work.
+  Under FSDP its own all-gathers and reduce-scatters are asynchronous and not counted;
+- ``optimizer``: from ``on_before_optimizer_step`` to the batch's end hooks, less its time
+  in collectives;
 - ``hooks``: the batch's end hooks: reports, checkpoint saves (a checkpoint's stall), the
   preemption check;
 - ``busy``: the rank's own work, data wait + forward + backward + optimizer: what it would
@@ -31,6 +39,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from raytrain._compat.torch_collectives import CollectiveTimer
 from raytrain.checkpoints.layout import TIMELINE_KEY
 from raytrain.worker.batch_end import BatchEnd
 
@@ -73,11 +82,15 @@ class StepTimeline(pl.Callback):
         rank: int,
         node: str,
         clock: Callable[[], float] = time.perf_counter,
+        collectives: CollectiveTimer | None = None,
     ):
         self.every_n_steps = max(1, every_n_steps)
         self.publish = publish
         self.rank, self.node = rank, node
         self._clock = clock
+        # seconds in blocking collectives so far, read at each mark (installed at train start)
+        self.collectives = collectives if collectives is not None else CollectiveTimer(clock)
+        self._waited_at: dict[str, float] = {}
         self._samples: dict[str, list[float]] = {part: [] for part in PARTS}
         self._now: dict[str, float] = {}  # this batch's part so far
         self._marks: dict[str, float] = {}
@@ -91,13 +104,28 @@ class StepTimeline(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
+        if trainer.world_size > 1:
+            self.collectives.install()
+            self.comm_measured = True
         model = getattr(trainer.strategy, "model", None)
         if isinstance(model, DistributedDataParallel):
             try:
                 model.register_comm_hook(self, _timed_allreduce)
                 self.comm_measured = True
             except RuntimeError:  # a hook of the user's strategy is there already
-                self.comm_measured = False
+                pass
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.collectives.remove()
+
+    def _collective_since(self, mark: str) -> float:
+        """Seconds spent in collectives since ``mark`` was noted; notes the next mark."""
+        now = self.collectives.total
+        since = now - self._waited_at.get(mark, now)
+        return max(since, 0.0)
+
+    def _note(self, mark: str) -> None:
+        self._waited_at[mark] = self.collectives.total
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
@@ -106,13 +134,18 @@ class StepTimeline(pl.Callback):
         self._now = {"data_wait": now - self._last_end if self._last_end is not None else 0.0}
         self._marks = {"start": now}
         self._ready_at = None
+        self._waited_at = {}
+        self._note("start")
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
     ) -> None:
         now = self._clock()
-        self._now["forward"] = now - self._marks.get("start", now)
+        waited = self._collective_since("start")
+        self._now["forward"] = max(now - self._marks.get("start", now) - waited, 0.0)
+        self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
         self._marks["backward"] = now
+        self._note("backward")
 
     def grads_ready(self) -> None:
         """A gradient bucket is ready (the communication hook's mark)."""
@@ -122,7 +155,7 @@ class StepTimeline(pl.Callback):
         now = self._clock()
         total = now - self._marks.get("backward", now)
         waited = now - self._ready_at if self._ready_at is not None else 0.0
-        waited = min(max(waited, 0.0), total)
+        waited = min(max(waited, 0.0) + self._collective_since("backward"), total)
         self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
         self._now["backward"] = self._now.get("backward", 0.0) + total - waited
 
@@ -130,13 +163,16 @@ class StepTimeline(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
         self._marks["optimizer"] = self._clock()
+        self._note("optimizer")
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         now = self._clock()
         began = self._marks.get("optimizer")
-        self._now["optimizer"] = now - began if began is not None else 0.0
+        waited = self._collective_since("optimizer") if began is not None else 0.0
+        self._now["optimizer"] = max(now - began - waited, 0.0) if began is not None else 0.0
+        self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
         self._marks["hooks"] = now
 
     def batch_done(self, trainer: pl.Trainer) -> None:

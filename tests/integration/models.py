@@ -550,11 +550,22 @@ class StartsCNN(DigitsCNN):
 class SlowRankCNN(DigitsCNN):
     """``DigitsCNN`` whose rank ``slow_rank`` sleeps ``times`` its own median step time in
     every training step once its first ``calibrate`` steps measured it: a straggler, its
-    busy time ``times + 1`` times the others'."""
+    busy time ``times + 1`` times the others'. With ``collective``, each step then runs
+    collectives of its own, as users' steps do: it all-reduces the rows every rank trained
+    and logs them with ``sync_dist=True``. The other ranks wait for the straggler there,
+    inside their training step, not in the gradients' all-reduce."""
 
-    def __init__(self, slow_rank: int = 1, times: float = 3.0, calibrate: int = 10, **kwargs):
+    def __init__(
+        self,
+        slow_rank: int = 1,
+        times: float = 3.0,
+        calibrate: int = 10,
+        collective: bool = False,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.slow_rank, self.times, self.calibrate = slow_rank, times, calibrate
+        self.collective = collective
         self._walls: list[float] = []
         self._began = 0.0
 
@@ -575,4 +586,8 @@ class SlowRankCNN(DigitsCNN):
 
         if self.global_rank == self.slow_rank and len(self._walls) >= self.calibrate:
             time.sleep(self.times * statistics.median(self._walls))
+        if self.collective:
+            rows = torch.tensor(float(len(batch["label"])))
+            torch.distributed.all_reduce(rows)  # every rank's rows this step
+            self.log("rows_per_step", rows, sync_dist=True, batch_size=len(batch["label"]))
         return super().training_step(batch, batch_idx)

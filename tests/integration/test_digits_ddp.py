@@ -41,10 +41,11 @@ def first_run(ray_cluster: None, digits_dir: Path, work: Path) -> tuple[dict[str
     spec = digits_spec(
         digits_dir,
         work,
-        # rank 1 a straggler: it sleeps 3x its step time in each step after its first 10
+        # rank 1 a straggler: it sleeps 3x its step time in each step after its first 10;
+        # every step then runs collectives of its own, where rank 0 waits for rank 1
         model={
             "class_path": "tests.integration.models:SlowRankCNN",
-            "init_args": {"lr": 0.003, "slow_rank": 1, "times": 3.0},
+            "init_args": {"lr": 0.003, "slow_rank": 1, "times": 3.0, "collective": True},
         },
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5, "seed": 7},
         checkpoint={"storage": str(work / "runs"), "keep": 2, "monitor": "val_acc", "mode": "max"},
@@ -96,18 +97,20 @@ def test_the_ranks_timelines_name_the_slow_rank_in_status_and_mlflow(
     first_run, work: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Rank 1 sleeps 3x its step time in each step: both ranks' steps take as long (DDP),
-    but rank 0 spends the difference waiting in the gradients' all-reduce, so rank 1's own
-    busy time is about 4x rank 0's: it is named in the status record and in MLflow, and
-    every rank's timeline windows are in MLflow."""
+    but rank 0 spends the difference waiting at the all-reduce its training step runs, so
+    rank 1's own busy time is about 4x rank 0's: it is named in the status record, in
+    MLflow and by `raytrain doctor`, and every rank's timeline windows are in MLflow."""
     spec, result = first_run
     status = read_status(result.run_dir)
     assert status is not None and status.state == "finished"
     assert status.straggler is not None and status.straggler.startswith("rank 1 on ")
     client = _client(spec)
     run = client.get_run(result.mlflow_run_id)
-    named = re.match(r"rank 1 on \S+: ([\d.]+)x the other ranks' median busy time",
-                     run.data.tags["raytrain.straggler"])  # fmt: skip
-    assert named is not None and 2.0 <= float(named.group(1)) <= 10.0, run.data.tags
+    for said in (status.straggler, run.data.tags["raytrain.straggler"]):
+        named = re.match(r"rank 1 on \S+: ([\d.]+)x the other ranks' median busy time", said)
+        # busy 1 + 3 times the others': rank 0's wait at the step's own all-reduce is not
+        # taken for its own forward work
+        assert named is not None and 3.0 <= float(named.group(1)) <= 10.0, said
     for rank in (0, 1):
         busy = client.get_metric_history(run.info.run_id, f"timeline/rank{rank}/busy_p50_s")
         assert len(busy) >= 10  # a window every 5 steps

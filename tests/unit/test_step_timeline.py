@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from raytrain._compat.torch_collectives import CollectiveTimer
 from raytrain.checkpoints.layout import TIMELINE_KEY
 from raytrain.driver.timeline import Timelines, factors, straggler_in
 from raytrain.worker.step_timeline import StepTimeline, summarize
@@ -58,6 +59,44 @@ def test_a_batch_is_split_into_its_parts_and_a_window_is_sent_every_n_steps() ->
     assert got == {"data_wait": 0.25, "forward": 1.0, "backward": 2.0, "comm_wait": 4.0,
                    "optimizer": 0.25, "hooks": 0.125, "busy": 3.5, "step": 7.625}  # fmt: skip
     assert event[TIMELINE_KEY]["data_wait"][1:] == [0.5, 0.25]  # its p90 and mean
+
+
+class Collectives(CollectiveTimer):
+    """A timer whose ``total`` the test moves: the seconds a collective held the rank."""
+
+    def wait(self, clock: Clock, seconds: float) -> None:
+        clock.now += seconds
+        self.total += seconds
+
+
+def test_a_wait_in_a_collective_inside_the_step_is_comm_wait_not_the_ranks_own_work() -> None:
+    """The fast rank of a model whose ``training_step`` all-reduces (its own counter,
+    ``self.log(sync_dist=True)``) waits there for the slow rank: that wait is ``comm_wait``,
+    and its forward and busy time stay its own work, so the slow rank stands out."""
+    clock, sent = Clock(), []
+    collectives = Collectives(clock)
+    timeline = StepTimeline(
+        every_n_steps=1, publish=sent.append, rank=0, node="n", clock=clock, collectives=collectives
+    )
+    timeline.comm_measured = True
+    trainer = SimpleNamespace(global_step=0, world_size=2)
+    timeline.on_train_batch_start(trainer, None, None, 0)
+    clock.now += 0.010
+    collectives.wait(clock, 0.060)  # the step's own all-reduce, behind a rank 60 ms late
+    clock.now += 0.005
+    timeline.on_before_backward(trainer, None, None)
+    clock.now += 0.010
+    collectives.wait(clock, 0.002)  # a collective in backward (SyncBatchNorm's)
+    timeline.on_after_backward(trainer, None)
+    timeline.on_before_optimizer_step(trainer, None, None)
+    clock.now += 0.003
+    collectives.wait(clock, 0.001)  # and one in the optimizer step (ZeRO's gather)
+    timeline.on_train_batch_end(trainer, None, None, None, 0)
+    trainer.global_step += 1
+    timeline.end_marker().on_train_batch_end(trainer, None, None, None, 0)
+    got = {part: round(values[0], 6) for part, values in sent[0][TIMELINE_KEY].items()}
+    assert got["forward"] == 0.015 and got["backward"] == 0.010 and got["optimizer"] == 0.003
+    assert got["comm_wait"] == 0.063 and got["busy"] == 0.028
 
 
 def test_validation_is_not_a_wait_for_data_and_unmeasured_comm_is_not_sent() -> None:
@@ -124,7 +163,8 @@ def test_the_comm_hook_registers_on_a_real_ddp_model_and_marks_each_bucket() -> 
     try:
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
         timeline = StepTimeline(every_n_steps=1, publish=None, rank=0, node="n")
-        timeline.on_train_start(SimpleNamespace(strategy=SimpleNamespace(model=model)), None)
+        trainer = SimpleNamespace(strategy=SimpleNamespace(model=model), world_size=1)
+        timeline.on_train_start(trainer, None)
         assert timeline.comm_measured
         model(torch.ones(3, 4)).sum().backward()
         assert timeline._ready_at is not None  # the bucket's mark
