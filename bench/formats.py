@@ -92,9 +92,15 @@ def dataloader_epochs(fs, images, workers: int) -> list[float]:
     from torch.utils.data import DataLoader
 
     data = PlainImages(fs, list(images.files), list(images.labels))
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=workers,
-                        persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
-                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    loader = DataLoader(
+        data,
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers else None,
+        generator=torch.Generator().manual_seed(0),
+    )
     return [_epoch(loader, images.num_rows) for _ in range(2)]
 
 
@@ -102,8 +108,14 @@ def raytrain_epochs(fs, images, workers: int) -> list[float]:
     """Seconds of two epochs of one rank's ``ImageStream`` over the whole folder."""
     from raytrain.data.image_stream import ImageFiles, ImageStream
 
-    stream = ImageStream(ImageFiles(images, fs, None, "RGB"), BATCH, rank=0, world_size=1,
-                         shuffle_seed=0, num_workers=workers)  # fmt: skip
+    stream = ImageStream(
+        ImageFiles(images, fs, None, "RGB"),
+        BATCH,
+        rank=0,
+        world_size=1,
+        shuffle_seed=0,
+        num_workers=workers,
+    )
     out = []
     for epoch in range(2):
         stream.epoch = epoch
@@ -119,9 +131,17 @@ def packed_epochs(fs, uri: str, workers: int, n: int) -> list[float]:
 
     options = _OPTIONS.get(uri.split("://")[0])
     found = image_plan(SourceSpec(uri=uri, format="images"), options, "error")
-    stream = PackedImageStream(found, fs, ImageFiles(None, fs, None, "RGB"), BATCH, rank=0,
-                               world_size=1, shuffle_seed=0, window_rows=4096,
-                               num_workers=workers)  # fmt: skip
+    stream = PackedImageStream(
+        found,
+        fs,
+        ImageFiles(None, fs, None, "RGB"),
+        BATCH,
+        rank=0,
+        world_size=1,
+        shuffle_seed=0,
+        window_rows=4096,
+        num_workers=workers,
+    )
     out = []
     for epoch in range(2):
         stream.epoch = epoch
@@ -170,8 +190,12 @@ def write_tables(root: Path, mb: int) -> tuple[Path, Path, int]:
     per = -(-rows // 8)
     for f in range(8):
         n = min(per, rows - f * per)
-        table = pa.table({**{f"f{c}": rng.random(n).astype(np.float32) for c in range(COLUMNS)},
-                          "label": rng.integers(0, 10, n)})  # fmt: skip
+        table = pa.table(
+            {
+                **{f"f{c}": rng.random(n).astype(np.float32) for c in range(COLUMNS)},
+                "label": rng.integers(0, 10, n),
+            }
+        )
         pacsv.write_csv(table, csv / f"part-{f}.csv")
         with open(jsonl / f"part-{f}.json", "w") as handle:
             for row in table.to_pylist():
@@ -202,8 +226,7 @@ def raytrain_table_epoch(found, fmt: str, rows: int) -> float:
 
     from raytrain.data.parquet_stream import ParquetStream
 
-    stream = ParquetStream(found, pafs.LocalFileSystem(), None, TABLE_BATCH, rank=0,
-                           world_size=1)  # fmt: skip
+    stream = ParquetStream(found, pafs.LocalFileSystem(), None, TABLE_BATCH, rank=0, world_size=1)
     began = time.perf_counter()
     got = sum(len(b["label"]) for b in stream)
     assert got == rows, (got, rows)
@@ -244,9 +267,12 @@ def main() -> None:
         local = pafs.LocalFileSystem()
         sets = {"local": (local, str(work / "images"), str(work / "images"))}
         if not args.local_only:
-            pafs.copy_files(str(work / "images"), f"{BUCKET}/images",
-                            source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=s3)  # fmt: skip
+            pafs.copy_files(
+                str(work / "images"),
+                f"{BUCKET}/images",
+                source_filesystem=pafs.LocalFileSystem(),
+                destination_filesystem=s3,
+            )
             sets["s3"] = (s3, f"s3://{BUCKET}/images", f"{BUCKET}/images")
         listed = {k: list_images(uri, fs, path, check=False) for k, (fs, uri, path) in sets.items()}
         _OPTIONS["s3"] = options
@@ -265,11 +291,13 @@ def main() -> None:
             sides |= {
                 f"images {where}: raytrain": partial(raytrain_epochs, fs, images, w),
                 f"images {where}: DataLoader": partial(dataloader_epochs, fs, images, w),
-                f"images {where}: packed": partial(packed_epochs, fs, packed[where], w,
-                                                   images.num_rows),
-                f"images {where}: Ray Data": partial(ray_data_epochs, uri, s3_options,
-                                                     images.num_rows),
-            }  # fmt: skip
+                f"images {where}: packed": partial(
+                    packed_epochs, fs, packed[where], w, images.num_rows
+                ),
+                f"images {where}: Ray Data": partial(
+                    ray_data_epochs, uri, s3_options, images.num_rows
+                ),
+            }
         csv, jsonl, rows = write_tables(work, args.table_mb)
         plans = {}
         for fmt, folder in (("csv", csv), ("json", jsonl)):
@@ -284,8 +312,11 @@ def main() -> None:
                 times = sides[name]()
                 runs.setdefault(name, []).append(times[-1])
                 firsts.setdefault(name, []).append(times[0])
-            print(f"  rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items()),
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items()),
+                file=sys.stderr,
+                flush=True,
+            )
         ray_handle.shutdown()
 
     med = {k: statistics.median(v) for k, v in runs.items()}
@@ -304,21 +335,35 @@ def main() -> None:
     for name, ours, base in rows_out:
         print(f"{name:<30} {ours:>12,.0f} {base:>12,.0f} {ours / base:>7.2f}")
     for where in [w for w in ("local", "s3") if f"images {w}: pack (once)" in med]:
-        print(f"images {where}: `raytrain pack` of the folder (once): "
-              f"{med[f'images {where}: pack (once)']:.2f} s")  # fmt: skip
+        print(
+            f"images {where}: `raytrain pack` of the folder (once): "
+            f"{med[f'images {where}: pack (once)']:.2f} s"
+        )
     for fmt in ("csv", "json"):
-        print(f"{fmt}: the driver's plan (a parse of every block, once a run): "
-              f"{med[f'{fmt}: raytrain plan (driver, once a run)']:.2f} s")  # fmt: skip
+        print(
+            f"{fmt}: the driver's plan (a parse of every block, once a run): "
+            f"{med[f'{fmt}: raytrain plan (driver, once a run)']:.2f} s"
+        )
     print(
         f"images: {args.images} JPEGs 64x64, {args.workers} decoding processes a side; "
         f"csv/json: {rows:,} rows x {COLUMNS + 1} columns, {args.table_mb} MB of CSV"
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"reps": args.reps, "workers": args.workers, "seconds": runs,
-                               "first_epoch_seconds": firsts,
-                               "table": {n: {"raytrain": a, "baseline": b, "ratio": a / b}
-                                         for n, a, b in rows_out}}, indent=2))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "reps": args.reps,
+                "workers": args.workers,
+                "seconds": runs,
+                "first_epoch_seconds": firsts,
+                "table": {
+                    n: {"raytrain": a, "baseline": b, "ratio": a / b} for n, a, b in rows_out
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,10 @@ def plain_loop(gpt: dict, batch: int, steps: int, warmup: int, device: str = "cu
         if step >= warmup:
             times.append(time.perf_counter() - began)
     per_step = sorted(times)[len(times) // 2]
-    return {"tokens_per_s": batch * gpt["block"] / per_step,
-            "peak_memory_gb": peak_memory_gb(model.device)}  # fmt: skip
+    return {
+        "tokens_per_s": batch * gpt["block"] / per_step,
+        "peak_memory_gb": peak_memory_gb(model.device),
+    }
 
 
 def raytrain_spec(gpt: dict, batch: int, steps: int, warmup: int, work: Path, gpu: bool) -> dict:
@@ -79,21 +81,33 @@ def raytrain_spec(gpt: dict, batch: int, steps: int, warmup: int, work: Path, gp
     rows = batch * (steps + 1)
     data = torch.randint(0, 256, (rows, gpt["block"] + 1), dtype=torch.uint8).numpy()
     (work / "train").mkdir()
-    table = pa.table({"tokens": pa.FixedSizeListArray.from_arrays(
-        pa.array(data.ravel()), gpt["block"] + 1)})  # fmt: skip
+    table = pa.table(
+        {"tokens": pa.FixedSizeListArray.from_arrays(pa.array(data.ravel()), gpt["block"] + 1)}
+    )
     pq.write_table(table, work / "train" / "part-0.parquet")
     spec = {
         "name": "gpu-throughput",
-        "model": {"class_path": "bench.models:TimedGPT",
-                  "init_args": {"out": str(work / "steps.json"), "warmup": warmup, **gpt}},
-        "data": {"train": {"uri": str(work / "train")}, "columns": ["tokens"],
-                 "batch_size": batch, "shuffle": None},
+        "model": {
+            "class_path": "bench.models:TimedGPT",
+            "init_args": {"out": str(work / "steps.json"), "warmup": warmup, **gpt},
+        },
+        "data": {
+            "train": {"uri": str(work / "train")},
+            "columns": ["tokens"],
+            "batch_size": batch,
+            "shuffle": None,
+        },
         "scaling": {"num_workers": 1, "use_gpu": gpu},
-        "trainer": {"max_steps": steps, "max_epochs": 1, "precision": "bf16-mixed",
-                    "gradient_clip_val": 1.0, "log_every_n_steps": 50},
+        "trainer": {
+            "max_steps": steps,
+            "max_epochs": 1,
+            "precision": "bf16-mixed",
+            "gradient_clip_val": 1.0,
+            "log_every_n_steps": 50,
+        },
         "checkpoint": {"storage": str(work / "runs"), "every_n_epochs": None},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
-    }  # fmt: skip
+    }
     return spec
 
 
@@ -129,17 +143,28 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="default 60 (dry run: 3)")
     parser.add_argument("--warmup", type=int, default=None, help="default 10 (dry run: 1)")
     parser.add_argument("--peak-tflops", type=float, default=None)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                        help="default cuda (dry run: cpu)")  # fmt: skip
-    parser.add_argument("--dry-run", action="store_true",
-                        help="a tiny GPT, a few steps, on the CPU: all but CUDA")  # fmt: skip
-    parser.add_argument("--ray", action="store_true",
-                        help="with --dry-run: run raytrain.fit too (starts Ray)")  # fmt: skip
-    parser.add_argument("--out", default=None,
-                        help="default bench/results/gpu.json (dry run: gpu-dry.json)")  # fmt: skip
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), default=None, help="default cuda (dry run: cpu)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="a tiny GPT, a few steps, on the CPU: all but CUDA"
+    )
+    parser.add_argument(
+        "--ray", action="store_true", help="with --dry-run: run raytrain.fit too (starts Ray)"
+    )
+    parser.add_argument(
+        "--out", default=None, help="default bench/results/gpu.json (dry run: gpu-dry.json)"
+    )
     args = parser.parse_args()
-    full = {"layers": 12, "dim": 768, "heads": 12, "block": 512, "batch": 16, "steps": 60,
-            "warmup": 10}  # fmt: skip
+    full = {
+        "layers": 12,
+        "dim": 768,
+        "heads": 12,
+        "block": 512,
+        "batch": 16,
+        "steps": 60,
+        "warmup": 10,
+    }
     for key, value in (DRY if args.dry_run else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -176,17 +201,29 @@ def main() -> None:
     if ours is None:
         print("raytrain: data and spec checked, model built; raytrain.fit not run (add --ray)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"gpu": name, "parameters": params, "gpt": gpt, "batch": args.batch,
-              "raytrain": ours, "plain": plain, "peak_tflops": peak,
-              "dry_run": args.dry_run}  # fmt: skip
+    record = {
+        "gpu": name,
+        "parameters": params,
+        "gpt": gpt,
+        "batch": args.batch,
+        "raytrain": ours,
+        "plain": plain,
+        "peak_tflops": peak,
+        "dry_run": args.dry_run,
+    }
     out.write_text(json.dumps(record, indent=2))
     print(f"wrote {out}")
 
 
 def _table(
-    name: str, params: int, batch: int, block: int, peak: float | None, ours: dict | None,
+    name: str,
+    params: int,
+    batch: int,
+    block: int,
+    peak: float | None,
+    ours: dict | None,
     plain: dict,
-) -> None:  # fmt: skip
+) -> None:
     """The comparison as a table; a side not run (``ours`` None) or a figure not measured
     (peak memory on a CPU) is shown as ``-``."""
 
@@ -201,8 +238,10 @@ def _table(
     ratio = r / p if r is not None else None
     print(f"{'tokens/s':<22} {cell(r, ',.0f'):>12} {cell(p, ',.0f'):>12} {cell(ratio, '.2f'):>7}")
     if peak:
-        mfu = {k: None if v is None else 6 * params * v / (peak * 1e12)
-               for k, v in (("raytrain", r), ("plain", p))}  # fmt: skip
+        mfu = {
+            k: None if v is None else 6 * params * v / (peak * 1e12)
+            for k, v in (("raytrain", r), ("plain", p))
+        }
         print(f"{'MFU':<22} {cell(mfu['raytrain'], '.1%'):>12} {cell(mfu['plain'], '.1%'):>12}")
     mem = (ours or {}).get("peak_memory_gb"), plain["peak_memory_gb"]
     print(f"{'peak memory, GB':<22} {cell(mem[0], '.2f'):>12} {cell(mem[1], '.2f'):>12}")

@@ -48,17 +48,26 @@ def measure(strategy: str, work: Path, gpt: dict, steps: int) -> dict:
     section, batch = STRATEGIES[strategy]
     spec = {
         "name": f"memory-{strategy}",
-        "model": {"class_path": "bench.models:MemoryProbeGPT",
-                  "init_args": {"out_dir": str(out), **gpt}},
-        "data": {"train": {"uri": str(work / "text" / "train")}, "columns": ["tokens"],
-                 "batch_size": batch},
+        "model": {
+            "class_path": "bench.models:MemoryProbeGPT",
+            "init_args": {"out_dir": str(out), **gpt},
+        },
+        "data": {
+            "train": {"uri": str(work / "text" / "train")},
+            "columns": ["tokens"],
+            "batch_size": batch,
+        },
         "scaling": {"num_workers": 2},
         "strategy": section,
-        "trainer": {"max_steps": steps, "max_epochs": 1, "log_every_n_steps": 1,
-                    "precision": "32-true"},
+        "trainer": {
+            "max_steps": steps,
+            "max_epochs": 1,
+            "log_every_n_steps": 1,
+            "precision": "32-true",
+        },
         "checkpoint": {"storage": str(work / "runs"), "every_n_epochs": None, "keep": 1},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
-    }  # fmt: skip
+    }
     raytrain.fit(spec, progress=False)
     ranks = [json.loads((out / f"memory-rank{r}.json").read_text()) for r in (0, 1)]
     worst = {k: max(r[k] for r in ranks) for k in KINDS}
@@ -103,12 +112,19 @@ def main() -> None:
     print(f"TP 2 / FSDP step time: {ratio:.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "gpt": gpt, "parameters": params, "bytes": results,
-        "fsdp_over_ddp_total": results["fsdp"]["total"] / results["ddp"]["total"],
-        "tp2_over_ddp_total": results["tp2"]["total"] / results["ddp"]["total"],
-        "tp2_over_fsdp_step_time": ratio,
-    }, indent=2))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "gpt": gpt,
+                "parameters": params,
+                "bytes": results,
+                "fsdp_over_ddp_total": results["fsdp"]["total"] / results["ddp"]["total"],
+                "tp2_over_ddp_total": results["tp2"]["total"] / results["ddp"]["total"],
+                "tp2_over_fsdp_step_time": ratio,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -67,8 +67,12 @@ class MemoryProbeGPT(TinyGPT):
             return total
 
         params = list(self.trainer.model.parameters())
-        state = [v for s in optimizer.state.values() for v in s.values()
-                 if torch.is_tensor(v) and v.dim() > 0]  # fmt: skip
+        state = [
+            v
+            for s in optimizer.state.values()
+            for v in s.values()
+            if torch.is_tensor(v) and v.dim() > 0
+        ]
         out = {
             "parameters": nbytes(params),
             "gradients": nbytes([p.grad for p in params if p.grad is not None]),

@@ -37,8 +37,12 @@ from bench.timed import MODELS, summarize  # noqa: E402
 EPOCHS = {"digits": 4, "compute": 8}
 SHUFFLE: dict | None = {"seed": 0}
 FIGURES = ("step_s", "startup_s", "epoch_overhead_s", "exit_s")
-LABELS = {"step_s": "step (ms)", "startup_s": "startup to 1st step (s)",
-          "epoch_overhead_s": "per-epoch overhead (s)", "exit_s": "end to end (s)"}  # fmt: skip
+LABELS = {
+    "step_s": "step (ms)",
+    "startup_s": "startup to 1st step (s)",
+    "epoch_overhead_s": "per-epoch overhead (s)",
+    "exit_s": "end to end (s)",
+}
 WARM = "warm"
 # raytrain runs beside the default one: (label, logical CPUs given to Ray, train files,
 # spec sections merged into the run's). Metrics are reported every 10 steps by default;
@@ -99,23 +103,39 @@ def _run(cmd: list[str], timing: Path, env: dict[str, str]) -> tuple[dict[str, f
                 cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=RUN_TIMEOUT_S
             )
         except subprocess.TimeoutExpired:
-            print(f"  timed out after {RUN_TIMEOUT_S} s (attempt {attempt}): {' '.join(cmd)}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  timed out after {RUN_TIMEOUT_S} s (attempt {attempt}): {' '.join(cmd)}",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         exited = time.time()
         if proc.returncode == 0:
             figures = summarize(json.loads(timing.read_text()), launched)
             figures["exit_s"] = exited - launched
             return figures, proc.stdout
-        print(f"  failed (attempt {attempt}): {' '.join(cmd)}\n{proc.stderr[-2000:]}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"  failed (attempt {attempt}): {' '.join(cmd)}\n{proc.stderr[-2000:]}",
+            file=sys.stderr,
+            flush=True,
+        )
     raise SystemExit(f"{' '.join(cmd)} failed twice")
 
 
 def run_baseline(model: str, data: Path, work: Path) -> dict[str, float]:
     timing = work / f"baseline-{model}.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "ddp_baseline.py"), "--model", model,
-           "--epochs", str(EPOCHS[model]), "--data", str(data), "--out", str(timing)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "ddp_baseline.py"),
+        "--model",
+        model,
+        "--epochs",
+        str(EPOCHS[model]),
+        "--data",
+        str(data),
+        "--out",
+        str(timing),
+    ]
     return _run(cmd, timing, _env())[0]
 
 
@@ -146,18 +166,27 @@ def run_raytrain(
             "shuffle": SHUFFLE,
         },
         "scaling": {"num_workers": 2},
-        "trainer": {"max_epochs": EPOCHS[model], "gradient_clip_val": 1.0,
-                    "log_every_n_steps": 10, "seed": 42},
+        "trainer": {
+            "max_epochs": EPOCHS[model],
+            "gradient_clip_val": 1.0,
+            "log_every_n_steps": 10,
+            "seed": 42,
+        },
         "checkpoint": {"storage": str(work / "runs"), "every_n_epochs": 1, "keep": 1},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
-    }  # fmt: skip
+    }
     for section, values in (sections or {}).items():
         spec[section] = {**spec[section], **values}
     if datamodule:
         spec["model"]["class_path"] = "bench.timed:TimedDigitsTupleCNN"
-        spec["data"] = {"class_path": "bench.timed.DigitsParquetModule",
-                        "init_args": {"train": str(data / "train"), "val": str(data / "val"),
-                                      "batch_size": config["batch_size"]}}  # fmt: skip
+        spec["data"] = {
+            "class_path": "bench.timed.DigitsParquetModule",
+            "init_args": {
+                "train": str(data / "train"),
+                "val": str(data / "val"),
+                "batch_size": config["batch_size"],
+            },
+        }
         spec["trainer"]["seed"] = SHUFFLE["seed"] if SHUFFLE else 42
     path = work / f"{model}.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -192,8 +221,14 @@ def write_data(root: Path, train_files: int) -> Path:
 
 def _cluster(command: str, home: Path) -> None:
     """``raytrain up`` (it returns once its warm processes are ready) or ``down``."""
-    proc = subprocess.run([sys.executable, "-m", "raytrain", command], capture_output=True,
-                          text=True, env=_env(home=home), cwd=ROOT, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "raytrain", command],
+        capture_output=True,
+        text=True,
+        env=_env(home=home),
+        cwd=ROOT,
+        timeout=600,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"raytrain {command} failed:\n{proc.stdout}{proc.stderr}")
 
@@ -224,8 +259,11 @@ def _bench_model(
                     _cluster("down", home)
             else:
                 _, cpus, files, sections = next(v for v in variants if v[0] == side)
-                runs[side].append(run_raytrain(model, data[files], work, cpus, sections,
-                                               datamodule=side == "DataModule"))  # fmt: skip
+                runs[side].append(
+                    run_raytrain(
+                        model, data[files], work, cpus, sections, datamodule=side == "DataModule"
+                    )
+                )
                 if side == "default":  # what raytrain doctor makes of the run
                     doctor = _doctor(work / f"{model}.yaml")
             shown = {k: round(v, 3) for k, v in runs[side][-1].items() if not k.startswith("at_")}
@@ -258,20 +296,25 @@ def _print_tables(results: dict[str, dict], reps: int) -> None:
     for model, res in results.items():
         for key in FIGURES:
             scale = 1000 if key == "step_s" else 1
-            print(f"{model:<9} {LABELS[key]:<44} {res['raytrain'][key] * scale:>10.2f} "
-                  f"{res['baseline'][key] * scale:>10.2f} {res['ratio'][key]:>7.2f}")  # fmt: skip
+            print(
+                f"{model:<9} {LABELS[key]:<44} {res['raytrain'][key] * scale:>10.2f} "
+                f"{res['baseline'][key] * scale:>10.2f} {res['ratio'][key]:>7.2f}"
+            )
         base = res["baseline"]
         for label, figures in res["variants"].items():
             if label == WARM:  # a cluster raytrain up started, against the hand-written DDP
                 for key in ("startup_s", "exit_s", "step_s"):
                     k = 1000 if key == "step_s" else 1
-                    print(f"{model:<9} {LABELS[key] + ', warm':<44} {figures[key] * k:>10.2f} "
-                          f"{base[key] * k:>10.2f} {figures[key] / base[key]:>7.2f}")  # fmt: skip
+                    print(
+                        f"{model:<9} {LABELS[key] + ', warm':<44} {figures[key] * k:>10.2f} "
+                        f"{base[key] * k:>10.2f} {figures[key] / base[key]:>7.2f}"
+                    )
                 continue
             key, scale = ("step_s", 1000) if "metrics" in label else ("epoch_overhead_s", 1)
             # the DataModule's step against raytrain's own (cached Parquet) step
-            key, scale, against = (("step_s", 1000, res["raytrain"]) if label == "DataModule"
-                                   else (key, scale, base))  # fmt: skip
+            key, scale, against = (
+                ("step_s", 1000, res["raytrain"]) if label == "DataModule" else (key, scale, base)
+            )
             name = f"{LABELS[key].split(' (')[0]}, {label}"
             if label == "no timeline":  # raytrain's step (timeline on) over this one's
                 figures, against, key, scale = res["raytrain"], figures, "step_s", 1000
@@ -280,15 +323,21 @@ def _print_tables(results: dict[str, dict], reps: int) -> None:
                 # ratios leaves out the machine's drift between repetitions
                 pairs = zip(res["runs"]["default"], res["runs"][label], strict=True)
                 paired = statistics.median(on["step_s"] / off["step_s"] for on, off in pairs)
-                print(f"{model:<9} {'  (median of the repetitions ratios)':<44} {'':>10} "
-                      f"{'':>10} {paired:>7.3f}")  # fmt: skip
+                print(
+                    f"{model:<9} {'  (median of the repetitions ratios)':<44} {'':>10} "
+                    f"{'':>10} {paired:>7.3f}"
+                )
                 if "interleaved" in res:  # bench/timeline_cost.py: inside the noise
                     mixed = res["interleaved"]
-                    print(f"{model:<9} {'  (DDP blocks on/off interleaved, median)':<44} "
-                          f"{mixed['on_s'] * 1000:>10.2f} {mixed['off_s'] * 1000:>10.2f} "
-                          f"{mixed['ratio']:>7.3f}")  # fmt: skip
-            print(f"{model:<9} {name:<44} {figures[key] * scale:>10.2f} "
-                  f"{against[key] * scale:>10.2f} {figures[key] / against[key]:>7.2f}")  # fmt: skip
+                    print(
+                        f"{model:<9} {'  (DDP blocks on/off interleaved, median)':<44} "
+                        f"{mixed['on_s'] * 1000:>10.2f} {mixed['off_s'] * 1000:>10.2f} "
+                        f"{mixed['ratio']:>7.3f}"
+                    )
+            print(
+                f"{model:<9} {name:<44} {figures[key] * scale:>10.2f} "
+                f"{against[key] * scale:>10.2f} {figures[key] / against[key]:>7.2f}"
+            )
     for model, res in results.items():
         print(f"\nraytrain doctor, {model} (the last repetition's raytrain run)")
         print(res["doctor"].rstrip())
@@ -297,24 +346,31 @@ def _print_tables(results: dict[str, dict], reps: int) -> None:
         if WARM in res["variants"]:
             cases.append((WARM, res["variants"][WARM]))
         for case, figures in cases:
-            print(f"\nstartup breakdown, {model}, {case} "
-                  f"(s from the command's launch, median of {reps})")  # fmt: skip
+            print(
+                f"\nstartup breakdown, {model}, {case} "
+                f"(s from the command's launch, median of {reps})"
+            )
             before = 0.0
             for key, what in PHASES:
                 at = figures[f"at_{key}"]
                 print(f"  {what:<46} {at - before:>6.2f}   (at {at:5.2f})")
                 before = at
-            print(f"  {'(MLflow run opened beside the workers, at)':<46} "
-                  f"{figures['at_tracking_ready']:>6.2f}")  # fmt: skip
+            print(
+                f"  {'(MLflow run opened beside the workers, at)':<46} "
+                f"{figures['at_tracking_ready']:>6.2f}"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", default="digits,compute")
-    parser.add_argument("--variants", default=None,
-                        help="comma-separated variant labels to run beside the default "
-                        "(e.g. DataModule); all when unset")  # fmt: skip
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated variant labels to run beside the default "
+        "(e.g. DataModule); all when unset",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
     args = parser.parse_args()
 

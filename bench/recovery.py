@@ -64,40 +64,65 @@ def _run(
     out = work / name
     out.mkdir()
     channels, hidden = width
-    init: dict = {"out_dir": str(out), "at_steps": kills, "lr": 0.002, "channels": channels,
-                  "hidden": hidden, "toggle_every": toggle_every}  # fmt: skip
+    init: dict = {
+        "out_dir": str(out),
+        "at_steps": kills,
+        "lr": 0.002,
+        "channels": channels,
+        "hidden": hidden,
+        "toggle_every": toggle_every,
+    }
     if wait_for_commit:
         init["run_dir"] = str(out / "runs" / name)
     spec = {
         "name": name,
         "model": {"class_path": "tests.integration.models:KillAtStepsCNN", "init_args": init},
-        "data": {"train": {"uri": str(work / "digits" / "train")},
-                 "val": {"uri": str(work / "digits" / "val")},
-                 "columns": ["pixels", "label"], "batch_size": 32},
+        "data": {
+            "train": {"uri": str(work / "digits" / "train")},
+            "val": {"uri": str(work / "digits" / "val")},
+            "columns": ["pixels", "label"],
+            "batch_size": 32,
+        },
         "trainer": {"max_epochs": 10, "log_every_n_steps": 10, "seed": 42},
         **_gpt(work, init, strategy),
         # null: storage only (the default is auto)
-        "checkpoint": {"storage": str(out / "runs"), "every_n_epochs": 1, "keep": 3,
-                       "memory_every_n_steps": memory},
+        "checkpoint": {
+            "storage": str(out / "runs"),
+            "every_n_epochs": 1,
+            "keep": 3,
+            "memory_every_n_steps": memory,
+        },
         "failure": {"max_failures": len(kills)},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{out / 'mlflow.db'}"}},
-    }  # fmt: skip
+    }
     result = raytrain.fit(spec, progress=False)
-    events = sorted((json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()),
-                    key=lambda e: e["at"])  # fmt: skip
+    events = sorted(
+        (json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()),
+        key=lambda e: e["at"],
+    )
     recoveries = []
     for i, event in enumerate(events):
         if event["event"] != "kill":
             continue
         nxt = next(e for e in events[i + 1 :] if e["event"] == "first_step")
         restored = nxt["step"] - 1
-        recoveries.append({"kill_step": event["step"], "restored_from_step": restored,
-                           "steps_trained_again": event["step"] - restored,
-                           "kill_to_next_step_s": nxt["at"] - event["at"]})  # fmt: skip
+        recoveries.append(
+            {
+                "kill_step": event["step"],
+                "restored_from_step": restored,
+                "steps_trained_again": event["step"] - restored,
+                "kill_to_next_step_s": nxt["at"] - event["at"],
+            }
+        )
     metric = "val_acc" if strategy == "ddp" else "val_bpc"
-    return {"val_acc": result.metrics[metric], "step": result.metrics["step"],
-            "wall_s": result.wall_time_s, "recoveries": recoveries,
-            **_throughput(result), **_toggled(events, toggle_every)}  # fmt: skip
+    return {
+        "val_acc": result.metrics[metric],
+        "step": result.metrics["step"],
+        "wall_s": result.wall_time_s,
+        "recoveries": recoveries,
+        **_throughput(result),
+        **_toggled(events, toggle_every),
+    }
 
 
 def _toggled(events: list[dict], every: int) -> dict:
@@ -115,8 +140,11 @@ def _toggled(events: list[dict], every: int) -> dict:
             blocks.setdefault((after["step"] - 1) // every, []).append(
                 after["at_perf"] - before["at_perf"]
             )
-    ratios = [statistics.median(blocks[b]) / statistics.median(blocks[b - 1])
-              for b in sorted(blocks) if b % 2 == 1 and b - 1 in blocks]  # fmt: skip
+    ratios = [
+        statistics.median(blocks[b]) / statistics.median(blocks[b - 1])
+        for b in sorted(blocks)
+        if b % 2 == 1 and b - 1 in blocks
+    ]
     return {
         "toggle_every": every,
         "block_ratios": ratios,
@@ -144,14 +172,24 @@ def _gpt(work: Path, init: dict, strategy: str) -> dict:
         parallel = {"name": "model_parallel", "model_parallel": {"tensor_parallel_size": 2}}
         epochs = 2
     return {
-        "model": {"class_path": "tests.integration.models:KillAtStepsGPT",
-                  "init_args": {**gpt, **GPT}},
-        "data": {"train": {"uri": str(text / "train")}, "val": {"uri": str(text / "val")},
-                 "columns": ["tokens"], "batch_size": 16},
-        "trainer": {"max_epochs": epochs, "log_every_n_steps": 10, "seed": 42,
-                    "precision": "32-true"},
+        "model": {
+            "class_path": "tests.integration.models:KillAtStepsGPT",
+            "init_args": {**gpt, **GPT},
+        },
+        "data": {
+            "train": {"uri": str(text / "train")},
+            "val": {"uri": str(text / "val")},
+            "columns": ["tokens"],
+            "batch_size": 16,
+        },
+        "trainer": {
+            "max_epochs": epochs,
+            "log_every_n_steps": 10,
+            "seed": 42,
+            "precision": "32-true",
+        },
         "strategy": parallel,
-    }  # fmt: skip
+    }
 
 
 def _throughput(result: object) -> dict:
@@ -164,26 +202,34 @@ def _throughput(result: object) -> dict:
     run_id = result.mlflow_run_id  # type: ignore[attr-defined]
     rates = [m.value for m in client.get_metric_history(run_id, "samples_per_s")]
     tags = client.get_run(run_id).data.tags
-    return {"samples_per_second": statistics.median(rates) if rates else None,
-            "memory_interval": tags.get("raytrain.memory_interval")}  # fmt: skip
+    return {
+        "samples_per_second": statistics.median(rates) if rates else None,
+        "memory_interval": tags.get("raytrain.memory_interval"),
+    }
 
 
 def _memory_table(results: dict) -> None:
     """Steps trained again per kill, kill -> next step, and the overhead of the state."""
-    print(f"{'state':<10} {'kills':>5} {'retrained (each)':<26} {'median':>6} "
-          f"{'kill->step s (median)':>22}")  # fmt: skip
+    print(
+        f"{'state':<10} {'kills':>5} {'retrained (each)':<26} {'median':>6} "
+        f"{'kill->step s (median)':>22}"
+    )
     for name in ("storage only", "memory"):
         recs = results[f"{name} any time"]["recoveries"]
         again = [r["steps_trained_again"] for r in recs]
         times = [r["kill_to_next_step_s"] for r in recs]
-        print(f"{name:<10} {len(recs):>5} {','.join(map(str, again)):<26} "
-              f"{statistics.median(again):>6} {statistics.median(times):>22.2f}")  # fmt: skip
+        print(
+            f"{name:<10} {len(recs):>5} {','.join(map(str, again)):<26} "
+            f"{statistics.median(again):>6} {statistics.median(times):>22.2f}"
+        )
     overheads = [o for o in results["overheads"] if o is not None]
     each = ", ".join(f"{100 * o:+.1f}%" for o in overheads)
     every = results["memory uninterrupted"]["toggle_every"]
-    print(f"overhead of the state, blocks of {every} steps with it against blocks without, "
-          f"in each of {len(overheads)} runs: {each}; median "
-          f"{100 * statistics.median(overheads):+.1f}%")  # fmt: skip
+    print(
+        f"overhead of the state, blocks of {every} steps with it against blocks without, "
+        f"in each of {len(overheads)} runs: {each}; median "
+        f"{100 * statistics.median(overheads):+.1f}%"
+    )
     print(f"the state's own figures: {results['memory uninterrupted']['memory_interval']}")
 
 
@@ -221,14 +267,18 @@ def main() -> None:
         default=10,
         help="with --memory: the overhead's blocks, in steps (the state kept in every other)",
     )
-    parser.add_argument("--warm", action="store_true",
-                        help="keep a pool of warm processes, as raytrain up does")  # fmt: skip
+    parser.add_argument(
+        "--warm", action="store_true", help="keep a pool of warm processes, as raytrain up does"
+    )
     args = parser.parse_args()
     kills = [int(k) for k in args.kills.split(",")]
     channels, hidden = (int(v) for v in args.width.split(","))
     width = (channels, hidden)
-    memory = None if args.memory is None else (
-        args.memory if args.memory == "auto" else int(args.memory))  # fmt: skip
+    memory = (
+        None
+        if args.memory is None
+        else (args.memory if args.memory == "auto" else int(args.memory))
+    )
 
     from raytrain.datasets.digits import write_splits
     from raytrain.driver.ray_runtime import DATA_CPUS, start_local
@@ -243,8 +293,7 @@ def main() -> None:
             marks = work / "warm"
             marks.mkdir()
             os.environ[WARM_DIR_ENV] = str(marks)
-            handle = start_local(2 + DATA_CPUS, warm=default_warm(2 + DATA_CPUS),
-                                 warm_marks=marks)  # fmt: skip
+            handle = start_local(2 + DATA_CPUS, warm=default_warm(2 + DATA_CPUS), warm_marks=marks)
         else:
             handle = start_local(2 + DATA_CPUS)
 
@@ -255,22 +304,33 @@ def main() -> None:
 
         if memory is not None:
             how = {"width": width, "strategy": args.strategy}
-            toggled = [run(work, f"toggled-{i}", [], False, memory, **how,
-                           toggle_every=args.toggle_every) for i in range(args.repeat)]  # fmt: skip
+            toggled = [
+                run(work, f"toggled-{i}", [], False, memory, **how, toggle_every=args.toggle_every)
+                for i in range(args.repeat)
+            ]
             results = {
                 "memory uninterrupted": toggled[0],
                 "toggled": toggled,
                 "storage only any time": run(work, "off-kills", kills, False, None, **how),
                 "memory any time": run(work, "on-kills", kills, False, memory, **how),
                 "overheads": [t["toggled_overhead"] for t in toggled],
-            }  # fmt: skip
+            }
             handle.shutdown()
             _memory_table(results)
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"kills": kills, "memory": memory, "width": width,
-                                       "strategy": args.strategy, "results": results},
-                                      indent=2))  # fmt: skip
+            out.write_text(
+                json.dumps(
+                    {
+                        "kills": kills,
+                        "memory": memory,
+                        "width": width,
+                        "strategy": args.strategy,
+                        "results": results,
+                    },
+                    indent=2,
+                )
+            )
             print(f"wrote {out}")
             return
         results = {
@@ -285,15 +345,19 @@ def main() -> None:
     print("-" * 59)
     for variant in ("any time", "after commit"):
         for r in results[variant]["recoveries"]:
-            print(f"{variant:<14} {r['kill_step']:>9} {r['restored_from_step']:>9} "
-                  f"{r['steps_trained_again']:>10} {r['kill_to_next_step_s']:>13.2f}")  # fmt: skip
+            print(
+                f"{variant:<14} {r['kill_step']:>9} {r['restored_from_step']:>9} "
+                f"{r['steps_trained_again']:>10} {r['kill_to_next_step_s']:>13.2f}"
+            )
     print()
     print(f"{'run':<14} {'val_acc':>8} {'steps':>6} {'wall s':>7} {'median kill->step s':>20}")
     for variant, res in results.items():
         times = [r["kill_to_next_step_s"] for r in res["recoveries"]]
         median = f"{statistics.median(times):.2f}" if times else "-"
-        print(f"{variant:<14} {res['val_acc']:>8.4f} {res['step']:>6} {res['wall_s']:>7.1f} "
-              f"{median:>20}")  # fmt: skip
+        print(
+            f"{variant:<14} {res['val_acc']:>8.4f} {res['step']:>6} {res['wall_s']:>7.1f} "
+            f"{median:>20}"
+        )
     for variant in ("any time", "after commit"):
         gap = results[variant]["val_acc"] - base["val_acc"]
         print(f"val_acc {variant} - uninterrupted: {gap:+.4f}")

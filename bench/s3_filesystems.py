@@ -68,17 +68,35 @@ NO_CHECKSUM = "when_required"
 ROWS = [
     ("read 16 columns", "MB/s", "read", "pyarrow", "s3fs", "bytes"),
     ("read 16 columns", "Mrows/s", "read", "pyarrow", "s3fs", "rows"),
-    ("read 2 columns (column chunks)", "MB/s", "read_projection", "pyarrow", "s3fs",
-     "projected_bytes"),
+    (
+        "read 2 columns (column chunks)",
+        "MB/s",
+        "read_projection",
+        "pyarrow",
+        "s3fs",
+        "projected_bytes",
+    ),
     ("read 2 columns", "Mrows/s", "read_projection", "pyarrow", "s3fs", "rows"),
     ("write, copy_files", "MB/s", "write", "pyarrow", "s3fs", "file_bytes"),
     ("write, s3fs put (pyarrow copy_files)", "MB/s", "write", "pyarrow", "s3fs put", "file_bytes"),
-    ("write, copy_files, no checksum", "MB/s", "write_no_checksum", "pyarrow", "s3fs",
-     "file_bytes"),
-    ("write, s3fs put, no checksum", "MB/s", "write_no_checksum", "pyarrow", "s3fs put",
-     "file_bytes"),
+    (
+        "write, copy_files, no checksum",
+        "MB/s",
+        "write_no_checksum",
+        "pyarrow",
+        "s3fs",
+        "file_bytes",
+    ),
+    (
+        "write, s3fs put, no checksum",
+        "MB/s",
+        "write_no_checksum",
+        "pyarrow",
+        "s3fs put",
+        "file_bytes",
+    ),
     (f"list {LIST_DIRS * LIST_PER_DIR} objects", "ms", "list", "pyarrow", "s3fs", "ms"),
-]  # fmt: skip
+]
 
 
 def make_filesystems(endpoint: str, checksum: str | None = None) -> dict[str, tuple]:
@@ -88,15 +106,25 @@ def make_filesystems(endpoint: str, checksum: str | None = None) -> dict[str, tu
     if checksum:  # the SDK reads it when the client is made
         os.environ["AWS_REQUEST_CHECKSUM_CALCULATION"] = checksum
     try:
-        native = pafs.S3FileSystem(access_key=key, secret_key=secret, region=region,
-                                   endpoint_override=endpoint, allow_bucket_creation=True,
-                                   allow_bucket_deletion=True)  # fmt: skip
+        native = pafs.S3FileSystem(
+            access_key=key,
+            secret_key=secret,
+            region=region,
+            endpoint_override=endpoint,
+            allow_bucket_creation=True,
+            allow_bucket_deletion=True,
+        )
     finally:
         os.environ.pop("AWS_REQUEST_CHECKSUM_CALCULATION", None)
     config = {"request_checksum_calculation": checksum} if checksum else {}
-    s3 = s3fs.S3FileSystem(key=key, secret=secret, endpoint_url=endpoint, config_kwargs=config,
-                           client_kwargs={"region_name": region},
-                           skip_instance_cache=True)  # fmt: skip
+    s3 = s3fs.S3FileSystem(
+        key=key,
+        secret=secret,
+        endpoint_url=endpoint,
+        config_kwargs=config,
+        client_kwargs={"region_name": region},
+        skip_instance_cache=True,
+    )
     return {"pyarrow": (native, native), "s3fs": (pafs.PyFileSystem(pafs.FSSpecHandler(s3)), s3)}
 
 
@@ -108,11 +136,11 @@ def endpoint_from_env(endpoint: str) -> dict[str, str]:
         "pyarrow.fs.S3FileSystem()": lambda: pafs.S3FileSystem(
             connect_timeout=2, request_timeout=2
         ).get_file_info(probe),
-        "pyarrow.fs.FileSystem.from_uri('s3://...')": lambda: (
-            pafs.FileSystem.from_uri(f"s3://{probe}")[0].get_file_info(probe)
-        ),
+        "pyarrow.fs.FileSystem.from_uri('s3://...')": lambda: pafs.FileSystem.from_uri(
+            f"s3://{probe}"
+        )[0].get_file_info(probe),
         "s3fs.S3FileSystem()": lambda: s3fs.S3FileSystem(skip_instance_cache=True).info(probe),
-    }  # fmt: skip
+    }
     found = {}
     try:
         for name, check in checks.items():
@@ -144,8 +172,12 @@ def write_dataset(local: Path, mb: int) -> dict[str, int]:
             group = meta.row_group(g)
             projected += sum(group.column(names.index(n)).total_compressed_size for n in PROJECTION)
     files = sorted(local.iterdir())
-    return {"files": len(files), "bytes": sum(p.stat().st_size for p in files),
-            "rows": rows * FILES, "projected_bytes": projected}  # fmt: skip
+    return {
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+        "rows": rows * FILES,
+        "projected_bytes": projected,
+    }
 
 
 def server_cpu(endpoint: str) -> Callable[[], float]:
@@ -168,8 +200,9 @@ def server_cpu(endpoint: str) -> Callable[[], float]:
     return used
 
 
-def bench_rep(rep: int, fss: dict, dataset: dict, ckpt_dir: Path, server: Callable[[], float]
-              ) -> dict[str, dict[str, dict[str, float]]]:  # fmt: skip
+def bench_rep(
+    rep: int, fss: dict, dataset: dict, ckpt_dir: Path, server: Callable[[], float]
+) -> dict[str, dict[str, dict[str, float]]]:
     """One repetition of every operation: wall, client CPU and server CPU seconds per side."""
     local = pafs.LocalFileSystem()
     native = fss["default"]["pyarrow"][0]
@@ -244,9 +277,13 @@ def bench_rep(rep: int, fss: dict, dataset: dict, ckpt_dir: Path, server: Callab
 
 def summarize(runs: list[dict], dataset: dict) -> tuple[dict[str, dict], dict[str, dict]]:
     """The table rows (each side's figure, pyarrow/s3fs throughput ratio) and median seconds."""
-    med = {case: {side: {k: statistics.median(r[case][side][k] for r in runs) for k in times}
-                  for side, times in sides.items()}
-           for case, sides in runs[0].items()}  # fmt: skip
+    med = {
+        case: {
+            side: {k: statistics.median(r[case][side][k] for r in runs) for k in times}
+            for side, times in sides.items()
+        }
+        for case, sides in runs[0].items()
+    }
     rows = {}
     for label, unit, case, pa_side, s3_side, basis in ROWS:
         secs = {"pyarrow": med[case][pa_side]["wall_s"], "s3fs": med[case][s3_side]["wall_s"]}
@@ -273,8 +310,10 @@ def _print_tables(rows: dict[str, dict], med: dict[str, dict], reps: int) -> Non
     print("-" * len(header))
     for case, sides in med.items():
         for side, t in sides.items():
-            print(f"{case:<20} {side:<10} {t['wall_s']:>7.2f} {t['client_cpu_s']:>11.2f} "
-                  f"{t['server_cpu_s']:>11.2f}")  # fmt: skip
+            print(
+                f"{case:<20} {side:<10} {t['wall_s']:>7.2f} {t['client_cpu_s']:>11.2f} "
+                f"{t['server_cpu_s']:>11.2f}"
+            )
 
 
 def main() -> None:
@@ -284,8 +323,12 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "s3_filesystems.json"))
     args = parser.parse_args()
 
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE",
-                 "AWS_REQUEST_CHECKSUM_CALCULATION"):  # fmt: skip
+    for name in (
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_PROFILE",
+        "AWS_REQUEST_CHECKSUM_CALCULATION",
+    ):
         os.environ.pop(name, None)
     os.environ.update(S3_ENV)
     runs = []
@@ -298,13 +341,18 @@ def main() -> None:
         ckpt.write_bytes(np.random.default_rng(1).bytes(args.mb * MB))
         dataset["file_bytes"] = ckpt.stat().st_size
         with moto_server(work / "moto.log") as endpoint:
-            fss = {"default": make_filesystems(endpoint),
-                   NO_CHECKSUM: make_filesystems(endpoint, NO_CHECKSUM)}  # fmt: skip
+            fss = {
+                "default": make_filesystems(endpoint),
+                NO_CHECKSUM: make_filesystems(endpoint, NO_CHECKSUM),
+            }
             native = fss["default"]["pyarrow"][0]
             native.create_dir(BUCKET)
             pafs.copy_files(str(work / "data"), DATA, pafs.LocalFileSystem(), native)
-            small = {f"{MANY}/d{d:02d}/obj-{i:04d}": b"x" * 100
-                     for d in range(LIST_DIRS) for i in range(LIST_PER_DIR)}  # fmt: skip
+            small = {
+                f"{MANY}/d{d:02d}/obj-{i:04d}": b"x" * 100
+                for d in range(LIST_DIRS)
+                for i in range(LIST_PER_DIR)
+            }
             fss["default"]["s3fs"][1].pipe(small)
             env_check = endpoint_from_env(endpoint)
             server = server_cpu(endpoint)
@@ -327,11 +375,22 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     versions = {m.__name__: m.__version__ for m in (pa, s3fs)}
-    out.write_text(json.dumps({"reps": args.reps, "mb": args.mb, "dataset": dataset,
-                               "versions": versions, "settings": settings,
-                               "endpoint_from_env": env_check, "results": rows, "seconds": med,
-                               "runs": runs},
-                              indent=2))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "reps": args.reps,
+                "mb": args.mb,
+                "dataset": dataset,
+                "versions": versions,
+                "settings": settings,
+                "endpoint_from_env": env_check,
+                "results": rows,
+                "seconds": med,
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
 
 

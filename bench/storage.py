@@ -80,17 +80,23 @@ def write_ingest_data(fs, mb: int) -> tuple[str, int, int]:
         for start in range(0, rows, per_file):
             n = min(per_file, rows - start)
             x = rng.standard_normal((n, FEATURES), dtype=np.float32)
-            yield pa.record_batch({
-                "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES),
-                "label": pa.array(rng.integers(0, 10, n)),
-            })  # fmt: skip
+            yield pa.record_batch(
+                {
+                    "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES),
+                    "label": pa.array(rng.integers(0, 10, n)),
+                }
+            )
 
     schema = next(batches()).schema
     pads.write_dataset(
-        pads.dataset(pa.Table.from_batches(list(batches()), schema)), f"{BUCKET}/ingest",
-        filesystem=fs, format="parquet", max_rows_per_file=per_file, max_rows_per_group=per_file,
+        pads.dataset(pa.Table.from_batches(list(batches()), schema)),
+        f"{BUCKET}/ingest",
+        filesystem=fs,
+        format="parquet",
+        max_rows_per_file=per_file,
+        max_rows_per_group=per_file,
         file_options=pads.ParquetFileFormat().make_write_options(use_dictionary=False),
-    )  # fmt: skip
+    )
     infos = fs.get_file_info(pafs.FileSelector(f"{BUCKET}/ingest"))
     return f"{BUCKET}/ingest", rows, sum(i.size for i in infos)
 
@@ -124,8 +130,19 @@ def ingest_raytrain(options, path: str, seed: int | None = None, found=None) -> 
 
     fs, _ = storage.filesystem(f"s3://{path}", options)
     found = found or stream_plan(options, path)
-    ranks = [ParquetStream(found, fs, ["x", "label"], BATCH, rank=r, world_size=2,
-                           shuffle_seed=seed, window_rows=4096) for r in (0, 1)]  # fmt: skip
+    ranks = [
+        ParquetStream(
+            found,
+            fs,
+            ["x", "label"],
+            BATCH,
+            rank=r,
+            world_size=2,
+            shuffle_seed=seed,
+            window_rows=4096,
+        )
+        for r in (0, 1)
+    ]
     return _consume(ranks)
 
 
@@ -159,8 +176,9 @@ def _consume(ranks: list) -> int:
 def upload_copy_files(fs, local: str, dest: str) -> None:
     import pyarrow.fs as pafs
 
-    pafs.copy_files(local, dest, source_filesystem=pafs.LocalFileSystem(),
-                    destination_filesystem=fs)  # fmt: skip
+    pafs.copy_files(
+        local, dest, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
+    )
 
 
 def upload_raytrain(fs, local: str, dest: str) -> None:
@@ -178,17 +196,22 @@ def blocked_per_checkpoint(endpoint: str, work: Path, mode: str, ckpt_mb: int) -
 
     spec = {
         "name": f"blocked-{mode}",
-        "model": {"class_path": "bench.models:BigCheckpointCNN",
-                  "init_args": {"state_mb": ckpt_mb}},
-        "data": {"train": {"uri": str(work / "digits" / "train")},
-                 "val": {"uri": str(work / "digits" / "val")},
-                 "columns": ["pixels", "label"], "batch_size": 32,
-                 "prepare": "raytrain.datasets.digits:write_splits"},
+        "model": {
+            "class_path": "bench.models:BigCheckpointCNN",
+            "init_args": {"state_mb": ckpt_mb},
+        },
+        "data": {
+            "train": {"uri": str(work / "digits" / "train")},
+            "val": {"uri": str(work / "digits" / "val")},
+            "columns": ["pixels", "label"],
+            "batch_size": 32,
+            "prepare": "raytrain.datasets.digits:write_splits",
+        },
         "trainer": {"max_epochs": 4, "log_every_n_steps": 5},
         "checkpoint": {"storage": f"s3://{BUCKET}/runs", "keep": 1, "upload": mode},
         "storage": {"s3": {"endpoint_url": endpoint, "region": "us-east-1"}},
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
-    }  # fmt: skip
+    }
     result = raytrain.fit(spec, fresh=True, progress=False)
     history = MlflowClient(result.tracking_uri).get_metric_history(
         result.mlflow_run_id, "checkpoint_blocked_s"
@@ -249,12 +272,20 @@ def main() -> None:
                 assert fs.get_file_info(f"{dest}/checkpoint.ckpt").size == ckpt_bytes
                 fs.delete_dir(dest)
                 runs[side].append(seconds)
-            print(f"  rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items()),
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items()),
+                file=sys.stderr,
+                flush=True,
+            )
         ray_handle.shutdown()
-        blocked = {} if args.ingest_only else {
-            mode: blocked_per_checkpoint(endpoint, work, mode, args.ckpt_mb)
-            for mode in ("sync", "async")}  # fmt: skip
+        blocked = (
+            {}
+            if args.ingest_only
+            else {
+                mode: blocked_per_checkpoint(endpoint, work, mode, args.ckpt_mb)
+                for mode in ("sync", "async")
+            }
+        )
 
     med = {k: statistics.median(v) for k, v in runs.items()}
     mb = nbytes / 1e6
@@ -266,8 +297,10 @@ def main() -> None:
         "ingest rows/s, Ray Data path": (rows / med["ray_data"], rows / med["raw"]),
     }
     if not args.ingest_only:
-        table["checkpoint upload MB/s"] = (ckpt_bytes / 1e6 / med["upload"],
-                                           ckpt_bytes / 1e6 / med["copy_files"])  # fmt: skip
+        table["checkpoint upload MB/s"] = (
+            ckpt_bytes / 1e6 / med["upload"],
+            ckpt_bytes / 1e6 / med["copy_files"],
+        )
     title = f"figure (median of {args.reps})"
     header = f"{title:<34} {'raytrain':>12} {'baseline':>12} {'ratio':>7}"
     print(header)
@@ -282,13 +315,23 @@ def main() -> None:
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "reps": args.reps, "ray_cpus": args.ray_cpus or 2 + DATA_CPUS, "rows": rows,
-        "ingest_bytes": nbytes, "checkpoint_bytes": ckpt_bytes,
-        "seconds": runs, "table": {k: {"raytrain": a, "baseline": b, "ratio": a / b}
-                                   for k, (a, b) in table.items()},
-        "blocked_per_checkpoint_s": blocked,
-    }, indent=2))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "reps": args.reps,
+                "ray_cpus": args.ray_cpus or 2 + DATA_CPUS,
+                "rows": rows,
+                "ingest_bytes": nbytes,
+                "checkpoint_bytes": ckpt_bytes,
+                "seconds": runs,
+                "table": {
+                    k: {"raytrain": a, "baseline": b, "ratio": a / b} for k, (a, b) in table.items()
+                },
+                "blocked_per_checkpoint_s": blocked,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
 
 

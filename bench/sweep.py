@@ -39,16 +39,23 @@ def _spec(data: Path, work: Path, name: str, timing: str) -> dict[str, Any]:
     config = MODELS["digits"]
     return {
         "name": name,
-        "model": {"class_path": "bench.timed:TimedDigitsCNN",
-                  "init_args": {**config["init_args"], "timing_path": timing}},
-        "data": {"train": {"uri": str(data / "train")}, "val": {"uri": str(data / "val")},
-                 "columns": ["pixels", "label"], "batch_size": config["batch_size"]},
+        "model": {
+            "class_path": "bench.timed:TimedDigitsCNN",
+            "init_args": {**config["init_args"], "timing_path": timing},
+        },
+        "data": {
+            "train": {"uri": str(data / "train")},
+            "val": {"uri": str(data / "val")},
+            "columns": ["pixels", "label"],
+            "batch_size": config["batch_size"],
+        },
         "scaling": {"num_workers": 1},
         "trainer": {"max_epochs": EPOCHS, "precision": "32-true", "log_every_n_steps": 10},
         "checkpoint": {"storage": str(work / "runs"), "every_n_epochs": 1, "keep": 1},
-        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
-                                "log_model": False}},
-    }  # fmt: skip
+        "tracking": {
+            "mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}", "log_model": False}
+        },
+    }
 
 
 def _run_started(work: Path, run_id: str) -> float:
@@ -60,8 +67,7 @@ def _run_started(work: Path, run_id: str) -> float:
 
 def _command(cmd: list[str], work: Path) -> tuple[float, float, dict[str, Any]]:
     launched = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT,
-                          timeout=900)  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=900)
     exited = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -110,10 +116,12 @@ def sweep(data: Path, work: Path, concurrent: int) -> dict[str, float]:
         startups.append(first_step - _run_started(work, trial["mlflow_run_id"]))
         overheads.append(figures["epoch_overhead_s"])
         steps.append(figures["step_s"])
-    return {"wall_per_trial_s": (exited - launched) / TRIALS,
-            "startup_s": statistics.median(startups),
-            "epoch_overhead_s": statistics.median(overheads),
-            "step_s": statistics.median(steps)}  # fmt: skip
+    return {
+        "wall_per_trial_s": (exited - launched) / TRIALS,
+        "startup_s": statistics.median(startups),
+        "epoch_overhead_s": statistics.median(overheads),
+        "step_s": statistics.median(steps),
+    }
 
 
 def main() -> None:
@@ -123,8 +131,11 @@ def main() -> None:
     args = parser.parse_args()
     from raytrain.datasets.digits import write_splits
 
-    rows: dict[str, list[dict[str, float]]] = {"lone run": [], "sweep, 1 at a time": [],
-                                               "sweep, 2 at a time": []}  # fmt: skip
+    rows: dict[str, list[dict[str, float]]] = {
+        "lone run": [],
+        "sweep, 1 at a time": [],
+        "sweep, 2 at a time": [],
+    }
     with tempfile.TemporaryDirectory(prefix="raytrain-bench-sweep-") as tmp:
         data = Path(tmp) / "data"
         write_splits(str(data / "train"), str(data / "val"))
@@ -135,15 +146,21 @@ def main() -> None:
             rows["sweep, 1 at a time"].append(sweep(data, work, 1))
             rows["sweep, 2 at a time"].append(sweep(data, work, 2))
             print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
-    medians = {label: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-               for label, runs in rows.items()}  # fmt: skip
+    medians = {
+        label: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        for label, runs in rows.items()
+    }
     base = medians["lone run"]
     print(f"| {'':<20} | wall per trial (s) | startup (s) | per-epoch overhead (s) | step (ms) |")
     print("|---|---|---|---|---|")
     for label, m in medians.items():
         ratio = m["wall_per_trial_s"] / base["wall_per_trial_s"]
-        cells = [f"{m['wall_per_trial_s']:.1f} ({ratio:.2f}x)", f"{m['startup_s']:.1f}",
-                 f"{m['epoch_overhead_s']:.3f}", f"{1000 * m['step_s']:.2f}"]  # fmt: skip
+        cells = [
+            f"{m['wall_per_trial_s']:.1f} ({ratio:.2f}x)",
+            f"{m['startup_s']:.1f}",
+            f"{m['epoch_overhead_s']:.3f}",
+            f"{1000 * m['step_s']:.2f}",
+        ]
         print(f"| {label:<20} | " + " | ".join(cells) + " |")
     print(f"lone run, launch to first step: {base['launch_to_first_step_s']:.1f} s")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

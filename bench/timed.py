@@ -46,10 +46,13 @@ class StepClock:
     def dump(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(
-                {"epoch_starts": self.epoch_starts, "step_ends": self.step_ends,
-                 "train_end": self.train_end},
+                {
+                    "epoch_starts": self.epoch_starts,
+                    "step_ends": self.step_ends,
+                    "train_end": self.train_end,
+                },
                 handle,
-            )  # fmt: skip
+            )
 
 
 class _ClockCallback(pl.Callback):

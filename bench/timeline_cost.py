@@ -123,8 +123,10 @@ def main() -> None:
     print(f"step, timeline off (ms): {[round(t * 1000, 1) for t in found['off']]}")
     print(f"step, timeline on  (ms): {[round(t * 1000, 1) for t in found['on']]}")
     print(f"on / off, adjacent blocks: {[round(r, 3) for r in found['ratios']]}")
-    print(f"median: {found['ratio']:.3f} (off {found['off_s'] * 1000:.1f} ms, "
-          f"on {found['on_s'] * 1000:.1f} ms a step)")  # fmt: skip
+    print(
+        f"median: {found['ratio']:.3f} (off {found['off_s'] * 1000:.1f} ms, "
+        f"on {found['on_s'] * 1000:.1f} ms a step)"
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ class GlobalBatch:
         size = self.samples if self.samples is not None else f"{self.batches} batches"
         line = f"global batch {size} ({workers} x {batch} x accumulate {self.accumulate})"
         if not self.exact:
-            line += (f"; scaling.keep_global_batch keeps {self.target} worker batches a step "
-                     "where the worker count divides it: this is the nearest")  # fmt: skip
+            line += (
+                f"; scaling.keep_global_batch keeps {self.target} worker batches a step "
+                "where the worker count divides it: this is the nearest"
+            )
         return line
 
 

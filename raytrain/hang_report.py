@@ -106,9 +106,11 @@ class HangReport:
 
     def describe(self) -> str:
         where = f"in {self.collective}" if self.collective else "not in a collective"
-        return (f"rank {self.rank} (node {self.node}) {where}, in {self.phase} at step "
-                f"{self.step}: no batch finished for {self.idle_s:.0f} s (allowed "
-                f"{self.allowed_s:.0f} s)")  # fmt: skip
+        return (
+            f"rank {self.rank} (node {self.node}) {where}, in {self.phase} at step "
+            f"{self.step}: no batch finished for {self.idle_s:.0f} s (allowed "
+            f"{self.allowed_s:.0f} s)"
+        )
 
 
 def hang_summary(reports: Sequence[HangReport]) -> str:

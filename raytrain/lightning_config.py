@@ -43,8 +43,10 @@ from raytrain.spec import ClassSpec, DataModuleSpec, JobSpec
 
 def _entry(section: ClassSpec) -> dict[str, Any]:
     """A spec's class section as LightningCLI writes it: a dotted class path."""
-    entry = {"class_path": section.class_path.replace(":", "."),
-             "init_args": dict(section.init_args)}  # fmt: skip
+    entry = {
+        "class_path": section.class_path.replace(":", "."),
+        "init_args": dict(section.init_args),
+    }
     if section.dict_kwargs:
         entry["dict_kwargs"] = dict(section.dict_kwargs)
     return entry
@@ -115,11 +117,13 @@ def build_parser(cli_path: str | None) -> tuple[Any, Any]:
         try:
             cls = import_object(path)
         except (Exception, SystemExit) as exc:  # a module may call sys.exit at import
-            raise SpecError(f"lightning_cli: cannot import {cli_path!r}: "
-                            f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+            raise SpecError(
+                f"lightning_cli: cannot import {cli_path!r}: {type(exc).__name__}: {exc}"
+            ) from None
         if not (isinstance(cls, type) and issubclass(cls, LightningCLI)):
-            raise SpecError(f"lightning_cli: {cli_path!r} is not a "
-                            "lightning.pytorch.cli.LightningCLI subclass")  # fmt: skip
+            raise SpecError(
+                f"lightning_cli: {cli_path!r} is not a lightning.pytorch.cli.LightningCLI subclass"
+            )
     cli = cls.__new__(cls)
     # LightningCLI.__init__'s attributes, for a CLI given no model or data class
     cli.save_config_callback, cli.save_config_kwargs = None, {}
@@ -133,8 +137,10 @@ def build_parser(cli_path: str | None) -> tuple[Any, Any]:
         parser = cli.init_parser(exit_on_error=False)
         cli._add_arguments(parser)
     except (Exception, SystemExit) as exc:  # the user's add_arguments_to_parser
-        raise SpecError(f"lightning_cli: setting up {cls.__qualname__}'s parser failed: "
-                        f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+        raise SpecError(
+            f"lightning_cli: setting up {cls.__qualname__}'s parser failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
     cli.parser = parser
     return cli, parser
 
@@ -224,8 +230,9 @@ def import_problems(node: Any, where: str = "") -> list[str]:
             try:
                 import_object(":".join(path.rsplit(".", 1)))
             except (Exception, SystemExit) as exc:
-                problems.append(f"{where}class_path: importing {path!r} failed: "
-                                f"{type(exc).__name__}: {exc}")  # fmt: skip
+                problems.append(
+                    f"{where}class_path: importing {path!r} failed: {type(exc).__name__}: {exc}"
+                )
         for key, value in node.items():
             if key != "class_path":
                 problems += import_problems(value, f"{where}{key}.")
@@ -250,10 +257,12 @@ def _checkpoint_subclasses(config: Any) -> list[str]:
         except Exception:
             continue  # parsed, so importable; nothing to say if not
         if isinstance(cls, type) and issubclass(cls, ModelCheckpoint):
-            problems.append(f"trainer.callbacks.{index}.class_path: {path} is a "
-                            "ModelCheckpoint subclass, whose checkpoints raytrain would "
-                            "neither commit nor resume from: use Lightning's ModelCheckpoint "
-                            "(read as checkpoint.*) or the checkpoint section")  # fmt: skip
+            problems.append(
+                f"trainer.callbacks.{index}.class_path: {path} is a "
+                "ModelCheckpoint subclass, whose checkpoints raytrain would "
+                "neither commit nor resume from: use Lightning's ModelCheckpoint "
+                "(read as checkpoint.*) or the checkpoint section"
+            )
     return problems
 
 

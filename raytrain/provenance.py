@@ -19,11 +19,20 @@ def git_commit(folder: str = ".") -> tuple[str, bool] | None:
         commit, _, dirty = os.environ[GIT_COMMIT_ENV].partition("+")
         return commit, dirty == "dirty"
     try:
-        commit = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
-        status = subprocess.run(["git", "-C", folder, "status", "--porcelain",
-                                 "--untracked-files=no"], capture_output=True, text=True,
-                                timeout=10, check=True).stdout  # fmt: skip
+        commit = subprocess.run(
+            ["git", "-C", folder, "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return (commit, bool(status.strip())) if commit else None

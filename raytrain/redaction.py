@@ -24,27 +24,90 @@ REDACTED = "***"
 
 # Words (a name split at _ - . and camelCase, lower-cased) that make a name a credential's.
 _SECRET_WORDS = frozenset(
-    {"password", "passwords", "passwd", "passphrase", "secret", "secrets", "credential",
-     "credentials", "sas", "apikey", "apikeys", "dsn", "pwd"}
-)  # fmt: skip
+    {
+        "password",
+        "passwords",
+        "passwd",
+        "passphrase",
+        "secret",
+        "secrets",
+        "credential",
+        "credentials",
+        "sas",
+        "apikey",
+        "apikeys",
+        "dsn",
+        "pwd",
+    }
+)
 # "...key" names that hold one (``secret_key``, ``AZURE_STORAGE_ACCOUNT_KEY``), not every key.
 _KEY_QUALIFIERS = frozenset(
-    {"secret", "private", "api", "access", "account", "storage", "signing", "encryption",
-     "master", "auth", "client", "sas", "shared", "ssh", "gpg", "pgp", "service", "license",
-     "subscription"}
-)  # fmt: skip
+    {
+        "secret",
+        "private",
+        "api",
+        "access",
+        "account",
+        "storage",
+        "signing",
+        "encryption",
+        "master",
+        "auth",
+        "client",
+        "sas",
+        "shared",
+        "ssh",
+        "gpg",
+        "pgp",
+        "service",
+        "license",
+        "subscription",
+    }
+)
 # "...token" names that do not hold one: a tokenizer's special tokens and token counts.
 _TOKEN_NOT_SECRET = frozenset(
-    {"pad", "eos", "bos", "unk", "mask", "sep", "cls", "special", "max", "min", "num", "n",
-     "start", "end", "first", "last", "stop"}
-)  # fmt: skip
+    {
+        "pad",
+        "eos",
+        "bos",
+        "unk",
+        "mask",
+        "sep",
+        "cls",
+        "special",
+        "max",
+        "min",
+        "num",
+        "n",
+        "start",
+        "end",
+        "first",
+        "last",
+        "stop",
+    }
+)
 # Query parameters that carry a credential in a URL even though their name alone would not
 # say so: Azure SAS ``sig``, S3/GCS presigned URLs, an API ``key``, an OAuth ``code``.
 _QUERY_SECRETS = frozenset(
-    {"sig", "signature", "key", "code", "x-amz-credential", "x-amz-signature",
-     "x-amz-security-token", "x-goog-credential", "x-goog-signature", "awsaccesskeyid",
-     "access_token", "token", "auth", "authorization", "pass", "pw"}
-)  # fmt: skip
+    {
+        "sig",
+        "signature",
+        "key",
+        "code",
+        "x-amz-credential",
+        "x-amz-signature",
+        "x-amz-security-token",
+        "x-goog-credential",
+        "x-goog-signature",
+        "awsaccesskeyid",
+        "access_token",
+        "token",
+        "auth",
+        "authorization",
+        "pass",
+        "pw",
+    }
+)
 
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 # Parts that make a name a credential's even run together in one word (``accesstoken``,
@@ -77,8 +140,9 @@ def is_secret_name(name: str) -> bool:
         return True
     if words[-2:] in (["database", "url"], ["db", "url"]):  # DATABASE_URL holds user:pass
         return True
-    if any(w in ("key", "keys") and i and words[i - 1] in _KEY_QUALIFIERS
-           for i, w in enumerate(words)):  # fmt: skip
+    if any(
+        w in ("key", "keys") and i and words[i - 1] in _KEY_QUALIFIERS for i, w in enumerate(words)
+    ):
         return True  # secret_key, AZURE_STORAGE_ACCOUNT_KEY, AWS_ACCESS_KEY_ID
     if words[-1] in ("token", "auth"):
         return len(words) == 1 or words[-2] not in _TOKEN_NOT_SECRET

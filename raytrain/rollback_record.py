@@ -67,9 +67,11 @@ class Rollback:
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        line = (f"loss {self.loss:.4g} at step {self.step} (epoch {self.epoch}, batch "
-                f"{self.batch}), {self.z:.1f} robust SDs over the median {self.median:.4g} of "
-                f"the last {self.window} losses")  # fmt: skip
+        line = (
+            f"loss {self.loss:.4g} at step {self.step} (epoch {self.epoch}, batch "
+            f"{self.batch}), {self.z:.1f} robust SDs over the median {self.median:.4g} of "
+            f"the last {self.window} losses"
+        )
         if self.restored_step is not None:
             line += f": rolled back to step {self.restored_step}"
             if self.rows_skipped is not None:
@@ -77,8 +79,12 @@ class Rollback:
         return line
 
     def restored(self, step: int, rows: int | None, note: str | None = None) -> Rollback:
-        return replace(self, restored_step=step, rows_skipped=rows,
-                       notes=[*self.notes, *([note] if note else [])])  # fmt: skip
+        return replace(
+            self,
+            restored_step=step,
+            rows_skipped=rows,
+            notes=[*self.notes, *([note] if note else [])],
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -95,8 +95,9 @@ class RunStatus(_Record):
         "steps of an epoch)",
     )
     samples_per_s: float | None = Field(default=None, description="the latest throughput")
-    eta_s: float | None = Field(default=None, description="seconds to the end at the rate "
-                                "since this attempt's first report")  # fmt: skip
+    eta_s: float | None = Field(
+        default=None, description="seconds to the end at the rate since this attempt's first report"
+    )
     val_metrics: dict[str, float] = Field(
         default_factory=dict, description="the last validation's metrics"
     )
@@ -198,10 +199,14 @@ def describe(status: RunStatus, now: float | None = None) -> list[str]:
         lines.append(f"  last validation: {shown}")
     if status.last_checkpoint is not None:
         mark = status.last_checkpoint
-        lines.append(f"  last checkpoint: step {mark.step} (epoch {mark.epoch + 1}), "
-                     f"{_duration(now - mark.at)} ago")  # fmt: skip
-    lines.append(f"  workers: {status.world_size or '?'}; attempt {status.attempt}; "
-                 f"restarts: {len(status.restarts)}")  # fmt: skip
+        lines.append(
+            f"  last checkpoint: step {mark.step} (epoch {mark.epoch + 1}), "
+            f"{_duration(now - mark.at)} ago"
+        )
+    lines.append(
+        f"  workers: {status.world_size or '?'}; attempt {status.attempt}; "
+        f"restarts: {len(status.restarts)}"
+    )
     for restart in status.restarts:
         lines.append(f"    at step {restart.step}: {restart.reason}")
     if status.straggler:

@@ -73,12 +73,16 @@ def location_problem(location: str) -> str | None:
     parsed = urlparse(location)
     scheme = parsed.scheme.lower()
     if scheme == "file" and parsed.netloc not in ("", "localhost"):
-        return (f"a file:// URI with a host part ({parsed.netloc!r}) is not a local path: "
-                "use file:///absolute/path or a plain path")  # fmt: skip
+        return (
+            f"a file:// URI with a host part ({parsed.netloc!r}) is not a local path: "
+            "use file:///absolute/path or a plain path"
+        )
     user, at, _ = parsed.netloc.rpartition("@")
     if at and (scheme not in AZURE_SCHEMES or ":" in user):
-        return ("credentials do not belong in the spec, nor in a storage URI: they come from "
-                "the provider's standard variables, profiles or instance roles")  # fmt: skip
+        return (
+            "credentials do not belong in the spec, nor in a storage URI: they come from "
+            "the provider's standard variables, profiles or instance roles"
+        )
     return None
 
 
@@ -182,8 +186,12 @@ def _azure_settings(opts: StorageSpec, host: str) -> tuple[str, str | None, str 
     env = os.environ.get
     conn = _connection_string(env("AZURE_STORAGE_CONNECTION_STRING"))
     uri_account = host.split(".", 1)[0] if host.endswith(".core.windows.net") else None
-    account = (uri_account or opts.azure.account_name or env("AZURE_STORAGE_ACCOUNT_NAME")
-               or conn.get("AccountName"))  # fmt: skip
+    account = (
+        uri_account
+        or opts.azure.account_name
+        or env("AZURE_STORAGE_ACCOUNT_NAME")
+        or conn.get("AccountName")
+    )
     if not account:
         raise StorageError(
             "abfs:// needs a storage account: abfs://container@ACCOUNT.dfs.core.windows.net/"
@@ -220,17 +228,52 @@ def _connection_string(text: str | None) -> dict[str, str]:
 _DENIED = "access denied (no permission)"
 # What the stores' error texts mean, for messages that say the cause: (markers, cause).
 _CAUSES = (
-    (("INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "InvalidAccessKeyId",
-      "SignatureDoesNotMatch", "AuthenticationFailed", "InvalidToken", "EXPIRED_TOKEN",
-      "ExpiredToken", "Unauthorized", 401), "the credentials were rejected"),
-    (("ACCESS_DENIED", "AccessDenied", "AuthorizationPermissionMismatch",
-      "AuthorizationFailure", "Forbidden", 403), _DENIED),
-    (("NETWORK_CONNECTION", "Could not connect", "Couldn't connect", "Connection refused",
-      "curlCode: 7", "curlCode: 28", "timed out", "Timeout", "Could not resolve",
-      "Failed to connect"), "the endpoint cannot be reached"),
-    (("NO_SUCH_BUCKET", "NoSuchBucket", "ContainerNotFound", "bucket does not exist"),
-     "the bucket does not exist"),
-)  # fmt: skip
+    (
+        (
+            "INVALID_ACCESS_KEY_ID",
+            "SIGNATURE_DOES_NOT_MATCH",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "AuthenticationFailed",
+            "InvalidToken",
+            "EXPIRED_TOKEN",
+            "ExpiredToken",
+            "Unauthorized",
+            401,
+        ),
+        "the credentials were rejected",
+    ),
+    (
+        (
+            "ACCESS_DENIED",
+            "AccessDenied",
+            "AuthorizationPermissionMismatch",
+            "AuthorizationFailure",
+            "Forbidden",
+            403,
+        ),
+        _DENIED,
+    ),
+    (
+        (
+            "NETWORK_CONNECTION",
+            "Could not connect",
+            "Couldn't connect",
+            "Connection refused",
+            "curlCode: 7",
+            "curlCode: 28",
+            "timed out",
+            "Timeout",
+            "Could not resolve",
+            "Failed to connect",
+        ),
+        "the endpoint cannot be reached",
+    ),
+    (
+        ("NO_SUCH_BUCKET", "NoSuchBucket", "ContainerNotFound", "bucket does not exist"),
+        "the bucket does not exist",
+    ),
+)
 
 
 def cause(exc: BaseException) -> str | None:
@@ -322,15 +365,21 @@ def _regular(location: str, mode: int) -> None:
     """Refuse anything but a regular file, naming what it is."""
     if stat.S_ISREG(mode):
         return
-    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))  # fmt: skip
+    kinds = (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    )
     kind = next((name for test, name in kinds if test(mode)), "not a file")
     raise StorageError(f"{location}: is {kind}, not a regular file; a raytrain record is one")
 
 
 def _too_large(location: str, limit: int) -> RecordUnreadable:
-    return RecordUnreadable(f"{location}: larger than {limit:,} bytes, the limit of a "
-                            "raytrain record; it is not one")  # fmt: skip
+    return RecordUnreadable(
+        f"{location}: larger than {limit:,} bytes, the limit of a raytrain record; it is not one"
+    )
 
 
 def _read_stored(location: str, fs: pafs.FileSystem, path: str, limit: int) -> bytes | None:
@@ -381,8 +430,11 @@ def output_file(out: str, label: str | None = None) -> str:
         raise StorageError(f"{label}: {parent} is a file, not a folder")
     if os.path.lexists(path) and not os.path.islink(path) and not os.path.isfile(path):
         raise StorageError(f"{label}: is not a regular file; name the file to write")
-    denied = [p for p, mode in ((parent, os.W_OK | os.X_OK), (path, os.W_OK))
-              if os.path.exists(p) and not os.access(p, mode)]  # fmt: skip
+    denied = [
+        p
+        for p, mode in ((parent, os.W_OK | os.X_OK), (path, os.W_OK))
+        if os.path.exists(p) and not os.access(p, mode)
+    ]
     if denied:
         raise StorageError(f"{label}: no permission to write {denied[0]}")
     return path

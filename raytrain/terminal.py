@@ -31,9 +31,17 @@ import re
 # C0 and DEL, C1, the bidirectional controls (ALM, LRM, RLM, LRE..RLO, LRI..PDI), and the
 # line and paragraph separators.
 _CONTROLS = [
-    *range(0x00, 0x20), 0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F,
-    *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029,
-]  # fmt: skip
+    *range(0x00, 0x20),
+    0x7F,
+    *range(0x80, 0xA0),
+    0x061C,
+    0x200E,
+    0x200F,
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+    0x2028,
+    0x2029,
+]
 _NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 _ESCAPES = {
     code: _NAMED.get(code, f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}")
@@ -56,8 +64,7 @@ def printable(text: object, *, keep: str = "", colours: bool = False) -> str:
     if not colours:
         return text.translate(table)
     parts = _SGR.split(text)  # odd positions are the SGR sequences themselves
-    return "".join(part if index % 2 else part.translate(table)
-                   for index, part in enumerate(parts))  # fmt: skip
+    return "".join(part if index % 2 else part.translate(table) for index, part in enumerate(parts))
 
 
 @functools.lru_cache(maxsize=8)

@@ -103,8 +103,11 @@ class RayletPool:
         many hold an actor (a run's controller, workers and helpers)."""
         common = self._common
         reply = self._stub.GetNodeStats(self._messages.GetNodeStatsRequest(), timeout=timeout)
-        python = [w for w in reply.core_workers_stats
-                  if w.worker_type == common.WORKER and w.language == common.PYTHON]  # fmt: skip
+        python = [
+            w
+            for w in reply.core_workers_stats
+            if w.worker_type == common.WORKER and w.language == common.PYTHON
+        ]
         return NodeWorkers(
             idle=[w.pid for w in python if w.job_id == _NIL_JOB_ID],
             actors=sum(1 for w in python if w.actor_id and w.actor_id != _NIL_ACTOR_ID),

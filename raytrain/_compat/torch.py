@@ -81,8 +81,15 @@ def dcp_storage_entries(metadata: Any) -> list[tuple[str, Any, Any, Any, Any]]:
     for index, info in metadata.storage_data.items():
         if not isinstance(index, MetadataIndex) or not isinstance(info, _StorageInfo):
             raise TypeError(f"a storage entry {type(index).__name__}: {type(info).__name__}")
-        out.append((str(index.fqn), info.relative_path, info.offset, info.length,
-                    info.transform_descriptors))  # fmt: skip
+        out.append(
+            (
+                str(index.fqn),
+                info.relative_path,
+                info.offset,
+                info.length,
+                info.transform_descriptors,
+            )
+        )
     return out
 
 

@@ -48,8 +48,11 @@ def model_state_dict(checkpoint: str, label: str | None = None) -> dict[str, Any
         loaded = safe_load.load_torch_file(path, name)
         state = loaded.get("state_dict") if isinstance(loaded, dict) else None
         if not isinstance(state, dict):
-            what = f"keys: {', '.join(map(str, list(loaded)[:8]))}" if isinstance(
-                loaded, dict) else f"a {type(loaded).__name__}"  # fmt: skip
+            what = (
+                f"keys: {', '.join(map(str, list(loaded)[:8]))}"
+                if isinstance(loaded, dict)
+                else f"a {type(loaded).__name__}"
+            )
             raise StorageError(
                 f"{name}: not a Lightning checkpoint (no state_dict of weights; {what})"
             )

@@ -47,9 +47,11 @@ class IntervalChoice:
 
     def describe(self) -> str:
         seconds = math.sqrt(2.0 * self.save_s * self.mtbf_s)
-        return (f"checkpoint every {self.steps} step(s): a save blocks {self.save_s:.3g} s, "
-                f"MTBF {self.mtbf_s:.4g} s ({self.mtbf_from}), a step {self.step_s:.3g} s; "
-                f"sqrt(2 x save x MTBF) = {seconds:.3g} s")  # fmt: skip
+        return (
+            f"checkpoint every {self.steps} step(s): a save blocks {self.save_s:.3g} s, "
+            f"MTBF {self.mtbf_s:.4g} s ({self.mtbf_from}), a step {self.step_s:.3g} s; "
+            f"sqrt(2 x save x MTBF) = {seconds:.3g} s"
+        )
 
 
 class AutoInterval:

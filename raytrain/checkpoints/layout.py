@@ -177,8 +177,11 @@ def repaired_scores(tree: dict[str, Any], mode: str) -> int:
     a finite number (``null``: an infinity Ray's pydantic wrote so) the ``UNSCORED`` score,
     in place; returns how many checkpoints (folder names) it changed. See
     ``checkpoint_score`` for why a null score must never reach Ray again."""
-    results = [*(tree.get("checkpoint_results") or []), tree.get("latest_checkpoint_result"),
-               *(tree.get("pending_training_results") or [])]  # fmt: skip
+    results = [
+        *(tree.get("checkpoint_results") or []),
+        tree.get("latest_checkpoint_result"),
+        *(tree.get("pending_training_results") or []),
+    ]
     changed: set[str] = set()
     for result in results:
         metrics = result.get("metrics") if isinstance(result, dict) else None

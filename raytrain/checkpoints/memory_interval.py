@@ -76,14 +76,18 @@ class MemoryChoice:
     def describe(self) -> str:
         bound = "as set" if self.as_set else f"at most {100 * BUDGET:.0f}%"
         if self.write_s is None:
-            return (f"in-memory state every {self.steps} step(s): keeping it costs "
-                    f"{self.snapshot_s + self.send_s:.3g} s (snapshot {self.snapshot_s:.3g} "
-                    f"s, send {self.send_s:.3g} s), a step {self.step_s:.3g} s: "
-                    f"{100 * self.cost:.2g}% of training ({bound})")  # fmt: skip
-        return (f"in-memory state on the node every {self.steps} step(s), in the keeper "
-                f"every {self.send_steps} step(s): snapshot {self.snapshot_s:.3g} s, write "
-                f"{self.write_s:.3g} s, send {self.send_s:.3g} s, a step {self.step_s:.3g} s: "
-                f"{100 * self.cost:.2g}% of training ({bound})")  # fmt: skip
+            return (
+                f"in-memory state every {self.steps} step(s): keeping it costs "
+                f"{self.snapshot_s + self.send_s:.3g} s (snapshot {self.snapshot_s:.3g} "
+                f"s, send {self.send_s:.3g} s), a step {self.step_s:.3g} s: "
+                f"{100 * self.cost:.2g}% of training ({bound})"
+            )
+        return (
+            f"in-memory state on the node every {self.steps} step(s), in the keeper "
+            f"every {self.send_steps} step(s): snapshot {self.snapshot_s:.3g} s, write "
+            f"{self.write_s:.3g} s, send {self.send_s:.3g} s, a step {self.step_s:.3g} s: "
+            f"{100 * self.cost:.2g}% of training ({bound})"
+        )
 
 
 class MemoryCost:

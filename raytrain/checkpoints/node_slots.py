@@ -60,8 +60,12 @@ def clear_on_every_node(scratch: str, timeout_s: float = 30) -> int:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0)(clear_slots)
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"],
-                                                                           soft=False)).remote(scratch)
-            for node in ray.nodes() if node.get("Alive")]  # fmt: skip
+    refs = [
+        task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        ).remote(scratch)
+        for node in ray.nodes()
+        if node.get("Alive")
+    ]
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     return sum(ray.get(done))

@@ -60,8 +60,13 @@ def safe_globals() -> list[Any]:
 
     from lightning.fabric.utilities.data import AttributeDict
 
-    return [AttributeDict, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath,
-            pathlib.PureWindowsPath]  # fmt: skip
+    return [
+        AttributeDict,
+        pathlib.PosixPath,
+        pathlib.PurePosixPath,
+        pathlib.WindowsPath,
+        pathlib.PureWindowsPath,
+    ]
 
 
 @contextmanager
@@ -134,8 +139,12 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
     allowed[("torch", "Size")] = torch.Size
     allowed[LAYOUT_REBUILDER] = layout_rebuilder()
     allowed[("collections", "OrderedDict")] = collections.OrderedDict
-    for cls in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath,
-                pathlib.PureWindowsPath):  # fmt: skip
+    for cls in (
+        pathlib.PosixPath,
+        pathlib.PurePosixPath,
+        pathlib.WindowsPath,
+        pathlib.PureWindowsPath,
+    ):
         allowed[("pathlib", cls.__name__)] = cls
     return allowed
 
@@ -243,28 +252,41 @@ def check_shards(folder: str, metadata: Any, label: str) -> None:
     for fqn, path, offset, length, transforms in entries:
         where = f"{label} (entry {fqn})"
         if not isinstance(path, str) or os.path.isabs(path) or "\x00" in path:
-            raise StorageError(f"{where}: its shard path {path!r} is not a path relative to "
-                               "the checkpoint folder")  # fmt: skip
+            raise StorageError(
+                f"{where}: its shard path {path!r} is not a path relative to the checkpoint folder"
+            )
         real = os.path.realpath(os.path.join(root, path))
         if os.path.commonpath([root, real]) != root or real == root:
-            raise StorageError(f"{where}: its shard path {path!r} leads out of the "
-                               "checkpoint folder")  # fmt: skip
+            raise StorageError(
+                f"{where}: its shard path {path!r} leads out of the checkpoint folder"
+            )
         if real not in sizes:
             try:
                 sizes[real] = _regular_size(real, f"{where}: its shard {path}")
             except OSError as exc:
-                raise StorageError(f"{where}: its shard {path} cannot be read: "
-                                   f"{exc.strerror or exc}") from None  # fmt: skip
-        if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0
-                and 0 <= length <= sizes[real] - offset):  # fmt: skip
-            raise StorageError(f"{where}: bytes {offset!r}+{length!r} are not within its "
-                               f"shard {path} ({sizes[real]} bytes)")  # fmt: skip
+                raise StorageError(
+                    f"{where}: its shard {path} cannot be read: {exc.strerror or exc}"
+                ) from None
+        if not (
+            isinstance(offset, int)
+            and isinstance(length, int)
+            and offset >= 0
+            and 0 <= length <= sizes[real] - offset
+        ):
+            raise StorageError(
+                f"{where}: bytes {offset!r}+{length!r} are not within its "
+                f"shard {path} ({sizes[real]} bytes)"
+            )
         if transforms:
-            raise StorageError(f"{where}: stored through transforms {transforms!r}, which "
-                               "raytrain's checkpoints never use")  # fmt: skip
+            raise StorageError(
+                f"{where}: stored through transforms {transforms!r}, which "
+                "raytrain's checkpoints never use"
+            )
         if isinstance(kinds.get(fqn), BytesStorageMetadata) and length > MAX_BYTES_ENTRY:
-            raise StorageError(f"{where}: a non-tensor entry of {length} bytes, more than "
-                               f"the limit of {MAX_BYTES_ENTRY}")  # fmt: skip
+            raise StorageError(
+                f"{where}: a non-tensor entry of {length} bytes, more than "
+                f"the limit of {MAX_BYTES_ENTRY}"
+            )
 
 
 def _safe_reader(folder: str, metadata: Any, label: str) -> Any:
@@ -363,8 +385,9 @@ def verify_dcp(folder: str, label: str | None = None) -> None:
         def __init__(self) -> None:
             super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
 
-        def set_up_planner(self, state_dict: Any, metadata: Any = None,
-                           is_coordinator: bool = False) -> None:  # fmt: skip
+        def set_up_planner(
+            self, state_dict: Any, metadata: Any = None, is_coordinator: bool = False
+        ) -> None:
             entries = metadata.state_dict_metadata.items() if metadata is not None else []
             only = {k: None for k, v in entries if isinstance(v, BytesStorageMetadata)}
             super().set_up_planner(only, metadata, is_coordinator)

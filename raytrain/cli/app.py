@@ -186,16 +186,30 @@ def _add_job_commands(sub: Any) -> None:
     doctor.add_argument("overrides", nargs="*", help="dotted overrides of the spec")
     doctor.add_argument("--storage", help="the checkpoint.storage a run NAME is under")
     doctor.add_argument("--tracking-uri", help="the MLflow store (default: the spec's)")
-    pack = sub.add_parser("pack", help="rewrite many small files (an image folder, CSV, "
-                          "JSON Lines) as Parquet shards, read at Parquet's speed")  # fmt: skip
+    pack = sub.add_parser(
+        "pack",
+        help="rewrite many small files (an image folder, CSV, "
+        "JSON Lines) as Parquet shards, read at Parquet's speed",
+    )
     pack.add_argument("src", help="the folder or prefix to pack: a path or a URI")
     pack.add_argument("dest", help="where the shards go: a path or a URI (not inside SRC)")
-    pack.add_argument("--format", default="images", choices=("images", "csv", "json"),
-                      help="what SRC holds (default: images)")  # fmt: skip
-    pack.add_argument("--shard-mb", type=float, default=256.0,
-                      help="about this many MB of source files a shard (default 256)")  # fmt: skip
-    pack.add_argument("--skip-bad", action="store_true",
-                      help="images: leave out the files that do not decode, counted")  # fmt: skip
+    pack.add_argument(
+        "--format",
+        default="images",
+        choices=("images", "csv", "json"),
+        help="what SRC holds (default: images)",
+    )
+    pack.add_argument(
+        "--shard-mb",
+        type=float,
+        default=256.0,
+        help="about this many MB of source files a shard (default 256)",
+    )
+    pack.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="images: leave out the files that do not decode, counted",
+    )
     for name, text in (
         ("logs", "a job's driver output"),
         ("stop", "stop a job"),
@@ -227,9 +241,12 @@ def _summary(result: FitResult) -> list[str]:
     )
     mlflow = f"  mlflow run id: {result.mlflow_run_id} ({result.tracking_uri})"
     if result.already_complete:  # nothing was trained: say what the run had reached
-        return [f"raytrain: run {result.name} was already complete ({result.wall_time_s:.1f}s)",
-                f"  metrics: {shown}", f"  latest checkpoint: {result.latest_checkpoint_uri}",
-                mlflow]  # fmt: skip
+        return [
+            f"raytrain: run {result.name} was already complete ({result.wall_time_s:.1f}s)",
+            f"  metrics: {shown}",
+            f"  latest checkpoint: {result.latest_checkpoint_uri}",
+            mlflow,
+        ]
     lines = [f"raytrain: run {result.name} finished in {result.wall_time_s:.1f}s"]
     if result.stopped:
         lines.append(f"  stopped early: {result.stopped}")
@@ -249,8 +266,9 @@ def _tune(args: argparse.Namespace) -> int:
 
     from raytrain.sweep.runner import tune
 
-    result = tune(args.spec, args.overrides, fresh=args.fresh, force=args.force,
-                  verbose=args.verbose)  # fmt: skip
+    result = tune(
+        args.spec, args.overrides, fresh=args.fresh, force=args.force, verbose=args.verbose
+    )
     if args.json:
         print(json.dumps(asdict(result), default=str))
         return EXIT_OK
@@ -259,14 +277,17 @@ def _tune(args: argparse.Namespace) -> int:
     table = result.table()
     keys = list(dict.fromkeys(key for row in table for key in row))
     rows = [[_cell(row.get(key)) for key in keys] for row in table]
-    lines = [f"raytrain: sweep {result.name}: {len(result.trials)} trials in "
-             f"{result.timings.get('total', 0):.1f}s"]  # fmt: skip
+    lines = [
+        f"raytrain: sweep {result.name}: {len(result.trials)} trials in "
+        f"{result.timings.get('total', 0):.1f}s"
+    ]
     lines += ["  " + line for line in text_table(keys, rows).splitlines()]
     if result.best is not None:
-        lines += [f"  best: {result.best.name} ({result.metric} "
-                  f"{result.best.score(result.metric):.4f})",
-                  f"  best spec: {result.best_spec_path} (raytrain run it)",
-                  f"  best checkpoint: {result.best_checkpoint_uri}"]  # fmt: skip
+        lines += [
+            f"  best: {result.best.name} ({result.metric} {result.best.score(result.metric):.4f})",
+            f"  best spec: {result.best_spec_path} (raytrain run it)",
+            f"  best checkpoint: {result.best_checkpoint_uri}",
+        ]
     lines.append(f"  mlflow parent run id: {result.mlflow_run_id} ({result.tracking_uri})")
     for line in lines:
         print(printable(line))
@@ -322,8 +343,10 @@ def _pack(args: argparse.Namespace) -> int:
     if not storage.is_uri(dest):
         dest = os.path.realpath(dest)
     if dest == src or dest.startswith(src + "/"):
-        raise SpecError(f"{args.dest}: inside {args.src}, which it would then be part of: "
-                        "pack into another folder")  # fmt: skip
+        raise SpecError(
+            f"{args.dest}: inside {args.src}, which it would then be part of: "
+            "pack into another folder"
+        )
     if not storage.exists(src):
         raise SpecError(f"{args.src}: no such file or folder")
     try:
@@ -331,14 +354,19 @@ def _pack(args: argparse.Namespace) -> int:
     except PackError as exc:
         raise SpecError(f"{args.src}: {exc}") from None
     except OSError as exc:  # the store's refusal: a read-only folder, a missing bucket
-        raise StorageError(f"{args.dest}: cannot write the shards there: "
-                           f"{storage.describe(exc)}") from None  # fmt: skip
+        raise StorageError(
+            f"{args.dest}: cannot write the shards there: {storage.describe(exc)}"
+        ) from None
     again = f", {done.skipped} of them already there" if done.skipped else ""
     if done.bad_files:
         again += f"; {done.bad_files:,} files that do not decode left out (--skip-bad)"
-    print(printable(f"raytrain: packed {done.files:,} files ({done.bytes / 1e6:,.1f} MB, "
-                    f"{done.rows:,} rows) into {done.shards} shards at {args.dest}{again} in "
-                    f"{done.seconds:.1f}s"))  # fmt: skip
+    print(
+        printable(
+            f"raytrain: packed {done.files:,} files ({done.bytes / 1e6:,.1f} MB, "
+            f"{done.rows:,} rows) into {done.shards} shards at {args.dest}{again} in "
+            f"{done.seconds:.1f}s"
+        )
+    )
     use = "format: images" if args.format == "images" else "format: parquet"
     print(printable(f"  read it with data.train: {{uri: {args.dest}, {use}}}"))
     return EXIT_OK

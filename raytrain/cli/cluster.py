@@ -16,15 +16,22 @@ from raytrain.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 
 
 def add_cluster_commands(sub: Any) -> None:
-    up = sub.add_parser("up", help="start a local Ray cluster that stays up: runs join it, "
-                        "their workers start in warm processes")  # fmt: skip
-    up.add_argument("--num-cpus", type=int, default=None,
-                    help="logical CPUs (default: cores + 2 for Ray Data)")  # fmt: skip
-    up.add_argument("--num-gpus", type=int, default=None,
-                    help="GPUs (default: those Ray finds)")  # fmt: skip
-    up.add_argument("--warm", type=int, default=None,
-                    help="idle worker processes kept with torch and Lightning imported "
-                    "(default: 2 per training CPU + 5 for a run's helpers)")  # fmt: skip
+    up = sub.add_parser(
+        "up",
+        help="start a local Ray cluster that stays up: runs join it, "
+        "their workers start in warm processes",
+    )
+    up.add_argument(
+        "--num-cpus", type=int, default=None, help="logical CPUs (default: cores + 2 for Ray Data)"
+    )
+    up.add_argument("--num-gpus", type=int, default=None, help="GPUs (default: those Ray finds)")
+    up.add_argument(
+        "--warm",
+        type=int,
+        default=None,
+        help="idle worker processes kept with torch and Lightning imported "
+        "(default: 2 per training CPU + 5 for a run's helpers)",
+    )
     up.add_argument("--status", action="store_true", help="say whether one is up, and its size")
     sub.add_parser("down", help="stop the cluster `raytrain up` started")
 
@@ -41,8 +48,10 @@ def cluster_command(args: argparse.Namespace) -> int:
     try:
         return _cluster_command(args)
     except OSError as exc:  # the record's folder cannot be made or written
-        print(f"error: {cluster_record.HOME_ENV} ({cluster_record.home()}): {exc.strerror or exc}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {cluster_record.HOME_ENV} ({cluster_record.home()}): {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
 
 
@@ -63,8 +72,11 @@ def _cluster_command(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         print(f"raytrain: up at {found.describe()}")
         return EXIT_OK
-    checks = (_bad("--num-cpus", args.num_cpus, 1), _bad("--num-gpus", args.num_gpus, 0),
-              _bad("--warm", args.warm, 0))  # fmt: skip
+    checks = (
+        _bad("--num-cpus", args.num_cpus, 1),
+        _bad("--num-gpus", args.num_gpus, 0),
+        _bad("--warm", args.warm, 0),
+    )
     problems = [p for p in checks if p]
     if problems:
         for line in problems:

@@ -43,10 +43,13 @@ def _follow(handle: jobs_client.JobHandle) -> int:
             print(_own_output(chunk), end="", flush=True)
     except KeyboardInterrupt:
         print(
-            "\n" + printable(f"raytrain: stopped following; job {handle.job_id} keeps "
-                             f"running (raytrain stop {handle.job_id} to stop it)"),
+            "\n"
+            + printable(
+                f"raytrain: stopped following; job {handle.job_id} keeps "
+                f"running (raytrain stop {handle.job_id} to stop it)"
+            ),
             file=sys.stderr,
-        )  # fmt: skip
+        )
         return EXIT_INTERRUPTED
     return _outcome(handle, handle.wait())
 
@@ -61,8 +64,11 @@ def _outcome(handle: jobs_client.JobHandle, status: str) -> int:
 def sweep_lines(logs: str) -> list[str]:
     """What a sweep's job said of its trials so far: one line per trial that ended (its
     driver prints them as ``raytrain: trial NAME finished|stopped|failed after ...``)."""
-    return [line.removeprefix("raytrain: trial ") for line in logs.splitlines()
-            if line.startswith("raytrain: trial ")]  # fmt: skip
+    return [
+        line.removeprefix("raytrain: trial ")
+        for line in logs.splitlines()
+        if line.startswith("raytrain: trial ")
+    ]
 
 
 def _own_output(text: str) -> str:
@@ -86,10 +92,12 @@ def run_job_command(args: argparse.Namespace) -> int:
         handle = jobs_client.submit(args.spec, args.overrides, **_submit_options(args))
         print(printable(handle.job_id))
         print(
-            printable(f"raytrain: submitted job {handle.job_id} to {handle.server.address}; "
-                      f"raytrain logs {handle.job_id} --follow"),
+            printable(
+                f"raytrain: submitted job {handle.job_id} to {handle.server.address}; "
+                f"raytrain logs {handle.job_id} --follow"
+            ),
             file=sys.stderr,
-        )  # fmt: skip
+        )
         return _follow(handle) if args.follow else EXIT_OK
     if args.command != "list":  # before any request: it becomes part of a URL
         check_job_id(args.job_id)
@@ -98,8 +106,12 @@ def run_job_command(args: argparse.Namespace) -> int:
         print(f"{'JOB ID':<34} {'STATUS':<10} {'STARTED':<19}  JOB")
         for job in server.jobs():
             name = (job.metadata or {}).get("raytrain_job") or job.entrypoint
-            print(printable(f"{job.submission_id or job.job_id:<34} {job.status.value:<10} "
-                            f"{_when(job.start_time):<19}  {name}"))  # fmt: skip
+            print(
+                printable(
+                    f"{job.submission_id or job.job_id:<34} {job.status.value:<10} "
+                    f"{_when(job.start_time):<19}  {name}"
+                )
+            )
         return EXIT_OK
     handle = server.handle(args.job_id)
     if args.command == "status":
@@ -127,8 +139,10 @@ def _supervise(args: argparse.Namespace) -> int:
     from raytrain.submit.supervisor import SupervisionError
 
     if args.follow:
-        raise jobs_client.JobsError("--follow and --supervise: a supervised job's output is "
-                                    "`raytrain logs JOB_ID --follow`, job by job")  # fmt: skip
+        raise jobs_client.JobsError(
+            "--follow and --supervise: a supervised job's output is "
+            "`raytrain logs JOB_ID --follow`, job by job"
+        )
     try:
         handle = jobs_client.submit(
             args.spec,
@@ -148,8 +162,10 @@ def _supervise(args: argparse.Namespace) -> int:
 def _supervise_flags(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
     """``submit(supervise=True)``'s keyword arguments from their flags: (flag, keyword,
     value), the value None where not given (``submit``'s defaults apply)."""
-    return [("--max-resubmits", "max_resubmits", args.max_resubmits),
-            ("--head-wait", "head_wait_s", args.head_wait)]  # fmt: skip
+    return [
+        ("--max-resubmits", "max_resubmits", args.max_resubmits),
+        ("--head-wait", "head_wait_s", args.head_wait),
+    ]
 
 
 def _no_supervise_flags(args: argparse.Namespace) -> None:
@@ -157,19 +173,27 @@ def _no_supervise_flags(args: argparse.Namespace) -> None:
     ignored, and a user who gave them expects a supervised job."""
     given = [flag for flag, _, value in _supervise_flags(args) if value is not None]
     if given:
-        raise jobs_client.JobsError(f"{' and '.join(given)}: only with --supervise (how a "
-                                    "supervised job is resubmitted); add it, or drop "
-                                    f"{'them' if len(given) > 1 else 'it'}")  # fmt: skip
+        raise jobs_client.JobsError(
+            f"{' and '.join(given)}: only with --supervise (how a "
+            "supervised job is resubmitted); add it, or drop "
+            f"{'them' if len(given) > 1 else 'it'}"
+        )
 
 
 def _submit_options(args: argparse.Namespace) -> dict[str, Any]:
     """``submit``'s keyword arguments from the command line's."""
     return {
-        "address": args.address, "working_dir": args.working_dir, "pip": args.pip,
-        "env": _env_pairs(args.env), "job_id": args.job_id, "fresh": args.fresh,
-        "resume_anyway": args.resume_anyway, "force": args.force, "insecure": args.insecure,
+        "address": args.address,
+        "working_dir": args.working_dir,
+        "pip": args.pip,
+        "env": _env_pairs(args.env),
+        "job_id": args.job_id,
+        "fresh": args.fresh,
+        "resume_anyway": args.resume_anyway,
+        "force": args.force,
+        "insecure": args.insecure,
         "include": args.include,
-    }  # fmt: skip
+    }
 
 
 def _status(handle: jobs_client.JobHandle, as_json: bool) -> int:

@@ -47,8 +47,10 @@ def located(args: argparse.Namespace) -> tuple[RunStatus, JobSpec | None]:
         try:  # it names a folder under --storage, never one elsewhere
             check_name(args.target)
         except ValueError as exc:
-            raise SpecError(f"NAME {exc}; with --storage, NAME is a run's name (the spec's "
-                            "rule), its folder there") from None  # fmt: skip
+            raise SpecError(
+                f"NAME {exc}; with --storage, NAME is a run's name (the spec's "
+                "rule), its folder there"
+            ) from None
         where = storage.join(storage.resolve(args.storage), args.target)
         status = read_status(where)
     else:

@@ -50,7 +50,7 @@ class ImageFiles:
 
     def __init__(self, images: ImageSet | None, filesystem: Any, size: Sequence[int] | None,
                  mode: str | None, transform: str | None = None,
-                 preprocess: str | None = None):  # fmt: skip
+                 preprocess: str | None = None):
         self.images = images or ImageSet(uri="", files=(), labels=None)
         self._fs = filesystem
         self._size, self._mode = size, mode
@@ -117,7 +117,7 @@ class ImageFiles:
             except Exception as exc:
                 raise _failed("preprocess", self._paths[1], paths[0], exc) from exc
         return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-                for k, v in batch.items()}  # fmt: skip
+                for k, v in batch.items()}
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.__getitems__([index])
@@ -142,7 +142,7 @@ def _failed(field: str, function: str | None, path: str, exc: Exception) -> Exce
 
     detail = str(exc).splitlines()[0] if str(exc) else ""
     return BadDataError(f"data.{field} {function} failed on {path}: "
-                        f"{type(exc).__name__}: {detail}")  # fmt: skip
+                        f"{type(exc).__name__}: {detail}")
 
 
 def _undecodable(images: ImageSet, path: str, exc: Exception) -> Exception:
@@ -150,7 +150,7 @@ def _undecodable(images: ImageSet, path: str, exc: Exception) -> Exception:
 
     detail = str(exc).splitlines()[0] if str(exc) else ""
     return BadDataError(f"data: the image {path} (of {images.uri or 'a packed set'}) does not "
-                        f"decode: {type(exc).__name__}: {detail}")  # fmt: skip
+                        f"decode: {type(exc).__name__}: {detail}")
 
 
 def _unreadable(images: ImageSet, path: str, exc: Exception) -> Exception:
@@ -158,7 +158,7 @@ def _unreadable(images: ImageSet, path: str, exc: Exception) -> Exception:
 
     detail = str(exc).splitlines()[0] if str(exc) else ""
     return TrainingFailed(f"data: cannot read the image {path} (a file of {images.uri}): "
-                          f"{type(exc).__name__}: {detail}")  # fmt: skip
+                          f"{type(exc).__name__}: {detail}")
 
 
 def _mixed_shapes(uri: str, paths: Sequence[str], pixels: Sequence[Any]) -> Exception:
@@ -215,9 +215,9 @@ def pool_loader(files: ImageFiles, sampler: _Batches, workers: int, pin: bool) -
     extra: dict[str, Any] = {}
     if workers > 0:
         extra = {"persistent_workers": True, "prefetch_factor": PREFETCH,
-                 "multiprocessing_context": "forkserver"}  # fmt: skip
+                 "multiprocessing_context": "forkserver"}
     return DataLoader(files, batch_sampler=sampler, collate_fn=_as_is,  # type: ignore[arg-type]
-                      num_workers=workers, pin_memory=pin, **extra)  # fmt: skip
+                      num_workers=workers, pin_memory=pin, **extra)
 
 
 def block_batches(order: Any, block: Sequence[Interval], sizes: Sequence[int]) -> list[list[int]]:
@@ -239,7 +239,7 @@ class ImageStream(StreamSchedule):
 
     def __init__(self, files: ImageFiles, batch_size: int, *, rank: int, world_size: int,
                  shuffle_seed: int | None = None, num_workers: int = 1,
-                 pin_memory: bool = False, tuple_columns: list[str] | None = None):  # fmt: skip
+                 pin_memory: bool = False, tuple_columns: list[str] | None = None):
         super().__init__(files.images.num_rows, batch_size, rank=rank, world_size=world_size)
         self._files = files
         self._seed = shuffle_seed
@@ -279,10 +279,10 @@ class PackedImageStream(ParquetStream):
     def __init__(self, streamed: StreamedSet, filesystem: Any, files: ImageFiles,
                  batch_size: int, *, rank: int, world_size: int,
                  shuffle_seed: int | None = None, window_rows: int = 1, num_workers: int = 1,
-                 pin_memory: bool = False, tuple_columns: list[str] | None = None):  # fmt: skip
+                 pin_memory: bool = False, tuple_columns: list[str] | None = None):
         super().__init__(streamed, filesystem, None, batch_size, rank=rank,
                          world_size=world_size, shuffle_seed=shuffle_seed,
-                         window_rows=window_rows)  # fmt: skip
+                         window_rows=window_rows)
         self._files, self._workers, self._pin = files, num_workers, pin_memory
         self._images_tuple = tuple_columns
         self._sampler = _Batches()
@@ -298,7 +298,7 @@ class PackedImageStream(ParquetStream):
                 names = table.column_names
                 labels = table.column("label").to_pylist() if "label" in names else None
                 yield PackedBatch(table.column("image").to_pylist(),
-                                  table.column("path").to_pylist(), labels)  # fmt: skip
+                                  table.column("path").to_pylist(), labels)
 
         self._sampler.batches, self._sampler.count = packed(), len(sizes)
         if self._loader is None:

@@ -126,7 +126,7 @@ class EpochSchedule:
             return done, start, []
         if left < self._world:  # only after a resize: too few rows left to give each rank one
             logger.warning("%d rows left in epoch %d for %d workers: skipped", left, self.epoch,
-                           self._world)  # fmt: skip
+                           self._world)
             return done, n, []
         steps = step_slices(left, self._batch_size, self._world)
         return done, start, [[(lo + start, hi + start) for lo, hi in step] for step in steps]
@@ -155,7 +155,7 @@ class EpochSchedule:
         self.epoch = int(state["epoch"])
         if "rows" not in state or "world_size" in state:  # a streamed split's, Ray Data's
             logger.warning("the checkpoint's data position is another loader's: the epoch "
-                           "resumes exact in count, not in which rows")  # fmt: skip
+                           "resumes exact in count, not in which rows")
         rows = rows_trained(state, self._rows, self._batch_size)
         self._resume = (self.epoch, int(state["steps"]), rows)
         self.position = int(state["steps"])
@@ -248,14 +248,14 @@ class ShardBatches:
         offset = self._offset[1] if self._offset and self._offset[0] == self.epoch else 0
         rows = (self.position + offset) * self._batch_size * self._world
         return {"epoch": self.epoch, "steps": self.position, "world_size": self._world,
-                "rows": rows}  # fmt: skip
+                "rows": rows}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume from ``state``: the next pass over its epoch skips what was trained
         (``rows``, or before it was saved, ``steps`` of ``world_size`` batches)."""
         self.epoch = int(state["epoch"])
         rows = int(state.get("rows", int(state["steps"]) * self._batch_size
-                             * int(state.get("world_size", self._world))))  # fmt: skip
+                             * int(state.get("world_size", self._world))))
         skip = math.ceil(rows / (self._batch_size * self._world))
         self._skip = (self.epoch, skip)
         self.position = int(state["steps"])
@@ -306,11 +306,11 @@ def worker_loaders(
             return mixed_loader(mixed[name], options, data.columns, data.batch_size, rank=rank,
                                 world_size=world_size, shuffle_seed=seed,
                                 window_rows=shuffle.buffer_size if shuffle else 1,
-                                tuple_columns=columns)  # fmt: skip
+                                tuple_columns=columns)
         part = streamed.get(name)
         if isinstance(part, ImageSet) or (isinstance(part, StreamedSet) and part.images):
             return image_loader(data, part, options, source_of(name), rank=rank,
-                                world_size=world_size, seed=seed, tuple_columns=columns)  # fmt: skip
+                                world_size=world_size, seed=seed, tuple_columns=columns)
         if isinstance(part, StreamedSet):
             from raytrain import storage
             from raytrain.data.parquet_stream import ParquetStream
@@ -319,19 +319,19 @@ def worker_loaders(
             return ParquetStream(part, fs, data.columns, data.batch_size, rank=rank,
                                  world_size=world_size, shuffle_seed=seed,
                                  window_rows=shuffle.buffer_size if shuffle else 1,
-                                 tuple_columns=columns, preprocess=data.preprocess)  # fmt: skip
+                                 tuple_columns=columns, preprocess=data.preprocess)
         if name in cached:
             import pyarrow as pa
 
             # Arrow blocks come out of the object store zero-copy; batches are cut from them.
             table = pa.concat_tables(ray.get(cached[name].refs))
             return CachedBatches(table, data.batch_size, rank=rank, world_size=world_size,
-                                 shuffle_seed=seed, tuple_columns=columns)  # fmt: skip
+                                 shuffle_seed=seed, tuple_columns=columns)
         return ShardBatches(
             ray.train.get_dataset_shard(name), data.batch_size, shuffle_seed=seed,
             shuffle_buffer=shuffle.buffer_size if shuffle else 0, rank=rank,
             world_size=world_size, tuple_columns=columns,
-        )  # fmt: skip
+        )
 
     def source_of(name: str) -> SourceSpec:
         source = data.train if name == "train" else data.val
@@ -345,7 +345,7 @@ def worker_loaders(
 
 def image_loader(data: DataSpec, images: ImageSet | StreamedSet, options: StorageSpec | None,
                  source: SourceSpec, *, rank: int, world_size: int, seed: int | None,
-                 tuple_columns: list[str] | None) -> Any:  # fmt: skip
+                 tuple_columns: list[str] | None) -> Any:
     """This rank's ``ImageStream`` of an image split (``PackedImageStream``: packed images):
     ``data.num_workers`` decoding processes (unset: the CPUs Ray gave this worker, at least
     1), pinned memory when training on a GPU."""
@@ -363,14 +363,14 @@ def image_loader(data: DataSpec, images: ImageSet | StreamedSet, options: Storag
     pin = torch.cuda.is_available()
     if isinstance(images, StreamedSet):
         decoder = ImageFiles(None, fs, source.image_size, source.image_mode, data.transform,
-                             data.preprocess)  # fmt: skip
+                             data.preprocess)
         return PackedImageStream(images, fs, decoder, data.batch_size, rank=rank,
                                  world_size=world_size, shuffle_seed=seed,
                                  window_rows=data.shuffle.buffer_size if data.shuffle else 1,
                                  num_workers=workers, pin_memory=pin,
-                                 tuple_columns=tuple_columns)  # fmt: skip
+                                 tuple_columns=tuple_columns)
     files = ImageFiles(images, fs, source.image_size, source.image_mode, data.transform,
-                       data.preprocess)  # fmt: skip
+                       data.preprocess)
     return ImageStream(files, data.batch_size, rank=rank, world_size=world_size,
                        shuffle_seed=seed, num_workers=workers,
-                       pin_memory=pin, tuple_columns=tuple_columns)  # fmt: skip
+                       pin_memory=pin, tuple_columns=tuple_columns)

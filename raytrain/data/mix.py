@@ -154,7 +154,7 @@ class MixedStream(StreamSchedule):
         for lo, hi in block:
             # each source's next row: its rows of earlier epochs and earlier positions
             nxt = [epoch * q + int(np.count_nonzero(labels[:lo] == j))
-                   for j, q in enumerate(self.quotas)]  # fmt: skip
+                   for j, q in enumerate(self.quotas)]
             for a in range(lo, hi, CHUNK):
                 chunk = labels[a : min(hi, a + CHUNK)]
                 parts = []
@@ -217,4 +217,4 @@ def mixed_loader(
             fs, _ = storage.filesystem(part.uri, options)
             sources.append(StreamedRows(WindowReader(part, fs, columns), seed, window_rows))
     return MixedStream(mix, sources, batch_size, rank=rank, world_size=world_size,
-                       shuffle_seed=shuffle_seed, tuple_columns=tuple_columns)  # fmt: skip
+                       shuffle_seed=shuffle_seed, tuple_columns=tuple_columns)

@@ -82,7 +82,7 @@ def shard_name(index: int) -> str:
 
 def pack(src: str, dest: str, fmt: str = "images", shard_mb: float = 256,
          options: Any = None, out: TextIO = sys.stderr,
-         skip_bad: bool = False) -> PackSummary:  # fmt: skip
+         skip_bad: bool = False) -> PackSummary:
     """Pack the files under ``src`` (format ``fmt``) into Parquet shards under ``dest`` (see
     the module docstring); progress lines go to ``out``. A source that cannot be packed is
     a ``PackError`` naming it; a file that does not decode (images) or parse (CSV, JSON)
@@ -111,7 +111,7 @@ def pack(src: str, dest: str, fmt: str = "images", shard_mb: float = 256,
     _claim(dest_fs, dest_path, dest)
     # unfinished until the end: a reader refuses the folder meanwhile, a rerun may go on
     storage.write_text(manifest_uri, json.dumps({"format": fmt, "source": src,
-                                                 "complete": False}), options)  # fmt: skip
+                                                 "complete": False}), options)
     skipped, rows = 0, 0
     for index, run in enumerate(plan):
         path = f"{dest_path.rstrip('/')}/{shard_name(index)}"
@@ -121,7 +121,7 @@ def pack(src: str, dest: str, fmt: str = "images", shard_mb: float = 256,
             skipped += 1
             rows += held
             print(f"raytrain pack: shard {index + 1}/{len(plan)} already packed", file=out,
-                  flush=True)  # fmt: skip
+                  flush=True)
             continue
         shard_began = time.monotonic()
         data, count = write(list(run), {PLAN_KEY: key, KIND_KEY: fmt.encode()})
@@ -129,16 +129,16 @@ def pack(src: str, dest: str, fmt: str = "images", shard_mb: float = 256,
         rows += count
         print(f"raytrain pack: shard {index + 1}/{len(plan)}: {len(run):,} "
               f"{'files' if fmt == 'images' else 'blocks'}, {sum(sizes[i] for i in run) / 1e6:,.1f} MB "
-              f"({time.monotonic() - shard_began:.1f} s)", file=out, flush=True)  # fmt: skip
+              f"({time.monotonic() - shard_began:.1f} s)", file=out, flush=True)
     _remove_stale(dest_fs, dest_path, len(plan))
     summary = PackSummary(files=source.files, bytes=sum(sizes),
                           shards=len(plan), skipped=skipped, rows=rows,
                           seconds=time.monotonic() - began, dest=dest,
-                          bad_files=source.bad[0])  # fmt: skip
+                          bad_files=source.bad[0])
     manifest = {"format": fmt, "source": src, "complete": True, "files": summary.files,
                 "bytes": summary.bytes, "rows": rows, "skipped_files": source.bad[0],
                 "shards": [shard_name(i) for i in range(len(plan))], "shard_mb": shard_mb,
-                **source.manifest}  # fmt: skip
+                **source.manifest}
     storage.write_text(manifest_uri, json.dumps(manifest, indent=1), options)
     return summary
 
@@ -157,7 +157,7 @@ def _claim(fs: Any, path: str, dest: str) -> None:
         if names and MANIFEST not in names:
             raise PackError(f"{dest} holds other files ({', '.join(sorted(names)[:3])}"
                             f"{', ...' if len(names) > 3 else ''}) and no pack's "
-                            f"{MANIFEST}: pack into a new or empty folder")  # fmt: skip
+                            f"{MANIFEST}: pack into a new or empty folder")
     fs.create_dir(path, recursive=True)
 
 
@@ -177,12 +177,12 @@ class PackSource:
 
 
 def _plan_key(fmt: str, units: Sequence[Any], sizes: Sequence[int],
-              stamps: dict[str, Any]) -> bytes:  # fmt: skip
+              stamps: dict[str, Any]) -> bytes:
     """A shard's identity: its units and their bytes, and its files' paths and modification
     times (``stamps``), so a rerun over a changed source writes the shard again."""
     files = sorted({u if isinstance(u, str) else u[0] for u in units})
     digest = hashlib.sha256(json.dumps([fmt, list(units), list(sizes),
-                                        [(f, stamps.get(f)) for f in files]]).encode())  # fmt: skip
+                                        [(f, stamps.get(f)) for f in files]]).encode())
     return digest.hexdigest().encode()
 
 
@@ -283,10 +283,10 @@ def _image_source(src: str, fs: Any, path: str, skip_bad: bool) -> PackSource:
                 bad[0] += 1
             else:
                 raise PackError(f"{images.files[i]} does not decode: {why} (--skip-bad packs "
-                                "without such files)")  # fmt: skip
+                                "without such files)")
         columns = {"image": pa.array(kept_data, pa.binary()),
                    "path": pa.array([images.files[i].removeprefix(root) for i in kept],
-                                    pa.string())}  # fmt: skip
+                                    pa.string())}
         if images.labels is not None:
             columns["label"] = pa.array([images.labels[i] for i in kept], pa.int64())
         table = pa.table(columns)
@@ -295,7 +295,7 @@ def _image_source(src: str, fs: Any, path: str, skip_bad: bool) -> PackSource:
         return _parquet(table, {**metadata, **extra}, mean), len(kept)
 
     return PackSource(list(images.files), list(images.sizes), write, images.num_rows,
-                      {"classes": list(images.classes)}, _stamps(fs, path), bad)  # fmt: skip
+                      {"classes": list(images.classes)}, _stamps(fs, path), bad)
 
 
 def _text_source(src: str, fs: Any, path: str, fmt: str) -> PackSource:
@@ -325,4 +325,4 @@ def _text_source(src: str, fs: Any, path: str, fmt: str) -> PackSource:
     if not stamps and found.files:  # a single file
         stamps = {found.files[0]: fs.get_file_info(found.files[0]).mtime_ns}
     return PackSource(units, [found.blocks[u][1] for _, u in units], write, len(found.files),
-                      {}, stamps, [0])  # fmt: skip
+                      {}, stamps, [0])

@@ -142,7 +142,7 @@ class WindowReader:
 
 
 def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] | None,
-                preprocess: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Any:  # fmt: skip
+                preprocess: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Any:
     """Batches of ``sizes`` rows cut from the Arrow ``tables`` in order, as dicts of tensors
     (or tuples in ``columns`` order); with ``preprocess`` (``data.preprocess``), each batch
     passes through it as Ray Data's numpy batch first, on this thread."""
@@ -214,7 +214,7 @@ class ParquetStream(StreamSchedule):
         layout = EpochLayout(self._reader.set.counts, self._seed, epoch, self._window_rows)
         pieces = list(layout.pieces(block))
         runs = [(w, [(lo, hi) for _, lo, hi in group])
-                for w, group in itertools.groupby(pieces, key=lambda p: p[0])]  # fmt: skip
+                for w, group in itertools.groupby(pieces, key=lambda p: p[0])]
         with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="raytrain-read") as pool:
             ahead: deque[tuple[Future, list[tuple[int, int]]]] = deque()
             upcoming = iter(runs)

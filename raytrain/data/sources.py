@@ -79,7 +79,7 @@ def read_source(
         ds = _read_images(source, fs, path)
     else:
         readers = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv,
-                   "json": ray.data.read_json}  # fmt: skip
+                   "json": ray.data.read_json}
         ds = readers[source.format](path, filesystem=fs)
     if columns:
         ds = ds.select_columns(columns)  # pushed down into the Parquet reader
@@ -105,7 +105,7 @@ def data_nodes(
         return None
     nodes = cluster_nodes()
     cpu_only = sorted(n["NodeID"] for n in nodes
-                      if n.get("Alive") and not n.get("Resources", {}).get("GPU"))  # fmt: skip
+                      if n.get("Alive") and not n.get("Resources", {}).get("GPU"))
     if not cpu_only or len(cpu_only) == sum(1 for n in nodes if n.get("Alive")):
         return None
     return {"ray.io/node-id": f"in({','.join(cpu_only)})"}
@@ -226,7 +226,7 @@ class Splits:
     def paths(self) -> dict[str, str]:
         """Each split's path, as ``TrainResult.data_paths`` names it."""
         return {**{k: "ray_data" for k in self.ray_data}, **{k: "streamed" for k in self.streamed},
-                **{k: "cached" for k in self.cached}, **{k: "mixed" for k in self.mixed}}  # fmt: skip
+                **{k: "cached" for k in self.cached}, **{k: "mixed" for k in self.mixed}}
 
 
 def build_datasets(spec: JobSpec, object_store_bytes: float) -> Splits:
@@ -274,7 +274,7 @@ def _place(
     elif path == "materialize":
         try:
             ds = read_source(source, data.columns, options, data.preprocess,
-                             splits.data_nodes).materialize()  # fmt: skip
+                             splits.data_nodes).materialize()
         except Exception as exc:
             if source.format == "images" or data.preprocess is not None:
                 raise
@@ -284,13 +284,13 @@ def _place(
         splits.cached[name] = CachedSet(ds.to_arrow_refs(), rows)
     elif path == "stream":
         logger.info("%s set: each rank streams its %s rows from %s every epoch", name,
-                    source.format, source.uri)  # fmt: skip
+                    source.format, source.uri)
         found = stream_plan(source, options)
         _check_rows(name, source, found.num_rows, least)
         splits.streamed[name] = found
     elif path == "images":
         logger.info("%s set: each rank reads and decodes its images from %s every epoch",
-                    name, source.uri)  # fmt: skip
+                    name, source.uri)
         images = image_plan(source, options, data.bad_images)
         _check_rows(name, source, images.num_rows, least)
         splits.streamed[name] = images
@@ -298,7 +298,7 @@ def _place(
         check_shardable(spec, name, source)
         logger.info("%s set: streamed by Ray Data from %s every epoch", name, source.uri)
         splits.ray_data[name] = read_source(source, data.columns, options, data.preprocess,
-                                            splits.data_nodes)  # fmt: skip
+                                            splits.data_nodes)
 
 
 def check_shardable(spec: JobSpec, name: str, source: SourceSpec) -> None:
@@ -347,10 +347,10 @@ def _mix(
         unset = "" if spec.files.epoch_rows else "unset, so all the sources' rows: "
         raise SpecError([f"data.epoch_rows: {unset}{too_many}" if too_many
                          else f"data.epoch_rows: {epoch} rows cannot give each of "
-                         f"{spec.scaling.max_workers} workers a batch"])  # fmt: skip
+                         f"{spec.scaling.max_workers} workers a batch"])
     return MixedSet(names=tuple(s.label() for s in sources),
                     weights=tuple(s.weight for s in sources), parts=tuple(parts),
-                    rows=tuple(rows), epoch_rows=epoch)  # fmt: skip
+                    rows=tuple(rows), epoch_rows=epoch)
 
 
 def stream_plan(source: SourceSpec, options: StorageSpec | None) -> StreamedSet:
@@ -395,7 +395,7 @@ def image_plan(
         import dataclasses
 
         return dataclasses.replace(stream_plan(source.model_copy(update={"format": "parquet"}),
-                                               options), images=True)  # fmt: skip
+                                               options), images=True)
     try:
         labels = None if source.labels is None else read_labels(source.labels, options)
         images = list_images(source.uri, fs, path, bad=bad, check=bad == "skip", labels=labels)
@@ -405,7 +405,7 @@ def image_plan(
         raise SpecError([f"data: {exc}"]) from None
     if images.skipped:
         logger.warning("%s: %d image files that do not decode are left out (data.bad_images: "
-                       "skip)", source.uri, images.skipped)  # fmt: skip
+                       "skip)", source.uri, images.skipped)
     return images
 
 
@@ -416,7 +416,7 @@ def _check_rows(name: str, source: SourceSpec, rows: int, workers: int) -> None:
         raise SpecError(
             [f"data.{name}.uri: {rows} rows at {source.uri} cannot give each of {workers} "
              "workers a batch (fewer rows than scaling.num_workers)"]
-        )  # fmt: skip
+        )
 
 
 def dataset_config(on: dict[str, str] | None = None) -> Any:

@@ -129,7 +129,7 @@ class StreamSchedule:
             return done, [], []
         if span(left) < self._world:  # only after a resize: too few rows to give each a batch
             logger.warning("%d rows left in epoch %d for %d workers: skipped", span(left),
-                           self.epoch, self._world)  # fmt: skip
+                           self.epoch, self._world)
             return done, [], []
         block, sizes = rank_block(left, self._batch_size, self._world, self._rank)
         return done, block, sizes
@@ -156,7 +156,7 @@ class StreamSchedule:
             left = [(int(lo), int(hi)) for lo, hi in state["left"]]  # type: ignore[attr-defined]
         else:  # saved by another loader: the split took another path since
             logger.warning("the checkpoint's data position is another loader's: the epoch "
-                           "resumes exact in count, not in which rows")  # fmt: skip
+                           "resumes exact in count, not in which rows")
             left = [(min(rows_trained(state, self._rows, self._batch_size), self._rows),
-                     self._rows)]  # fmt: skip
+                     self._rows)]
         self._start = (self.epoch, left, self.position)

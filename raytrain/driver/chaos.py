@@ -152,8 +152,7 @@ class ChaosMonkey:
             rank = self.rng.choice(sorted(self._group))
             pid, node = self._group[rank]
             self._killed.add(pid)
-            self.faults.append(Fault(at=time.time(), rank=rank, pid=pid,
-                                     last_step=self._last_step))  # fmt: skip
+            self.faults.append(Fault(at=time.time(), rank=rank, pid=pid, last_step=self._last_step))
             self._unclaimed += 1
         try:
             if node == self.node_id:
@@ -238,8 +237,11 @@ class ChaosSummary:
         """The figures MLflow gets (``chaos/...``)."""
         lost = [f.lost_steps for f in self.faults if f.lost_steps is not None]
         recovery = [f.recovery_s for f in self.faults if f.recovery_s is not None]
-        out = {"chaos/faults": float(len(self.faults)), "chaos/overhead": self.overhead,
-               "chaos/overhead_s": self.overhead_s}  # fmt: skip
+        out = {
+            "chaos/faults": float(len(self.faults)),
+            "chaos/overhead": self.overhead,
+            "chaos/overhead_s": self.overhead_s,
+        }
         if lost:
             out["chaos/lost_steps_median"] = float(statistics.median(lost))
             out["chaos/lost_steps_max"] = float(max(lost))
@@ -250,16 +252,26 @@ class ChaosSummary:
     def as_dict(self) -> dict[str, Any]:
         """The summary as ``FitResult.chaos`` holds it (JSON): each fault with what it cost,
         the figures of ``metrics``, and the table's ``lines``."""
-        faults = [{**dataclasses.asdict(f), "lost_steps": f.lost_steps,
-                   "recovery_s": f.recovery_s} for f in self.faults]  # fmt: skip
-        return {"faults": faults, "mtbf_s": self.mtbf_s, "seed": self.seed,
-                "wall_s": self.wall_s, "step_s": self.step_s, **self.metrics(),
-                "lines": self.lines()}  # fmt: skip
+        faults = [
+            {**dataclasses.asdict(f), "lost_steps": f.lost_steps, "recovery_s": f.recovery_s}
+            for f in self.faults
+        ]
+        return {
+            "faults": faults,
+            "mtbf_s": self.mtbf_s,
+            "seed": self.seed,
+            "wall_s": self.wall_s,
+            "step_s": self.step_s,
+            **self.metrics(),
+            "lines": self.lines(),
+        }
 
     def lines(self) -> list[str]:
         """The fault table as the summary prints it."""
-        out = [f"chaos: {len(self.faults)} fault(s) injected (MTBF {self.mtbf_s:g} s of "
-               f"training, seed {self.seed})"]  # fmt: skip
+        out = [
+            f"chaos: {len(self.faults)} fault(s) injected (MTBF {self.mtbf_s:g} s of "
+            f"training, seed {self.seed})"
+        ]
         if self.faults:
             out.append("    #  rank  last step  restored  lost steps  kill -> next step")
 
@@ -267,12 +279,16 @@ class ChaosSummary:
             return "-" if value is None else fmt.format(value)
 
         for n, fault in enumerate(self.faults, 1):
-            out.append(f"  {n:>3}  {fault.rank:>4}  {cell(fault.last_step):>9}  "
-                       f"{cell(fault.restored_step):>8}  {cell(fault.lost_steps):>10}  "
-                       f"{cell(fault.recovery_s, '{:.1f} s'):>17}")  # fmt: skip
-        out.append(f"  overhead: {self.overhead_s:.1f} s of {self.wall_s:.1f} s, "
-                   f"{100 * self.overhead:.0f}% over the same run without faults (estimated: "
-                   "recovery times plus retrained steps)")  # fmt: skip
+            out.append(
+                f"  {n:>3}  {fault.rank:>4}  {cell(fault.last_step):>9}  "
+                f"{cell(fault.restored_step):>8}  {cell(fault.lost_steps):>10}  "
+                f"{cell(fault.recovery_s, '{:.1f} s'):>17}"
+            )
+        out.append(
+            f"  overhead: {self.overhead_s:.1f} s of {self.wall_s:.1f} s, "
+            f"{100 * self.overhead:.0f}% over the same run without faults (estimated: "
+            "recovery times plus retrained steps)"
+        )
         return out
 
 

@@ -54,7 +54,9 @@ def _check_own_loaders(spec: JobSpec) -> list[str]:
     if cls is None or not issubclass(cls, pl.LightningModule):
         return []  # the model's own check says why
     if cls.train_dataloader is pl.LightningModule.train_dataloader:
-        return [f"data: missing, and {spec.model.class_path} defines no train_dataloader: give "
-                "data files (data.train), a LightningDataModule (data.class_path), or define "
-                "the model's train_dataloader"]  # fmt: skip
+        return [
+            f"data: missing, and {spec.model.class_path} defines no train_dataloader: give "
+            "data files (data.train), a LightningDataModule (data.class_path), or define "
+            "the model's train_dataloader"
+        ]
     return []

@@ -46,8 +46,10 @@ class ClusterRecord:
 
     def describe(self) -> str:
         gpus = f", {self.num_gpus} GPU(s)" if self.num_gpus else ""
-        return (f"{self.address} (pid {self.pid}): {self.num_cpus} CPU(s){gpus}, "
-                f"{self.warm} warm worker process(es)")  # fmt: skip
+        return (
+            f"{self.address} (pid {self.pid}): {self.num_cpus} CPU(s){gpus}, "
+            f"{self.warm} warm worker process(es)"
+        )
 
 
 def alive(pid: int) -> bool:

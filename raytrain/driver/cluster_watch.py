@@ -22,9 +22,11 @@ CHECK_EVERY_S = 0.2
 
 def lost_line(record: ClusterRecord) -> str:
     """The one line that says what happened and what to do."""
-    return (f"the cluster `raytrain up` started ({record.address}) went away during the "
-            "run; run the same command again: it resumes from the last committed "
-            "checkpoint")  # fmt: skip
+    return (
+        f"the cluster `raytrain up` started ({record.address}) went away during the "
+        "run; run the same command again: it resumes from the last committed "
+        "checkpoint"
+    )
 
 
 class ClusterWatch:
@@ -35,8 +37,9 @@ class ClusterWatch:
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._every_s = every_s
-        self._thread = threading.Thread(target=self._run, name="raytrain-cluster-watch",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, name="raytrain-cluster-watch", daemon=True
+        )
 
     def start(self) -> ClusterWatch:
         self._thread.start()

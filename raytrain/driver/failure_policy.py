@@ -74,8 +74,12 @@ class FailurePolicy:
                 self.notify(describe_failure(errors))
             except Exception:  # a notice that cannot be sent never changes the decision
                 logger.warning("the failure could not be told to the driver", exc_info=True)
-        if any(wraps(error, NonFiniteLossError) or wraps(error, LossSpikeLimitError)
-               or wraps(error, BadDataError) for error in errors):  # fmt: skip
+        if any(
+            wraps(error, NonFiniteLossError)
+            or wraps(error, LossSpikeLimitError)
+            or wraps(error, BadDataError)
+            for error in errors
+        ):
             return Decision.RAISE
         if any(wraps(error, LossSpikeError) for error in errors):
             logger.warning("loss spike: rolling back to the last checkpoint")
@@ -87,8 +91,9 @@ class FailurePolicy:
             self.preemptions += 1
             if self.max_preemptions != -1 and self.preemptions > self.max_preemptions:
                 return Decision.RAISE
-            logger.warning("preempted (%d so far): restarting from its checkpoint",
-                           self.preemptions)  # fmt: skip
+            logger.warning(
+                "preempted (%d so far): restarting from its checkpoint", self.preemptions
+            )
             return Decision.RETRY
         return Decision.DEFER
 

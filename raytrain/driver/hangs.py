@@ -39,8 +39,10 @@ class Hangs:
         if self.reports and self.reports[0].attempt != report.attempt:
             self.reports = []  # a hang of a later attempt
         self.reports.append(report)
-        print(f"raytrain: hang: {report.describe()}; stacks: {report.stacks}",
-              file=self._stream or sys.stderr)  # fmt: skip
+        print(
+            f"raytrain: hang: {report.describe()}; stacks: {report.stacks}",
+            file=self._stream or sys.stderr,
+        )
         summary = hang_summary(self.reports)
         if len(self.reports) == 1:
             self.summaries.append(summary)

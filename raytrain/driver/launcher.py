@@ -126,11 +126,20 @@ def fit(
     start = time.time()
     job = load_spec(spec, overrides)
     if job.tune is not None:
-        raise SpecError("tune: this spec is a sweep: run it with `raytrain tune` (or "
-                        "raytrain.tune); `raytrain run` trains one spec")  # fmt: skip
+        raise SpecError(
+            "tune: this spec is a sweep: run it with `raytrain tune` (or "
+            "raytrain.tune); `raytrain run` trains one spec"
+        )
     job = check_before_ray(job)
-    return run_job(job, fresh=fresh, resume_anyway=resume_anyway, force=force,
-                   progress=progress, verbose=verbose, start=start)  # fmt: skip
+    return run_job(
+        job,
+        fresh=fresh,
+        resume_anyway=resume_anyway,
+        force=force,
+        progress=progress,
+        verbose=verbose,
+        start=start,
+    )
 
 
 def run_job(
@@ -175,11 +184,11 @@ def run_job(
         prepare_data(job)
         record = RunRecord(job, run_folder.open_run(job, state, fresh, held))
         record.resumed_from = run_folder.resume_point(job, held)
-        status = StatusRecord(job, attempt=record.state.attempts + 1,
-                              mlflow_run=lambda: record.state.mlflow_run_id)  # fmt: skip
+        status = StatusRecord(
+            job, attempt=record.state.attempts + 1, mlflow_run=lambda: record.state.mlflow_run_id
+        )
         status.start()
-        trained = training.train(job, ray_handle, record, held, progress, mark, listeners,
-                                 status)  # fmt: skip
+        trained = training.train(job, ray_handle, record, held, progress, mark, listeners, status)
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
         timings.update(worker_timings(trained.latest, start))
@@ -188,8 +197,9 @@ def run_job(
     except BaseException as exc:
         try:
             if status is not None:
-                status.finish("failed", error=str(exc) or type(exc).__name__,
-                              failure=failure_kind(exc))  # fmt: skip
+                status.finish(
+                    "failed", error=str(exc) or type(exc).__name__, failure=failure_kind(exc)
+                )
             if record is not None and close_on_failure:
                 killed = isinstance(exc, KeyboardInterrupt)
                 record.finish("KILLED" if killed else "FAILED", error=str(exc))

@@ -244,8 +244,11 @@ class Lease:
             current = read_holder(self.run_dir, self.options)
             if current is not None and current.token != self.holder.token:
                 self.lost_to = current
-                print(f"raytrain: error: {self.path} was taken over by "
-                      f"{current.describe(time.time())}; stopping", file=sys.stderr)  # fmt: skip
+                print(
+                    f"raytrain: error: {self.path} was taken over by "
+                    f"{current.describe(time.time())}; stopping",
+                    file=sys.stderr,
+                )
                 if self.on_lost is not None:
                     self.on_lost(current)
                 return False

@@ -67,8 +67,9 @@ class UpError(RuntimeError):
     """``up`` could not start its cluster; the message says why (the server's log)."""
 
 
-def up(num_cpus: int, num_gpus: int | None = None, warm: int | None = None,
-       timeout_s: float = 300.0) -> tuple[ClusterRecord, bool]:  # fmt: skip
+def up(
+    num_cpus: int, num_gpus: int | None = None, warm: int | None = None, timeout_s: float = 300.0
+) -> tuple[ClusterRecord, bool]:
     """Start the server unless one is up; (its record, whether it started now). Two
     ``up``s at once start one server: the second waits, then finds it up."""
     held = lock(UP_LOCK_NAME, wait=True)
@@ -81,15 +82,27 @@ def up(num_cpus: int, num_gpus: int | None = None, warm: int | None = None,
         os.close(held)  # type: ignore[arg-type]  # waited: never None
 
 
-def _start_server(num_cpus: int, num_gpus: int | None, warm: int | None,
-                  timeout_s: float) -> ClusterRecord:  # fmt: skip
+def _start_server(
+    num_cpus: int, num_gpus: int | None, warm: int | None, timeout_s: float
+) -> ClusterRecord:
     log = home() / LOG_NAME
     gpus = "auto" if num_gpus is None else str(num_gpus)
-    cmd = [sys.executable, "-m", "raytrain.driver.local_cluster", str(num_cpus), gpus,
-           str(default_warm(num_cpus) if warm is None else warm)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "raytrain.driver.local_cluster",
+        str(num_cpus),
+        gpus,
+        str(default_warm(num_cpus) if warm is None else warm),
+    ]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         record = running()
@@ -97,8 +110,9 @@ def _start_server(num_cpus: int, num_gpus: int | None, warm: int | None,
             return record
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-            raise UpError(f"the cluster did not start (exit {proc.returncode}); {log}:\n"
-                          + "\n".join(tail))  # fmt: skip
+            raise UpError(
+                f"the cluster did not start (exit {proc.returncode}); {log}:\n" + "\n".join(tail)
+            )
         time.sleep(0.2)  # the server writes its record once its pool is warm
     os.killpg(proc.pid, signal.SIGKILL)
     raise UpError(f"the cluster did not start within {timeout_s:.0f} s; see {log}")
@@ -154,15 +168,22 @@ def serve(num_cpus: int, num_gpus: int | None, warm: int) -> None:
         if handle.pool is not None:  # up returns once a run would find the pool warm
             handle.pool.wait_ready(WARM_WAIT_S)
         started = handle.embedded_env or {}
-        compared = {k: v for k, v in started.items()
-                    if k in EMBEDDED_ENV or k.startswith("RAY_TRAIN_")}  # fmt: skip
+        compared = {
+            k: v for k, v in started.items() if k in EMBEDDED_ENV or k.startswith("RAY_TRAIN_")
+        }
         for key in AUTH_ENV:  # how a joining driver finds the token; never the token itself
             if os.environ.get(key):
                 compared[key] = os.environ[key]
         held = ray.cluster_resources()
-        record = ClusterRecord(pid=os.getpid(), address=ray.get_runtime_context().gcs_address,
-                               num_cpus=num_cpus, num_gpus=int(held.get("GPU", 0)), warm=warm,
-                               embedded_env=compared, started_at=time.time())  # fmt: skip
+        record = ClusterRecord(
+            pid=os.getpid(),
+            address=ray.get_runtime_context().gcs_address,
+            num_cpus=num_cpus,
+            num_gpus=int(held.get("GPU", 0)),
+            warm=warm,
+            embedded_env=compared,
+            started_at=time.time(),
+        )
         write_record(record)
         print(f"raytrain: cluster up at {record.describe()}", flush=True)
         while not stop.wait(1.0):  # a timed wait: the signal's handler runs between waits

@@ -61,8 +61,9 @@ class ModelLog:
             )
         except Exception as exc:
             message = redact(f"{type(exc).__name__}: {exc}")
-            print(f"raytrain: warning: the model was not logged to MLflow: {message}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"raytrain: warning: the model was not logged to MLflow: {message}", file=sys.stderr
+            )
             tracker.set_tags({"raytrain.model_error": message[:5000]})
             if mlflow_spec.register_as:
                 self.missing = (checkpoint, message)

@@ -190,8 +190,9 @@ def tensor_type_problem(arrow_type: Any) -> str | None:
     import pyarrow.types as pat
 
     if isinstance(arrow_type, pa.ExtensionType):
-        return tensor_type_problem(arrow_type.storage_type) if not _is_tensor_ext(arrow_type) \
-            else None  # fmt: skip
+        return (
+            tensor_type_problem(arrow_type.storage_type) if not _is_tensor_ext(arrow_type) else None
+        )
     if pat.is_integer(arrow_type) or pat.is_floating(arrow_type) or pat.is_boolean(arrow_type):
         return None
     if pat.is_dictionary(arrow_type):
@@ -200,8 +201,10 @@ def tensor_type_problem(arrow_type: Any) -> str | None:
     if any(is_list(arrow_type) for is_list in lists):
         inner = arrow_type.value_type
         if any(is_list(inner) for is_list in lists):  # becomes an object array, no tensor
-            return f"{arrow_type}, a list of lists, which cannot become a tensor (store it " \
-                "flat, or as a tensor column)"  # fmt: skip
+            return (
+                f"{arrow_type}, a list of lists, which cannot become a tensor (store it "
+                "flat, or as a tensor column)"
+            )
         return tensor_type_problem(inner)
     return f"{arrow_type}, which cannot become a tensor (numbers, booleans, or lists of them)"
 
@@ -223,8 +226,10 @@ def check_stores(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
     from raytrain.driver.background import Background
 
     tasks = [Background(lambda: check_storage(spec))]
-    tasks += [Background(functools.partial(check_data, spec, allow_prepare=allow_prepare, only=f))
-              for f in ("train", "val")]  # fmt: skip
+    tasks += [
+        Background(functools.partial(check_data, spec, allow_prepare=allow_prepare, only=f))
+        for f in ("train", "val")
+    ]
     deadline = time.monotonic() + STORAGE_CHECK_TIMEOUT_S
     problems: list[str] = []
     try:
@@ -254,8 +259,10 @@ def check_storage(spec: JobSpec) -> list[str]:
         while not os.path.exists(parent):
             parent = os.path.dirname(parent)
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-            return [f"checkpoint.storage: {location}: cannot create or write it ({parent} "
-                    "is not a writable folder)"]  # fmt: skip
+            return [
+                f"checkpoint.storage: {location}: cannot create or write it ({parent} "
+                "is not a writable folder)"
+            ]
         return []
     why = storage.check_writable(run_dir(spec), spec.storage)
     return [f"checkpoint.storage: {location}: {why}"] if why else []
@@ -296,8 +303,9 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
             problems.append(f"{field}.{exc.field}: {exc}")
             continue
         except Exception as exc:
-            problems.append(f"{field}.uri: cannot read {source.format} data at {uri}: "
-                            f"{storage.describe(exc)}")  # fmt: skip
+            problems.append(
+                f"{field}.uri: cannot read {source.format} data at {uri}: {storage.describe(exc)}"
+            )
             continue
         if not names:
             problems.append(f"{field}.uri: no {source.format} files found under {uri}")
@@ -326,15 +334,18 @@ def _mix_schema_problems(data: Any, options: Any) -> list[str]:
     columns = data.columns or list(schemas[0].names)
 
     def shape(schema: Any) -> list[str]:
-        return [f"{c} {schema.field(c).type}" if c in schema.names else f"{c} (absent)"
-                for c in columns]  # fmt: skip
+        return [
+            f"{c} {schema.field(c).type}" if c in schema.names else f"{c} (absent)" for c in columns
+        ]
 
     first = shape(schemas[0])
-    return [f"{field}.uri: its columns differ from data.train.0's: "
-            f"{', '.join(x for x in shape(schema) if x not in first)} against "
-            f"{', '.join(x for x in first if x not in shape(schema))}"
-            for (field, _), schema in zip(sources[1:], schemas[1:], strict=True)
-            if shape(schema) != first]  # fmt: skip
+    return [
+        f"{field}.uri: its columns differ from data.train.0's: "
+        f"{', '.join(x for x in shape(schema) if x not in first)} against "
+        f"{', '.join(x for x in first if x not in shape(schema))}"
+        for (field, _), schema in zip(sources[1:], schemas[1:], strict=True)
+        if shape(schema) != first
+    ]
 
 
 def _column_type_problems(
@@ -399,8 +410,11 @@ def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "erro
     packed = packed_manifest(fs, path)
     if packed is not None:  # raytrain pack's shards: checked when they were packed
         if source.labels is not None:
-            raise FilesProblem("the folder is packed images, which hold their labels: drop "
-                               "labels (pack the folder with class folders)", "labels")  # fmt: skip
+            raise FilesProblem(
+                "the folder is packed images, which hold their labels: drop "
+                "labels (pack the folder with class folders)",
+                "labels",
+            )
         return ["image", "label"] if packed.get("classes") else ["image"]
     labels = None
     if source.labels is not None:

@@ -296,8 +296,11 @@ def join_up(up: cluster_record.ClusterRecord, *, verbose: bool = False) -> RayHa
     cluster and its workers can take the cluster's warm processes."""
     import ray
 
-    print(f"raytrain: joining the cluster `raytrain up` started, {up.describe()}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"raytrain: joining the cluster `raytrain up` started, {up.describe()}",
+        file=sys.stderr,
+        flush=True,
+    )
     from raytrain._compat.ray_core import refresh_auth_mode
 
     before = dict(os.environ)
@@ -317,8 +320,13 @@ def join_up(up: cluster_record.ClusterRecord, *, verbose: bool = False) -> RayHa
             ) from exc
         raise
     changes = EnvChanges.between(before, os.environ)
-    return RayHandle(started_here=True, address=up.address, embedded_env=up.embedded_env,
-                     env_changes=changes, watch=ClusterWatch(up).start())  # fmt: skip
+    return RayHandle(
+        started_here=True,
+        address=up.address,
+        embedded_env=up.embedded_env,
+        env_changes=changes,
+        watch=ClusterWatch(up).start(),
+    )
 
 
 def _quiet_ray(verbose: bool) -> None:

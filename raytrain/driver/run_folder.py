@@ -58,8 +58,11 @@ def delete_own(folder: str, options: StorageSpec | None, kind: str, held: Lease)
     write the lease it held again, and say what was deleted."""
     storage.delete_dir(folder, options)
     held.rewrite()
-    print(f"raytrain: --fresh: deleted {redact(folder)}, the {kind}'s folder (with its "
-          f"{RECORDS[kind]})", file=sys.stderr)  # fmt: skip
+    print(
+        f"raytrain: --fresh: deleted {redact(folder)}, the {kind}'s folder (with its "
+        f"{RECORDS[kind]})",
+        file=sys.stderr,
+    )
 
 
 def check_resumable(spec: JobSpec, fresh: bool, resume_anyway: bool) -> runstate.RunState | None:
@@ -185,12 +188,16 @@ def resume_point(spec: JobSpec, held: Lease) -> str | None:
     """Say which checkpoint the run resumes from, if any; returns its URI. Uploads that
     never completed are removed first: a run resumes only from a committed checkpoint."""
     if spec.checkpoint.monitor:
-        repaired = repair_snapshot_scores(runstate.run_dir(spec), spec.checkpoint.mode,
-                                          spec.storage)  # fmt: skip
+        repaired = repair_snapshot_scores(
+            runstate.run_dir(spec), spec.checkpoint.mode, spec.storage
+        )
         if repaired:
-            print(f"raytrain: gave {repaired} unscored checkpoint(s) in Ray Train's snapshot "
-                  "a finite score (an earlier version wrote none: the run could not "
-                  "resume)", file=sys.stderr)  # fmt: skip
+            print(
+                f"raytrain: gave {repaired} unscored checkpoint(s) in Ray Train's snapshot "
+                "a finite score (an earlier version wrote none: the run could not "
+                "resume)",
+                file=sys.stderr,
+            )
     drop_uncommitted(spec, held)
     latest = latest_committed(runstate.run_dir(spec), spec.storage)
     if latest is None:

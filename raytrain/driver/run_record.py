@@ -36,8 +36,9 @@ def spec_yaml(job: JobSpec) -> str:
     (a credential-like field keeps its name, its value is ``***``); no ``tune`` key unless
     it sweeps (as ``dump_spec``)."""
     exclude = {"tune"} if job.tune is None else None
-    return yaml.safe_dump(redact_tree(job.model_dump(mode="json", exclude=exclude)),
-                          sort_keys=False)  # fmt: skip
+    return yaml.safe_dump(
+        redact_tree(job.model_dump(mode="json", exclude=exclude)), sort_keys=False
+    )
 
 
 def tracking_error(tracking_uri: str, exc: BaseException) -> TrackingError:
@@ -145,8 +146,7 @@ class RunRecord:
             print(f"raytrain: at step {step}: {event[MEMORY_INTERVAL_KEY]}", file=sys.stderr)
             tracker.set_tags({"raytrain.memory_interval": str(event[MEMORY_INTERVAL_KEY])})
         if STOPPED_KEY in event:
-            print(f"raytrain: stopped early at step {step}: {event[STOPPED_KEY]}",
-                  file=sys.stderr)  # fmt: skip
+            print(f"raytrain: stopped early at step {step}: {event[STOPPED_KEY]}", file=sys.stderr)
             tracker.set_tags({"raytrain.stopped": str(event[STOPPED_KEY])})
         tracker.log_metrics(event, step=step)
 

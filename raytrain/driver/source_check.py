@@ -228,8 +228,11 @@ def defines_method(module: str, name: str, method: str, _depth: int = 0) -> bool
                 unknown = True
                 continue
             dotted = ".".join([root[0], *parts[1:-1]])
-            found = False if dotted in _LIGHTNING_MODULES else defines_method(
-                dotted, parts[-1], method, _depth + 1)  # fmt: skip
+            found = (
+                False
+                if dotted in _LIGHTNING_MODULES
+                else defines_method(dotted, parts[-1], method, _depth + 1)
+            )
         if found:
             return True
         unknown = unknown or found is None

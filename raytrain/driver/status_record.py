@@ -50,11 +50,19 @@ WRITE_EVERY_S = 2.0
 # a dead actor, a killed or OOM-killed worker, a lost node; a hang watchdog's exit), or a
 # preemption's budget ran out.
 INFRASTRUCTURE_MARKERS = (
-    "WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError", "ActorDiedError",
-    "ActorUnavailableError", "NodeDiedError", "WorkerCrashedError", "OutOfMemoryError",
-    "RaySystemError", "PreemptedError", "died without raising", "died unexpectedly",
+    "WorkerHealthCheckFailedError",
+    "WorkerHealthCheckTimeoutError",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "NodeDiedError",
+    "WorkerCrashedError",
+    "OutOfMemoryError",
+    "RaySystemError",
+    "PreemptedError",
+    "died without raising",
+    "died unexpectedly",
     "exit code 70",
-)  # fmt: skip
+)
 
 
 def failure_kind(error: BaseException) -> FailureKind:
@@ -109,11 +117,15 @@ class StatusRecord:
         now = clock()
         max_steps = job.trainer.max_steps
         self.status = RunStatus(
-            name=job.name, state="starting", started_at=now, updated_at=now,
-            driver=f"{socket.gethostname()}:{os.getpid()}", attempt=attempt,
+            name=job.name,
+            state="starting",
+            started_at=now,
+            updated_at=now,
+            driver=f"{socket.gethostname()}:{os.getpid()}",
+            attempt=attempt,
             max_epochs=job.trainer.max_epochs,
             total_steps=max_steps if max_steps and max_steps > 0 else None,
-        )  # fmt: skip
+        )
         self._lock = threading.Lock()
         self._written_at: float | None = None
         self._first: tuple[float, int] | None = None  # (time, step) of this attempt's first
@@ -202,9 +214,15 @@ class StatusRecord:
                 # the trainer's own restored step (from memory or storage), which rank 0's
                 # first report of a group carries with its startup times
                 start = int(event.get(RESUMED_KEY, 0))
-                status.restarts.append(Restart(
-                    at=now, step=start, reason=reason, world_size=event.get("world_size"),
-                    lost_steps=max(0, self._failed_at - start)))  # fmt: skip
+                status.restarts.append(
+                    Restart(
+                        at=now,
+                        step=start,
+                        reason=reason,
+                        world_size=event.get("world_size"),
+                        lost_steps=max(0, self._failed_at - start),
+                    )
+                )
             self._failure, self._first, self._hang = None, None, None
         if self._first is None:
             self._first = (now, step)
@@ -288,6 +306,8 @@ class StatusRecord:
             except Exception as exc:  # the record is a view: training goes on without it
                 if not self._warned:
                     self._warned = True
-                    print(f"raytrain: warning: the status record {self.path} could not be "
-                          f"written ({storage.describe(exc)}); training goes on",
-                          file=sys.stderr)  # fmt: skip
+                    print(
+                        f"raytrain: warning: the status record {self.path} could not be "
+                        f"written ({storage.describe(exc)}); training goes on",
+                        file=sys.stderr,
+                    )

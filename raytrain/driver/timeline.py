@@ -37,8 +37,10 @@ class Straggler:
     step: int  # the window's step where it was named
 
     def describe(self) -> str:
-        return (f"rank {self.rank} on {self.node}: {self.factor:.1f}x the other ranks' "
-                f"median busy time per step (since step {self.step})")  # fmt: skip
+        return (
+            f"rank {self.rank} on {self.node}: {self.factor:.1f}x the other ranks' "
+            f"median busy time per step (since step {self.step})"
+        )
 
 
 def factors(busy: dict[int, float]) -> dict[int, float]:
@@ -51,8 +53,9 @@ def factors(busy: dict[int, float]) -> dict[int, float]:
     return out
 
 
-def straggler_in(windows: list[dict[int, float]], factor: float = FACTOR,
-                 count: int = WINDOWS) -> tuple[int, float] | None:  # fmt: skip
+def straggler_in(
+    windows: list[dict[int, float]], factor: float = FACTOR, count: int = WINDOWS
+) -> tuple[int, float] | None:
     """The rank whose busy time was above ``factor`` times the others' median in each of
     the last ``count`` complete windows (``windows``: rank -> busy p50, oldest first), with
     its factor in the last one; None if no rank was. A world of one has no straggler."""
@@ -86,16 +89,23 @@ class Timelines:
         window = self.windows.setdefault(step, {})
         window[rank] = event
         parts = event[TIMELINE_KEY]
-        self._log({f"timeline/rank{rank}/{part}_{q}_s": value
-                   for part, values in parts.items()
-                   for q, value in zip(("p50", "p90", "mean"), values, strict=False)},
-                  step)  # fmt: skip
+        self._log(
+            {
+                f"timeline/rank{rank}/{part}_{q}_s": value
+                for part, values in parts.items()
+                for q, value in zip(("p50", "p90", "mean"), values, strict=False)
+            },
+            step,
+        )
         if len(window) == int(event.get("world_size", 1)):
             self._judge(step, window)
 
     def _judge(self, step: int, window: dict[int, dict[str, Any]]) -> None:
-        busy = {r: float(e[TIMELINE_KEY]["busy"][0]) for r, e in window.items()
-                if "busy" in e[TIMELINE_KEY]}  # fmt: skip
+        busy = {
+            r: float(e[TIMELINE_KEY]["busy"][0])
+            for r, e in window.items()
+            if "busy" in e[TIMELINE_KEY]
+        }
         self._judged.append(busy)
         found = straggler_in(self._judged)
         if found is None:
@@ -118,9 +128,15 @@ class Timelines:
     def summary(self) -> dict[str, Any]:
         """Every window, rank by rank, and the stragglers named: ``timeline.json``."""
         return {
-            "windows": [{"step": step, "ranks": {str(r): {"node": e.get("node"),
-                                                          "parts": e[TIMELINE_KEY]}
-                                                  for r, e in sorted(ranks.items())}}
-                        for step, ranks in sorted(self.windows.items())],
+            "windows": [
+                {
+                    "step": step,
+                    "ranks": {
+                        str(r): {"node": e.get("node"), "parts": e[TIMELINE_KEY]}
+                        for r, e in sorted(ranks.items())
+                    },
+                }
+                for step, ranks in sorted(self.windows.items())
+            ],
             "stragglers": [s.__dict__ for s in self.named],
-        }  # fmt: skip
+        }

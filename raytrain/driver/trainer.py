@@ -40,10 +40,14 @@ STOCK_ENV = "RAYTRAIN_STOCK_TRAINER"
 
 
 def build_trainer(
-    *, embedded_env: dict[str, str] | None, ends_with_run: bool, max_preemptions: int,
-    notify: Callable[[str], None] | None = None, injected: Callable[[], bool] | None = None,
+    *,
+    embedded_env: dict[str, str] | None,
+    ends_with_run: bool,
+    max_preemptions: int,
+    notify: Callable[[str], None] | None = None,
+    injected: Callable[[], bool] | None = None,
     **trainer_kwargs: Any,
-) -> ControllerTrainer:  # fmt: skip
+) -> ControllerTrainer:
     """The run's trainer (``trainer_kwargs``: ``TorchTrainer``'s own arguments); ``notify``
     is told each worker-group failure, ``injected`` says whether one was injected
     (``FailurePolicy``). ``ends_with_run``: this run started the cluster, which ends with

@@ -77,9 +77,13 @@ def run_config(job: JobSpec) -> Any:
 
 
 def make_trainer(
-    job: JobSpec, ray_handle: RayHandle, sink: Any, splits: Splits, chaos: Any = None,
+    job: JobSpec,
+    ray_handle: RayHandle,
+    sink: Any,
+    splits: Splits,
+    chaos: Any = None,
     keeper: Any = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """The run's trainer: ``worker.loop.train_loop`` on every worker, with its
     ``WorkerConfig``; ``chaos``: ``failure.chaos``'s injector (its kills are retried, not
     counted); ``keeper``: the ``StateKeeper`` of ``checkpoint.memory_every_n_steps``."""
@@ -92,9 +96,15 @@ def make_trainer(
     from raytrain.driver.trainer import build_trainer
     from raytrain.worker.loop import train_loop
 
-    work = WorkerConfig(spec=for_workers(job), sink=sink, cached=splits.cached,
-                        streamed=splits.streamed, mixed=splits.mixed, chaos=chaos,
-                        keeper=keeper)  # fmt: skip
+    work = WorkerConfig(
+        spec=for_workers(job),
+        sink=sink,
+        cached=splits.cached,
+        streamed=splits.streamed,
+        mixed=splits.mixed,
+        chaos=chaos,
+        keeper=keeper,
+    )
     return build_trainer(
         embedded_env=ray_handle.embedded_env,
         ends_with_run=ray_handle.ends_with_run,
@@ -156,8 +166,11 @@ def train(
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
         handlers: list[Handler] = [*listeners, *([status] if status else [])]
-        by_rank: dict[str, list[Handler]] = {TIMELINE_KEY: [timelines], HANG_KEY: [hangs],
-                                             ROLLBACK_KEY: [_rollbacks(record)]}  # fmt: skip
+        by_rank: dict[str, list[Handler]] = {
+            TIMELINE_KEY: [timelines],
+            HANG_KEY: [hangs],
+            ROLLBACK_KEY: [_rollbacks(record)],
+        }
         if job.tracking.prometheus:
             gauges = RayMetrics(job.name)
             handlers.append(gauges.report)
@@ -203,8 +216,7 @@ def _chaos_summary(
 
     assert job.failure.chaos is not None
     step = int(latest.get("step", 0) or 0)
-    summary = chaos_summary(faults, job.failure.chaos.mtbf_s, job.failure.chaos.seed, wall_s,
-                            step)  # fmt: skip
+    summary = chaos_summary(faults, job.failure.chaos.mtbf_s, job.failure.chaos.seed, wall_s, step)
     for text in summary.lines():
         print(f"raytrain: {text}" if not text.startswith(" ") else text, file=sys.stderr)
     tracker = record.tracker()
@@ -252,8 +264,9 @@ def _rollbacks(record: RunRecord) -> Handler:
         line = rollbacks[-1].describe()
         print(f"raytrain: rollback {len(rollbacks)}: {line}", file=sys.stderr)
         tracker = record.tracker()
-        tracker.set_tags({"raytrain.rollbacks": str(len(rollbacks)),
-                          f"raytrain.rollback.{len(rollbacks)}": line})  # fmt: skip
+        tracker.set_tags(
+            {"raytrain.rollbacks": str(len(rollbacks)), f"raytrain.rollback.{len(rollbacks)}": line}
+        )
         tracker.log_text(json.dumps(event[ROLLBACK_KEY], indent=1), "rollbacks.json")
 
     return handle
@@ -271,10 +284,16 @@ def _log_timelines(record: RunRecord, timelines: Timelines) -> None:
 
 
 def _fit(
-    job: JobSpec, trainer: Any, sink: Any, record: RunRecord, held: Lease,
-    line: ProgressLine | None, mark: Mark, listeners: Sequence[Handler],
+    job: JobSpec,
+    trainer: Any,
+    sink: Any,
+    record: RunRecord,
+    held: Lease,
+    line: ProgressLine | None,
+    mark: Mark,
+    listeners: Sequence[Handler],
     rank_handlers: dict[str, list[Handler]],
-) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+) -> tuple[Any, dict[str, Any]]:
     """``trainer.fit()`` with rank 0's events pumped to MLflow and the progress line;
     returns Ray's result and the newest value of every metric."""
     from ray.train import TrainingFailedError
@@ -328,5 +347,9 @@ def _clear_node_copies(job: JobSpec) -> None:
     try:
         clear_on_every_node(keep_scratch_name(run_dir(job)))
     except Exception as exc:
-        print(f"raytrain: warning: the in-memory state's node copies were not all removed "
-              f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"raytrain: warning: the in-memory state's node copies were not all removed "
+            f"({type(exc).__name__}: {exc})",
+            file=sys.stderr,
+            flush=True,
+        )

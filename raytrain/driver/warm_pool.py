@@ -54,8 +54,9 @@ class WarmPool:
     yet; the raylet starts no more than its startup concurrency at once, so the pool never
     overshoots by more than that."""
 
-    def __init__(self, address: str, target: int, every_s: float = CHECK_EVERY_S,
-                 marks: Path | None = None):  # fmt: skip
+    def __init__(
+        self, address: str, target: int, every_s: float = CHECK_EVERY_S, marks: Path | None = None
+    ):
         self.target = target
         self.marks = marks
         self._every_s = every_s

@@ -129,12 +129,24 @@ def parallelize(model: TinyGPT, mesh: DeviceMesh, sequence_parallel: bool = True
         if sequence_parallel:
             plan |= {"norm1": SequenceParallel(), "norm2": SequenceParallel()}
             # the residual stream enters the first block whole and leaves the last whole
-            parallelize_module(blocks[0], tp, PrepareModuleInput(
-                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
-                use_local_output=True))  # fmt: skip
-            parallelize_module(blocks[-1], tp, PrepareModuleOutput(
-                output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),),
-                use_local_output=True))  # fmt: skip
+            parallelize_module(
+                blocks[0],
+                tp,
+                PrepareModuleInput(
+                    input_layouts=(Replicate(),),
+                    desired_input_layouts=(Shard(1),),
+                    use_local_output=True,
+                ),
+            )
+            parallelize_module(
+                blocks[-1],
+                tp,
+                PrepareModuleOutput(
+                    output_layouts=(Shard(1),),
+                    desired_output_layouts=(Replicate(),),
+                    use_local_output=True,
+                ),
+            )
         for block in blocks:
             parallelize_module(block, tp, plan)
     if dp.size() > 1 or tp.size() == 1:  # alone (a world of 1) too: its state is DTensors,

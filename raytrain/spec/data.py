@@ -127,8 +127,10 @@ class MixSourceSpec(SourceSpec):
             try:
                 check_name(_uri_end(self.uri))
             except ValueError as exc:
-                raise field_problem("uri", f"its end names the source's metrics while `name` "
-                                    f"is unset: {exc}; set `name`") from None  # fmt: skip
+                raise field_problem(
+                    "uri",
+                    f"its end names the source's metrics while `name` is unset: {exc}; set `name`",
+                ) from None
         return self
 
     def label(self) -> str:
@@ -194,11 +196,14 @@ class DataSpec(_Section):
     def _selector(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         for key, want in (value or {}).items():
             if not _LABEL_KEY.fullmatch(key):
-                raise ValueError(f"{key!r} is not a node label's name (letters, digits, "
-                                 "'-', '_', '.', and one '/' after a prefix)")  # fmt: skip
+                raise ValueError(
+                    f"{key!r} is not a node label's name (letters, digits, "
+                    "'-', '_', '.', and one '/' after a prefix)"
+                )
             if not _LABEL_VALUE.fullmatch(want):
-                raise ValueError(f"{key}: {want!r} is not a label value, '!value', "
-                                 "'in(a,b)' or '!in(a,b)'")  # fmt: skip
+                raise ValueError(
+                    f"{key}: {want!r} is not a label value, '!value', 'in(a,b)' or '!in(a,b)'"
+                )
         return value
 
     transform: str | None = Field(
@@ -277,14 +282,19 @@ class DataSpec(_Section):
             for j, source in enumerate(value):  # quotas divide by the weights' sum
                 total += source.weight
                 if not math.isfinite(total):
-                    raise field_problem(f"{j}.weight", "the sources' weights sum past the "
-                                        "largest float (to infinity): scale them down, only "
-                                        "their ratios count")  # fmt: skip
+                    raise field_problem(
+                        f"{j}.weight",
+                        "the sources' weights sum past the "
+                        "largest float (to infinity): scale them down, only "
+                        "their ratios count",
+                    )
             names = [s.label() for s in value]
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:
-                raise ValueError(f"the sources' names must differ: {', '.join(twice)} is "
-                                 "given twice (set `name`)")  # fmt: skip
+                raise ValueError(
+                    f"the sources' names must differ: {', '.join(twice)} is "
+                    "given twice (set `name`)"
+                )
         return value
 
     @model_validator(mode="after")
@@ -303,25 +313,34 @@ class DataSpec(_Section):
             {self.val.format} if self.val else set()
         )
         if "images" not in formats:
-            raise ValueError("transform is each image's augmentation: it needs an `images` "
-                             "source (use preprocess for other formats)")  # fmt: skip
+            raise ValueError(
+                "transform is each image's augmentation: it needs an `images` "
+                "source (use preprocess for other formats)"
+            )
         return self
 
     @model_validator(mode="after")
     def _labels_read_per_rank(self) -> DataSpec:
-        labelled = [f for f, s in [*self.train_sources(), ("data.val", self.val)]
-                    if s is not None and s.labels is not None]  # fmt: skip
+        labelled = [
+            f
+            for f, s in [*self.train_sources(), ("data.val", self.val)]
+            if s is not None and s.labels is not None
+        ]
         if labelled and self.preprocess_on is not None:
-            raise ValueError(f"{labelled[0]}.labels: a labels file is read where each rank "
-                             "reads its images, not by Ray Data (preprocess_on)")  # fmt: skip
+            raise ValueError(
+                f"{labelled[0]}.labels: a labels file is read where each rank "
+                "reads its images, not by Ray Data (preprocess_on)"
+            )
         return self
 
     @model_validator(mode="after")
     def _transform_not_on_ray_data(self) -> DataSpec:
         if self.transform is not None and self.preprocess_on is not None:
-            raise ValueError("transform runs where each rank decodes its images; with "
-                             "preprocess_on, images are decoded by Ray Data on those nodes: "
-                             "do the augmentation in preprocess there")  # fmt: skip
+            raise ValueError(
+                "transform runs where each rank decodes its images; with "
+                "preprocess_on, images are decoded by Ray Data on those nodes: "
+                "do the augmentation in preprocess there"
+            )
         return self
 
     @property
@@ -352,9 +371,11 @@ def epoch_rows_problem(rows: int, sources: int) -> str | None:
     size = rows * label_bytes(sources)
     if size <= MAX_LABEL_BYTES:
         return None
-    return (f"{rows} rows: every rank would hold {size / 2**30:.3g} GiB of the epoch's "
-            f"labels (a byte a row, 4 past 256 sources), more than the limit of "
-            f"{MAX_LABEL_BYTES // 2**30} GiB: train more epochs of fewer rows")  # fmt: skip
+    return (
+        f"{rows} rows: every rank would hold {size / 2**30:.3g} GiB of the epoch's "
+        f"labels (a byte a row, 4 past 256 sources), more than the limit of "
+        f"{MAX_LABEL_BYTES // 2**30} GiB: train more epochs of fewer rows"
+    )
 
 
 def _data_kind(value: Any) -> str | None:

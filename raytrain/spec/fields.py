@@ -125,8 +125,10 @@ def check_name(value: str, *, spaces: bool = False, key: bool = False) -> str:
     parts = value.split("/") if key else [value]
     limit = MAX_KEY_CHARS if key else MAX_NAME_CHARS
     shown = repr(value) if len(value) <= 80 else f"{value[:80]!r}..."
-    rule = (f"letters, digits, '._-'{', inner spaces' if spaces else ''}, starting with a "
-            f"letter or digit, no '..'{'; parts joined by /' if key else ', no /'}")  # fmt: skip
+    rule = (
+        f"letters, digits, '._-'{', inner spaces' if spaces else ''}, starting with a "
+        f"letter or digit, no '..'{'; parts joined by /' if key else ', no /'}"
+    )
     if len(value) > limit:
         raise ValueError(f"{shown}: longer than {limit} characters")
     if not all(re.fullmatch(pattern, part) for part in parts) or ".." in value:

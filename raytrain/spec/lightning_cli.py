@@ -23,18 +23,51 @@ from raytrain.spec.fields import MAX_SEED
 
 # Lightning 2.6's Trainer arguments (tests/unit/test_spec_lightning_cli.py pins the list
 # against the installed Trainer's signature).
-TRAINER_ARGUMENTS = frozenset({
-    "accelerator", "strategy", "devices", "num_nodes", "precision", "logger", "callbacks",
-    "fast_dev_run", "max_epochs", "min_epochs", "max_steps", "min_steps", "max_time",
-    "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
-    "overfit_batches", "val_check_interval", "check_val_every_n_epoch",
-    "num_sanity_val_steps", "log_every_n_steps", "enable_checkpointing", "enable_progress_bar",
-    "enable_model_summary", "accumulate_grad_batches", "gradient_clip_val",
-    "gradient_clip_algorithm", "deterministic", "benchmark", "inference_mode",
-    "use_distributed_sampler", "profiler", "detect_anomaly", "barebones", "plugins",
-    "sync_batchnorm", "reload_dataloaders_every_n_epochs", "default_root_dir",
-    "enable_autolog_hparams", "model_registry",
-})  # fmt: skip
+TRAINER_ARGUMENTS = frozenset(
+    {
+        "accelerator",
+        "strategy",
+        "devices",
+        "num_nodes",
+        "precision",
+        "logger",
+        "callbacks",
+        "fast_dev_run",
+        "max_epochs",
+        "min_epochs",
+        "max_steps",
+        "min_steps",
+        "max_time",
+        "limit_train_batches",
+        "limit_val_batches",
+        "limit_test_batches",
+        "limit_predict_batches",
+        "overfit_batches",
+        "val_check_interval",
+        "check_val_every_n_epoch",
+        "num_sanity_val_steps",
+        "log_every_n_steps",
+        "enable_checkpointing",
+        "enable_progress_bar",
+        "enable_model_summary",
+        "accumulate_grad_batches",
+        "gradient_clip_val",
+        "gradient_clip_algorithm",
+        "deterministic",
+        "benchmark",
+        "inference_mode",
+        "use_distributed_sampler",
+        "profiler",
+        "detect_anomaly",
+        "barebones",
+        "plugins",
+        "sync_batchnorm",
+        "reload_dataloaders_every_n_epochs",
+        "default_root_dir",
+        "enable_autolog_hparams",
+        "model_registry",
+    }
+)
 
 # Trainer arguments raytrain sets itself: the values that ask for what it does anyway, and
 # the field to use for anything else.
@@ -48,8 +81,13 @@ OWNED_TRAINER_ARGUMENTS: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_distributed_sampler": ((None, True), "data (raytrain shards every dataset itself)"),
 }
 # accelerator → scaling.use_gpu
-ACCELERATORS: dict[Any, bool | str] = {None: "auto", "auto": "auto", "cpu": False,
-                                       "gpu": True, "cuda": True}  # fmt: skip
+ACCELERATORS: dict[Any, bool | str] = {
+    None: "auto",
+    "auto": "auto",
+    "cpu": False,
+    "gpu": True,
+    "cuda": True,
+}
 STRATEGIES = ("ddp", "fsdp")
 
 
@@ -83,16 +121,20 @@ def lightning_cli_tree(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
         current = out.get(section)
         current = dict(current) if isinstance(current, dict) else {}
         if field in current and current[field] != value:
-            problems.append(f"trainer.{key}: {section}.{field} is set too, to "
-                            f"{current[field]!r}; give one of them")  # fmt: skip
+            problems.append(
+                f"trainer.{key}: {section}.{field} is set too, to "
+                f"{current[field]!r}; give one of them"
+            )
         current[field] = value
         out[section] = current
 
     if "accelerator" in trainer:
         accelerator = trainer.pop("accelerator")
         if accelerator not in ACCELERATORS:
-            problems.append(f"trainer.accelerator: {accelerator!r} is not auto, cpu or gpu; "
-                            "raytrain places workers by scaling.use_gpu")  # fmt: skip
+            problems.append(
+                f"trainer.accelerator: {accelerator!r} is not auto, cpu or gpu; "
+                "raytrain places workers by scaling.use_gpu"
+            )
         elif accelerator not in (None, "auto"):
             move("accelerator", "scaling", "use_gpu", ACCELERATORS[accelerator])
     if trainer.get("strategy") in STRATEGIES:

@@ -37,8 +37,10 @@ def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str,
             problems.append(f"override {shown!r}: expected KEY.PATH=VALUE")
             continue
         if key.count(".") >= MAX_OVERRIDE_PARTS:
-            problems.append(f"override {key[:60]}...: {key.count('.') + 1} dotted parts, more "
-                            f"than the limit of {MAX_OVERRIDE_PARTS}")  # fmt: skip
+            problems.append(
+                f"override {key[:60]}...: {key.count('.') + 1} dotted parts, more "
+                f"than the limit of {MAX_OVERRIDE_PARTS}"
+            )
             continue
         try:
             value = load_yaml(raw, f"{key}: override value") if raw else ""
@@ -105,8 +107,12 @@ def validation_problems(error: ValidationError) -> list[str]:
 
 
 # The tags of discriminated unions (``data``: files or a DataModule), and their sections.
-UNION_TAGS: dict[str, type[BaseModel]] = {"files": DataSpec, "module": DataModuleSpec,
-                                          "source": SourceSpec, "mix": MixSourceSpec}  # fmt: skip
+UNION_TAGS: dict[str, type[BaseModel]] = {
+    "files": DataSpec,
+    "module": DataModuleSpec,
+    "source": SourceSpec,
+    "mix": MixSourceSpec,
+}
 
 
 def _allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
@@ -166,8 +172,10 @@ def load_spec(
         if isinstance(tree, dict) and "name" not in tree and not named:
             # as LightningCLI configs have no name: the file's, said once
             tree["name"] = Path(source).stem
-            print(f"raytrain: {source} has no name: the run is named {tree['name']!r}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"raytrain: {source} has no name: the run is named {tree['name']!r}",
+                file=sys.stderr,
+            )
     return parse_spec(apply_overrides(tree, overrides), source)
 
 

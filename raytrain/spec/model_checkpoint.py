@@ -23,12 +23,14 @@ from typing import Any, NamedTuple
 from raytrain.spec.classes import normalize_class_path
 
 # The class paths Lightning exports ModelCheckpoint under (normalized, ``module:Class``).
-MODEL_CHECKPOINT_PATHS = frozenset({
-    "lightning.pytorch.callbacks:ModelCheckpoint",
-    "lightning.pytorch.callbacks.model_checkpoint:ModelCheckpoint",
-    "pytorch_lightning.callbacks:ModelCheckpoint",
-    "pytorch_lightning.callbacks.model_checkpoint:ModelCheckpoint",
-})  # fmt: skip
+MODEL_CHECKPOINT_PATHS = frozenset(
+    {
+        "lightning.pytorch.callbacks:ModelCheckpoint",
+        "lightning.pytorch.callbacks.model_checkpoint:ModelCheckpoint",
+        "pytorch_lightning.callbacks:ModelCheckpoint",
+        "pytorch_lightning.callbacks.model_checkpoint:ModelCheckpoint",
+    }
+)
 
 # ModelCheckpoint's argument → raytrain's checkpoint field.
 HONOURED = {
@@ -42,11 +44,25 @@ HONOURED = {
 ACCEPTED = frozenset({"save_last", "verbose", "auto_insert_metric_name", "enable_version_counter"})
 # Every argument of Lightning 2.6's ModelCheckpoint: any other key is a typo, refused as
 # jsonargparse refuses one in any other class (pinned against the installed signature).
-ARGUMENTS = frozenset({
-    "dirpath", "filename", "monitor", "verbose", "save_last", "save_top_k", "save_on_exception",
-    "save_weights_only", "mode", "auto_insert_metric_name", "every_n_train_steps",
-    "train_time_interval", "every_n_epochs", "save_on_train_epoch_end", "enable_version_counter",
-})  # fmt: skip
+ARGUMENTS = frozenset(
+    {
+        "dirpath",
+        "filename",
+        "monitor",
+        "verbose",
+        "save_last",
+        "save_top_k",
+        "save_on_exception",
+        "save_weights_only",
+        "mode",
+        "auto_insert_metric_name",
+        "every_n_train_steps",
+        "train_time_interval",
+        "every_n_epochs",
+        "save_on_train_epoch_end",
+        "enable_version_counter",
+    }
+)
 # The most checkpoints a run keeps, and the longest interval in steps or epochs: past these a
 # value is a slip (1e20), not a plan.
 MAX_KEEP = 100_000
@@ -65,8 +81,10 @@ def _honoured_value(key: str, value: Any) -> tuple[Any, str | None]:
         return None, "a whole number"
     if key == "save_top_k":
         if value == 0:
-            return None, ("0 saves nothing, and a run resumes from its checkpoints: give -1 "
-                          "(all) or at least 1")  # fmt: skip
+            return None, (
+                "0 saves nothing, and a run resumes from its checkpoints: give -1 "
+                "(all) or at least 1"
+            )
         if value < -1 or value > MAX_KEEP:
             return None, f"-1 (all) or 1 to {MAX_KEEP:,}"
         return (None if value == -1 else value), None
@@ -109,8 +127,15 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> Adopted:
         return Adopted(tree, [], [], None)
     if len(found) > 1:
         where = " and ".join(f"trainer.callbacks.{i}" for i, _ in found)
-        return Adopted(tree, [], [f"trainer.callbacks: two ModelCheckpoints ({where}); raytrain "
-                                  "keeps one set of checkpoints: give one"], None)  # fmt: skip
+        return Adopted(
+            tree,
+            [],
+            [
+                f"trainer.callbacks: two ModelCheckpoints ({where}); raytrain "
+                "keeps one set of checkpoints: give one"
+            ],
+            None,
+        )
     index, entry = found[0]
     field = f"trainer.callbacks.{index}"
     # The tree without the callback: what the rest of the spec is checked on, so a problem
@@ -119,8 +144,15 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> Adopted:
     out["trainer"] = {**trainer, "callbacks": [c for i, c in enumerate(listed) if i != index]}
     args = entry.get("init_args") if isinstance(entry, dict) else None
     if args is not None and not isinstance(args, dict):
-        return Adopted(out, [], [f"{field}.init_args: a mapping of ModelCheckpoint's "
-                                 f"arguments, got {type(args).__name__}"], index)  # fmt: skip
+        return Adopted(
+            out,
+            [],
+            [
+                f"{field}.init_args: a mapping of ModelCheckpoint's "
+                f"arguments, got {type(args).__name__}"
+            ],
+            index,
+        )
     args = dict(args or {})
     unknown = sorted(str(k) for k in args if k not in ARGUMENTS)
     if unknown:
@@ -131,9 +163,11 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> Adopted:
     section = dict(section) if isinstance(section, dict) else {}
     adopted, kept, ignored, problems = [], [], [], []
     if args.pop("save_weights_only", False):
-        problems.append(f"{field}.init_args.save_weights_only: raytrain's checkpoints hold the "
-                        "optimizer's and loops' state a resume needs; remove it (export a "
-                        "checkpoint's weights with `raytrain export`)")  # fmt: skip
+        problems.append(
+            f"{field}.init_args.save_weights_only: raytrain's checkpoints hold the "
+            "optimizer's and loops' state a resume needs; remove it (export a "
+            "checkpoint's weights with `raytrain export`)"
+        )
     dirpath = args.pop("dirpath", None)
     if dirpath is not None:
         ignored.append(f"dirpath {dirpath!r} (checkpoints go under checkpoint.storage)")
@@ -164,8 +198,10 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> Adopted:
         return Adopted(out, [], problems, index)
     out["checkpoint"] = section
     said = ", ".join(adopted) or "nothing to adopt"
-    notes = [f"{field}: ModelCheckpoint becomes raytrain's checkpoint settings: {said}"
-             + (f" ({', '.join(kept)} set in the spec win)" if kept else "")]  # fmt: skip
+    notes = [
+        f"{field}: ModelCheckpoint becomes raytrain's checkpoint settings: {said}"
+        + (f" ({', '.join(kept)} set in the spec win)" if kept else "")
+    ]
     if ignored:
         notes.append(f"warning: {field}: ModelCheckpoint options ignored: {'; '.join(ignored)}")
     return Adopted(out, notes, [], index)

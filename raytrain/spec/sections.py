@@ -86,8 +86,10 @@ class ScalingSpec(_Section):
         if high < low:
             raise ValueError(f"[min, max] needs max >= min, got [{low}, {high}]")
         if high > MAX_WORKERS:
-            raise ValueError(f"{high} workers: more than the limit of {MAX_WORKERS} (one "
-                             "Ray actor and process-group rank each, one driver)")  # fmt: skip
+            raise ValueError(
+                f"{high} workers: more than the limit of {MAX_WORKERS} (one "
+                "Ray actor and process-group rank each, one driver)"
+            )
         return value
 
     @property
@@ -119,8 +121,11 @@ class ScalingSpec(_Section):
         if self.use_gpu != "auto":
             return self, None
         use = gpus >= self.min_workers
-        why = (f"{gpus:g} GPUs in the cluster: one per worker" if use else
-               f"{gpus:g} GPUs in the cluster, {self.min_workers} workers: CPU slots")  # fmt: skip
+        why = (
+            f"{gpus:g} GPUs in the cluster: one per worker"
+            if use
+            else f"{gpus:g} GPUs in the cluster, {self.min_workers} workers: CPU slots"
+        )
         return self.model_copy(update={"use_gpu": use}), f"scaling.use_gpu: auto: {why}"
 
     def worker_resources(self) -> dict[str, float]:
@@ -264,8 +269,7 @@ class CheckpointSpec(_Section):
         if value is None or value == "auto":
             return value
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**9:
-            raise ValueError("expected a number of steps (1 to 1,000,000,000), auto, off, "
-                             "or null")  # fmt: skip
+            raise ValueError("expected a number of steps (1 to 1,000,000,000), auto, off, or null")
         return value
 
 
@@ -522,17 +526,22 @@ class JobSpec(_Section):
         batch = fewest_workers_batch(self)
         if batch.accumulate > MAX_ACCUMULATION:
             low, high = self.scaling.min_workers, self.scaling.max_workers
-            raise field_problem("scaling.num_workers", f"[{low}, {high}] with "
-                                f"scaling.keep_global_batch: {batch.describe()}, more than "
-                                f"the limit of {MAX_ACCUMULATION} batches a step: narrow the "
-                                "range or drop keep_global_batch")  # fmt: skip
+            raise field_problem(
+                "scaling.num_workers",
+                f"[{low}, {high}] with "
+                f"scaling.keep_global_batch: {batch.describe()}, more than "
+                f"the limit of {MAX_ACCUMULATION} batches a step: narrow the "
+                "range or drop keep_global_batch",
+            )
         return self
 
     @model_validator(mode="after")
     def _scheduler_needs_optimizer(self) -> JobSpec:
         if self.lr_scheduler is not None and self.optimizer is None:
-            raise ValueError("lr_scheduler needs optimizer (LightningCLI's automatic "
-                             "configure_optimizers builds both)")  # fmt: skip
+            raise ValueError(
+                "lr_scheduler needs optimizer (LightningCLI's automatic "
+                "configure_optimizers builds both)"
+            )
         return self
 
     @property

@@ -99,9 +99,12 @@ class TrainerSpec(_Section):
                 "unknown_argument",
                 "unknown field (not raytrain's, nor an argument of lightning.pytorch.Trainer"
                 "{hint}){also}",
-                {"field": unknown[0], "hint": f"; did you mean {close[0]}?" if close else "",
-                 "also": f"; nor are {', '.join(map(str, unknown[1:]))}" if unknown[1:] else ""},
-            )  # fmt: skip
+                {
+                    "field": unknown[0],
+                    "hint": f"; did you mean {close[0]}?" if close else "",
+                    "also": f"; nor are {', '.join(map(str, unknown[1:]))}" if unknown[1:] else "",
+                },
+            )
         for key, item in value.items():
             field = cls.model_fields.get(key)
             if item is None and (field is None or not _admits_none(field.annotation)):

@@ -95,8 +95,10 @@ class Distribution(_Section):
     def _one_kind_with_sane_bounds(self) -> Distribution:
         given = [kind for kind in DISTRIBUTIONS if getattr(self, kind) is not None]
         if len(given) != 1:
-            raise ValueError(f"expected exactly one of {', '.join(DISTRIBUTIONS)}, got "
-                             f"{', '.join(given) or 'none'}")  # fmt: skip
+            raise ValueError(
+                f"expected exactly one of {', '.join(DISTRIBUTIONS)}, got "
+                f"{', '.join(given) or 'none'}"
+            )
         kind = given[0]
         if kind in ("uniform", "loguniform", "randint"):
             _check_range(kind, *getattr(self, kind))
@@ -124,13 +126,16 @@ def _check_range(kind: str, low: float, high: float) -> None:
     if not low < high:
         raise ValueError(f"{kind}: low must be below high, got [{low}, {high}]")
     if kind == "uniform" and not math.isfinite(high - low):
-        raise ValueError(f"uniform: [{low}, {high}] is wider than a float holds (high - low "
-                         "overflows, and Ray Tune draws low + u * (high - low))")  # fmt: skip
+        raise ValueError(
+            f"uniform: [{low}, {high}] is wider than a float holds (high - low "
+            "overflows, and Ray Tune draws low + u * (high - low))"
+        )
     if kind == "loguniform" and low <= 0:
         raise ValueError(f"loguniform: low must be above 0, got {low}")
     if kind == "randint" and not (_INT64[0] <= low and high <= _INT64[1]):
-        raise ValueError(f"randint: [{low}, {high}] is outside the 64-bit integers Ray Tune "
-                         "draws from")  # fmt: skip
+        raise ValueError(
+            f"randint: [{low}, {high}] is outside the 64-bit integers Ray Tune draws from"
+        )
 
 
 def _check_listed(kind: str, values: list[Any]) -> None:
@@ -138,8 +143,10 @@ def _check_listed(kind: str, values: list[Any]) -> None:
     trials), and no NaN or infinity among them or inside them (a NaN learning rate passes
     every comparison and trains nothing)."""
     if len(values) > MAX_TRIALS:
-        raise ValueError(f"{kind}: {len(values):,} values, more than the limit of "
-                         f"{MAX_TRIALS:,} (the most trials a sweep runs)")  # fmt: skip
+        raise ValueError(
+            f"{kind}: {len(values):,} values, more than the limit of "
+            f"{MAX_TRIALS:,} (the most trials a sweep runs)"
+        )
     for value in values:
         bad = _non_finite(value)
         if bad is not None:
@@ -187,10 +194,12 @@ class TrialSchedulerSpec(_Section):
     @classmethod
     def _rungs_that_reduce(cls, value: float) -> float:
         if not value >= MIN_REDUCTION_FACTOR:
-            raise ValueError(f"{value} is below {MIN_REDUCTION_FACTOR}: each rung would keep "
-                             f"more than 1/{MIN_REDUCTION_FACTOR} of the trials it sees, and "
-                             "ASHA builds log(max_t / grace_period) / log(reduction_factor) "
-                             "rungs up front (1.0000001 makes millions)")  # fmt: skip
+            raise ValueError(
+                f"{value} is below {MIN_REDUCTION_FACTOR}: each rung would keep "
+                f"more than 1/{MIN_REDUCTION_FACTOR} of the trials it sees, and "
+                "ASHA builds log(max_t / grace_period) / log(reduction_factor) "
+                "rungs up front (1.0000001 makes millions)"
+            )
         return value
 
     @model_validator(mode="after")
@@ -201,9 +210,11 @@ class TrialSchedulerSpec(_Section):
             if given:
                 raise ValueError(f"{', '.join(given)}: only for name: asha")
         if self.max_t is not None and self.grace_period > self.max_t:
-            raise ValueError(f"grace_period ({self.grace_period}) is above max_t "
-                             f"({self.max_t}): ASHA's first rung would come after every "
-                             "trial's end (Ray Tune refuses it)")  # fmt: skip
+            raise ValueError(
+                f"grace_period ({self.grace_period}) is above max_t "
+                f"({self.max_t}): ASHA's first rung would come after every "
+                "trial's end (Ray Tune refuses it)"
+            )
         return self
 
 
@@ -246,8 +257,9 @@ class TuneSpec(_Section):
     def _optuna_draws_no_grid(self) -> TuneSpec:
         grids = [k for k, d in self.search_space.items() if d.kind == "grid"]
         if self.search_alg == "optuna" and grids:
-            raise ValueError(f"search_alg: optuna draws every value; {grids[0]} is a grid "
-                             "(use choice)")  # fmt: skip
+            raise ValueError(
+                f"search_alg: optuna draws every value; {grids[0]} is a grid (use choice)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -255,18 +267,25 @@ class TuneSpec(_Section):
         """num_samples times every combination of the grids, and every listed value
         together, within ``MAX_TRIALS``: Tune would generate each trial, and the sweep's
         check would validate each value."""
-        listed = [len(getattr(d, d.kind)) for d in self.search_space.values()
-                  if d.kind in ("choice", "grid")]  # fmt: skip
+        listed = [
+            len(getattr(d, d.kind))
+            for d in self.search_space.values()
+            if d.kind in ("choice", "grid")
+        ]
         if sum(listed) > MAX_TRIALS:
-            raise ValueError(f"search_space lists {sum(listed):,} values in all, more than "
-                             f"the limit of {MAX_TRIALS:,}")  # fmt: skip
+            raise ValueError(
+                f"search_space lists {sum(listed):,} values in all, more than "
+                f"the limit of {MAX_TRIALS:,}"
+            )
         grids = [len(d.grid) for d in self.search_space.values() if d.grid is not None]
         trials = math.prod(grids) * self.num_samples
         if trials > MAX_TRIALS:
             sizes = " x ".join(map(str, grids))
-            raise ValueError(f"num_samples: {self.num_samples} x the grids' {sizes} "
-                             f"combinations is {trials:,} trials, more than the limit of "
-                             f"{MAX_TRIALS:,}")  # fmt: skip
+            raise ValueError(
+                f"num_samples: {self.num_samples} x the grids' {sizes} "
+                f"combinations is {trials:,} trials, more than the limit of "
+                f"{MAX_TRIALS:,}"
+            )
         return self
 
     @field_validator("search_space")

@@ -99,8 +99,10 @@ def _check_size(text: str, source: str) -> Any:
             depth += 1
             if depth > MAX_SPEC_DEPTH:
                 line = event.start_mark.line + 1 if event.start_mark else "?"
-                raise SpecError(f"{source}: nested deeper than the limit of {MAX_SPEC_DEPTH} "
-                                f"levels (at line {line})")  # fmt: skip
+                raise SpecError(
+                    f"{source}: nested deeper than the limit of {MAX_SPEC_DEPTH} "
+                    f"levels (at line {line})"
+                )
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
     loader = _SpecLoader(text)
@@ -118,25 +120,31 @@ def _check_size(text: str, source: str) -> Any:
             kids = _children(node)
             if not children_done:
                 if id(node) in busy:
-                    raise SpecError(f"{source}: a recursive alias (a node that contains "
-                                    "itself) is not allowed")  # fmt: skip
+                    raise SpecError(
+                        f"{source}: a recursive alias (a node that contains itself) is not allowed"
+                    )
                 busy.add(id(node))
                 stack.append((node, True))
                 stack.extend((kid, False) for kid in kids if id(kid) not in sizes)
                 continue
             for kid in kids:
                 if id(kid) not in sizes:  # reached only through a cycle
-                    raise SpecError(f"{source}: a recursive alias (a node that contains "
-                                    "itself) is not allowed")  # fmt: skip
+                    raise SpecError(
+                        f"{source}: a recursive alias (a node that contains itself) is not allowed"
+                    )
             count = 1 + sum(sizes[id(kid)][0] for kid in kids)
             deep = 1 + max((sizes[id(kid)][1] for kid in kids), default=0)
             if count > MAX_SPEC_NODES:
-                raise SpecError(f"{source}: expands into more than the limit of "
-                                f"{MAX_SPEC_NODES:,} YAML nodes (aliases count each time "
-                                "they are used)")  # fmt: skip
+                raise SpecError(
+                    f"{source}: expands into more than the limit of "
+                    f"{MAX_SPEC_NODES:,} YAML nodes (aliases count each time "
+                    "they are used)"
+                )
             if deep > MAX_SPEC_DEPTH + 1:
-                raise SpecError(f"{source}: nested deeper than the limit of {MAX_SPEC_DEPTH} "
-                                "levels (through aliases)")  # fmt: skip
+                raise SpecError(
+                    f"{source}: nested deeper than the limit of {MAX_SPEC_DEPTH} "
+                    "levels (through aliases)"
+                )
             sizes[id(node)] = (count, deep)
             busy.discard(id(node))
         return loader, root

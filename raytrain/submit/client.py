@@ -276,8 +276,13 @@ def _working_dir_env(
     spec_path = _spec_in_working_dir(spec, root)
     excludes, left_out = upload_excludes(root, include)
     if left_out:  # by name only: what they hold is never read
-        print(printable(f"raytrain: left out of the upload (secret-shaped; --include PATTERN "
-                        f"sends one): {', '.join(left_out)}"), file=sys.stderr)  # fmt: skip
+        print(
+            printable(
+                f"raytrain: left out of the upload (secret-shaped; --include PATTERN "
+                f"sends one): {', '.join(left_out)}"
+            ),
+            file=sys.stderr,
+        )
     return {"working_dir": str(root), "excludes": excludes}, spec_path
 
 
@@ -345,17 +350,29 @@ def submit(
         def again(resubmit: bool) -> JobHandle:
             # a resubmission resumes: never --fresh again; --force, as the lost driver's
             # lease may look live from another host for up to lease.STALE_S
-            return submit(spec, overrides, address=address, token=token,
-                          working_dir=working_dir, pip=pip, env=env,
-                          job_id=_again_id(job_id) if job_id and resubmit
-                          else job_id, fresh=fresh and not resubmit,
-                          resume_anyway=resume_anyway, force=force or resubmit,
-                          warn=warn and not resubmit, insecure=insecure,
-                          include=include)  # fmt: skip
+            return submit(
+                spec,
+                overrides,
+                address=address,
+                token=token,
+                working_dir=working_dir,
+                pip=pip,
+                env=env,
+                job_id=_again_id(job_id) if job_id and resubmit else job_id,
+                fresh=fresh and not resubmit,
+                resume_anyway=resume_anyway,
+                force=force or resubmit,
+                warn=warn and not resubmit,
+                insecure=insecure,
+                include=include,
+            )
 
         first = again(False)
-        print(printable(f"raytrain: supervising job {first.job_id} on {first.server.address}"),
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            printable(f"raytrain: supervising job {first.job_id} on {first.server.address}"),
+            file=sys.stderr,
+            flush=True,
+        )
         story = Supervisor(again, policy).run(first)
         assert story.handle is not None
         story.handle.earlier = tuple(story.job_ids[:-1])
@@ -378,10 +395,15 @@ def submit(
     runtime_env.update(_job_env(env, pip, working_dir))
     sweep = job is not None and job.tune is not None  # the job runs `raytrain tune`
     if sweep and (resume_anyway or force):
-        raise JobsError("--resume-anyway and --force are for one run; a sweep (the spec's "
-                        "tune section) takes --fresh only")  # fmt: skip
-    flags = [f for f, on in (("--fresh", fresh), ("--resume-anyway", resume_anyway),
-                             ("--force", force)) if on]  # fmt: skip
+        raise JobsError(
+            "--resume-anyway and --force are for one run; a sweep (the spec's "
+            "tune section) takes --fresh only"
+        )
+    flags = [
+        f
+        for f, on in (("--fresh", fresh), ("--resume-anyway", resume_anyway), ("--force", force))
+        if on
+    ]
     # Ray warns on every upload that it leaves .git and .venv out; so does WORKING_DIR_EXCLUDES
     logging.getLogger(NOISY_LOGGERS["working_dir"]).setLevel(logging.ERROR)
     server = JobServer(address, token=token, insecure=insecure)
@@ -451,9 +473,11 @@ class JobMetadata(BaseModel):
         except ValidationError as exc:
             first = exc.errors()[0]
             key = ".".join(str(part) for part in first["loc"]) or "metadata"
-            raise JobsError(f"job {job_id}: its metadata {key}: {one_line(first['msg'])} "
-                            f"({exc.error_count()} problem(s); not what raytrain submit "
-                            "writes)") from None  # fmt: skip
+            raise JobsError(
+                f"job {job_id}: its metadata {key}: {one_line(first['msg'])} "
+                f"({exc.error_count()} problem(s); not what raytrain submit "
+                "writes)"
+            ) from None
 
 
 def _again_id(job_id: str) -> str:

@@ -145,8 +145,13 @@ def check_transport(address: str, token: str | None, insecure: bool = False) -> 
     if not token or parsed.scheme != "http" or _loopback(parsed.hostname):
         return
     if insecure:
-        print(printable(f"raytrain: warning: --insecure: the cluster's token goes to {address} "
-                        "in clear over http"), file=sys.stderr)  # fmt: skip
+        print(
+            printable(
+                f"raytrain: warning: --insecure: the cluster's token goes to {address} "
+                "in clear over http"
+            ),
+            file=sys.stderr,
+        )
         return
     raise JobsError(
         f"--address {address}: the cluster's token would travel in clear over http to "

@@ -100,17 +100,28 @@ class Verdict:
 # The kinds of failure a driver that ended by itself records (``run_status.FailureKind``),
 # beside bad input: (what the end is, whether to submit again, why).
 _RECORDED_VERDICTS: dict[str, tuple[EndKind, bool, str]] = {
-    "non_finite": (EndKind.NON_FINITE, False,
-                   "the loss was not finite (NaN or inf); resuming would replay the same batches"),
-    "spike_limit": (EndKind.SPIKE_LIMIT, False,
-                    "the loss spiked with failure.spike.max_rollbacks spent"),
-    "infrastructure": (EndKind.WORKERS_LOST, True,
-                       "the workers were lost (their processes or nodes died, or preempted) "
-                       "beyond the spec's failure limits"),
-    "workers": (EndKind.USER_CODE, False,
-                "user code: the workers raised, and the spec's failure.max_failures restarts "
-                "were used"),
-}  # fmt: skip
+    "non_finite": (
+        EndKind.NON_FINITE,
+        False,
+        "the loss was not finite (NaN or inf); resuming would replay the same batches",
+    ),
+    "spike_limit": (
+        EndKind.SPIKE_LIMIT,
+        False,
+        "the loss spiked with failure.spike.max_rollbacks spent",
+    ),
+    "infrastructure": (
+        EndKind.WORKERS_LOST,
+        True,
+        "the workers were lost (their processes or nodes died, or preempted) "
+        "beyond the spec's failure limits",
+    ),
+    "workers": (
+        EndKind.USER_CODE,
+        False,
+        "user code: the workers raised, and the spec's failure.max_failures restarts were used",
+    ),
+}
 
 
 def _signalled(code: int | None) -> bool:
@@ -146,35 +157,60 @@ def classify(end: JobEnd) -> Verdict:
     """
     detail = f" ({end.record_error})" if end.record_error else ""
     if end.status is None:
-        return Verdict(EndKind.LOST_WITH_HEAD, True, EXIT_INFRASTRUCTURE,
-                       "the head does not know the job: it was restarted without it")  # fmt: skip
+        return Verdict(
+            EndKind.LOST_WITH_HEAD,
+            True,
+            EXIT_INFRASTRUCTURE,
+            "the head does not know the job: it was restarted without it",
+        )
     if end.status == "SUCCEEDED":
         return Verdict(EndKind.SUCCEEDED, False, EXIT_OK, "the job succeeded")
     if end.status == "STOPPED":
         return Verdict(EndKind.STOPPED, False, EXIT_FAILED, "the job was stopped")
     code, said_failed = end.driver_exit_code, end.record_state == "failed"
     if _signalled(code):
-        return Verdict(EndKind.DRIVER_LOST, True, EXIT_INFRASTRUCTURE,
-                       f"the job's driver was killed (exit code {code})")  # fmt: skip
+        return Verdict(
+            EndKind.DRIVER_LOST,
+            True,
+            EXIT_INFRASTRUCTURE,
+            f"the job's driver was killed (exit code {code})",
+        )
     if end.error_type in _RAY_SIDE_ERRORS and not said_failed:
-        return Verdict(EndKind.DRIVER_LOST, True, EXIT_INFRASTRUCTURE,
-                       f"Ray lost the job's driver ({end.error_type})")  # fmt: skip
+        return Verdict(
+            EndKind.DRIVER_LOST,
+            True,
+            EXIT_INFRASTRUCTURE,
+            f"Ray lost the job's driver ({end.error_type})",
+        )
     if end.error_type == "RUNTIME_ENV_SETUP_FAILURE":
-        return Verdict(EndKind.SETUP_FAILED, False, EXIT_FAILED,
-                       "the job's runtime environment could not be set up (--pip, "
-                       "--working-dir); the same submission would fail the same way")  # fmt: skip
+        return Verdict(
+            EndKind.SETUP_FAILED,
+            False,
+            EXIT_FAILED,
+            "the job's runtime environment could not be set up (--pip, "
+            "--working-dir); the same submission would fail the same way",
+        )
     if code is None and not said_failed:
-        return Verdict(EndKind.DRIVER_LOST, True, EXIT_INFRASTRUCTURE,
-                       "the job failed and its driver left no final status record")  # fmt: skip
+        return Verdict(
+            EndKind.DRIVER_LOST,
+            True,
+            EXIT_INFRASTRUCTURE,
+            "the job failed and its driver left no final status record",
+        )
     if code == EXIT_BAD_INPUT or end.record_failure == "bad_input":
         why = f"bad input: the job's driver refused the spec or its run{detail}"
         return Verdict(EndKind.BAD_INPUT, False, EXIT_BAD_INPUT, why)
     if end.record_failure in _RECORDED_VERDICTS:
         kind, resubmit, why = _RECORDED_VERDICTS[end.record_failure]
-        return Verdict(kind, resubmit, EXIT_INFRASTRUCTURE if resubmit else EXIT_FAILED,
-                       why + detail)  # fmt: skip
-    return Verdict(EndKind.RUN_FAILED, False, EXIT_FAILED,
-                   f"the job's driver failed by itself (exit code {code}){detail}")  # fmt: skip
+        return Verdict(
+            kind, resubmit, EXIT_INFRASTRUCTURE if resubmit else EXIT_FAILED, why + detail
+        )
+    return Verdict(
+        EndKind.RUN_FAILED,
+        False,
+        EXIT_FAILED,
+        f"the job's driver failed by itself (exit code {code}){detail}",
+    )
 
 
 @dataclass(frozen=True)
@@ -268,19 +304,29 @@ class Supervisor:
             verdict = classify(end)
             story.verdict = verdict
             if verdict.kind is EndKind.SUCCEEDED:
-                self._say(f"job {handle.job_id} succeeded"
-                          + (f" after {story.resubmits} resubmission(s)" if story.resubmits
-                             else ""))  # fmt: skip
+                self._say(
+                    f"job {handle.job_id} succeeded"
+                    + (f" after {story.resubmits} resubmission(s)" if story.resubmits else "")
+                )
                 return story
             if not verdict.resubmit:
                 raise SupervisionError(
-                    [f"job {handle.job_id} failed, {verdict.kind.value}: {verdict.reason}; "
-                     "not resubmitted"], verdict.exit_code, story)  # fmt: skip
+                    [
+                        f"job {handle.job_id} failed, {verdict.kind.value}: {verdict.reason}; "
+                        "not resubmitted"
+                    ],
+                    verdict.exit_code,
+                    story,
+                )
             if not self.policy.allows(story.resubmits):
                 raise SupervisionError(
-                    [f"job {handle.job_id} was lost ({verdict.reason}) and the budget of "
-                     f"{self.policy.max_resubmits} resubmission(s) is spent (--max-resubmits)"],
-                    EXIT_INFRASTRUCTURE, story)  # fmt: skip
+                    [
+                        f"job {handle.job_id} was lost ({verdict.reason}) and the budget of "
+                        f"{self.policy.max_resubmits} resubmission(s) is spent (--max-resubmits)"
+                    ],
+                    EXIT_INFRASTRUCTURE,
+                    story,
+                )
             self._sleep(self.policy.delay(story.resubmits + 1))
             handle = self._resubmit(handle.job_id, verdict, story)
             story.job_ids.append(handle.job_id)
@@ -290,8 +336,10 @@ class Supervisor:
         """Submit again once the head's job server takes a submission."""
         number = story.resubmits + 1
         handle = self._until_up(lambda: self._submit(True), f"resubmission {number}")
-        self._say(f"resubmitted job {lost} as {handle.job_id} ({number} of "
-                  f"{self.policy.max_resubmits}): {verdict.reason}")  # fmt: skip
+        self._say(
+            f"resubmitted job {lost} as {handle.job_id} ({number} of "
+            f"{self.policy.max_resubmits}): {verdict.reason}"
+        )
         return handle
 
     def _until_up(self, call: Callable[[], Any], what: str) -> Any:
@@ -310,15 +358,19 @@ class Supervisor:
                 waited = self._clock() - started
                 if waited >= self.policy.head_wait_s:
                     raise SupervisionError(
-                        [f"{what}: the head's job server did not answer for {waited:.0f}s "
-                         f"(--head-wait {self.policy.head_wait_s:g}); gave up: {exc}"],
-                        EXIT_INFRASTRUCTURE) from None  # fmt: skip
+                        [
+                            f"{what}: the head's job server did not answer for {waited:.0f}s "
+                            f"(--head-wait {self.policy.head_wait_s:g}); gave up: {exc}"
+                        ],
+                        EXIT_INFRASTRUCTURE,
+                    ) from None
                 if not said:
                     self._say(f"waiting for the head's job server ({exc})")
                     said = True
                 tries += 1
-                self._sleep(min(self.policy.delay(tries),
-                                max(0.0, self.policy.head_wait_s - waited)))  # fmt: skip
+                self._sleep(
+                    min(self.policy.delay(tries), max(0.0, self.policy.head_wait_s - waited))
+                )
 
     def _watch(self, handle: JobHandle) -> JobEnd:
         """Poll the job until it ends, or the head that answers does not know it."""

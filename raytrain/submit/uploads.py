@@ -22,14 +22,37 @@ WORKING_DIR_EXCLUDES = [".git", ".venv", "__pycache__", "*.egg-info"]
 # ``credentials.py``) before the names that always hold one. OpenSSH's key files are named by
 # type (``id_*`` would also take ``id_to_label.json``).
 SECRET_EXCLUDES = [
-    "*token*", "credentials*",
-    "!*.py", "!*tokeniz*", "!*tokeniz*/**",
-    ".env*", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore",
-    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
-    ".aws", ".ssh", ".gnupg", ".azure", ".kube", "**/.config/gcloud", ".netrc", ".pgpass",
-    ".git-credentials", ".docker/config.json",
-    "*.db", "*.sqlite", "*.sqlite3",
-]  # fmt: skip
+    "*token*",
+    "credentials*",
+    "!*.py",
+    "!*tokeniz*",
+    "!*tokeniz*/**",
+    ".env*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    "*.keystore",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    "id_xmss*",
+    ".aws",
+    ".ssh",
+    ".gnupg",
+    ".azure",
+    ".kube",
+    "**/.config/gcloud",
+    ".netrc",
+    ".pgpass",
+    ".git-credentials",
+    ".docker/config.json",
+    "*.db",
+    "*.sqlite",
+    "*.sqlite3",
+]
 
 
 def upload_excludes(root: Path, include: Sequence[str] = ()) -> tuple[list[str], list[str]]:

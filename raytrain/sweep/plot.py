@@ -23,13 +23,16 @@ def _draw(rows: list[TrialRow], metric: str, mode: str, path: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     fields = sorted({key for row in rows for key in row.values})
-    fig, axes = plt.subplots(1, max(1, len(fields)), figsize=(4.5 * max(1, len(fields)), 3.6),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, max(1, len(fields)), figsize=(4.5 * max(1, len(fields)), 3.6), squeeze=False
+    )
     for ax, field in zip(axes[0], fields, strict=False):
         for status, color in _COLORS.items():
-            points = [(row.values[field], row.score(metric)) for row in rows
-                      if row.status == status and field in row.values
-                      and row.score(metric) is not None]  # fmt: skip
+            points = [
+                (row.values[field], row.score(metric))
+                for row in rows
+                if row.status == status and field in row.values and row.score(metric) is not None
+            ]
             if points:
                 xs, ys = zip(*points, strict=True)
                 ax.scatter(xs, ys, c=color, label=status, s=36)

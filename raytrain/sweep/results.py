@@ -50,8 +50,16 @@ class SweepResult:
     def table(self) -> list[dict[str, Any]]:
         """The trials, best first: name, status, epochs, the metric, the sampled values."""
         rows = sorted(self.trials, key=lambda r: rank_key(r, self.metric, self.mode))
-        return [{"trial": r.name, "status": r.status, "epochs": r.epochs,
-                 self.metric: r.score(self.metric), **r.values} for r in rows]  # fmt: skip
+        return [
+            {
+                "trial": r.name,
+                "status": r.status,
+                "epochs": r.epochs,
+                self.metric: r.score(self.metric),
+                **r.values,
+            }
+            for r in rows
+        ]
 
 
 def best_first(score: float | None, name: str, mode: str) -> tuple[int, float, str]:

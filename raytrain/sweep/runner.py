@@ -75,10 +75,25 @@ BEST_SPEC = "best.yaml"
 TRIALS = "trials"
 TUNE_DIR = "tune"
 # What Ray Tune adds to every result; the rest is what the trial reported.
-_TUNE_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id",
-              "date", "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip",
-              "config", "time_since_restore", "iterations_since_restore",
-              TRIAL_NAME, BEST_CHECKPOINT, MLFLOW_RUN}  # fmt: skip
+_TUNE_KEYS = {
+    "timestamp",
+    "checkpoint_dir_name",
+    "done",
+    "training_iteration",
+    "trial_id",
+    "date",
+    "time_this_iter_s",
+    "time_total_s",
+    "pid",
+    "hostname",
+    "node_ip",
+    "config",
+    "time_since_restore",
+    "iterations_since_restore",
+    TRIAL_NAME,
+    BEST_CHECKPOINT,
+    MLFLOW_RUN,
+}
 
 
 def sweep_dir(job: JobSpec) -> str:
@@ -130,17 +145,24 @@ def _checked(
 
     job = load_spec(spec, overrides)
     if job.tune is None:
-        raise SpecError("tune: missing: a sweep needs a tune section (search_space, metric, "
-                        "mode); `raytrain run` trains a spec without one")  # fmt: skip
+        raise SpecError(
+            "tune: missing: a sweep needs a tune section (search_space, metric, "
+            "mode); `raytrain run` trains a spec without one"
+        )
     base_job = check_before_ray(job.model_copy(update={"tune": None}))
     preflight.raise_if(check_space(job) + _search_alg_problems(job.tune))
     return job, base_job
 
 
 def _sweep(
-    job: JobSpec, base_job: JobSpec, folder: str, state: dict[str, Any] | None, held: Lease,
-    progress: bool, clock: tuple[float, dict[str, float]],
-) -> SweepResult:  # fmt: skip
+    job: JobSpec,
+    base_job: JobSpec,
+    folder: str,
+    state: dict[str, Any] | None,
+    held: Lease,
+    progress: bool,
+    clock: tuple[float, dict[str, float]],
+) -> SweepResult:
     """Ray started or joined, the parent MLflow run opened, Tune's trials run, the sweep
     recorded; the parent run ends FAILED (KILLED on Ctrl-C) when anything fails."""
     from raytrain.driver.launcher import prepare_data
@@ -155,8 +177,11 @@ def _sweep(
         parent, tracking_uri, experiment = _open_parent(base_job, sweep, state)
         write_record(folder, job, parent.run_id)
         plan = _plan(job, base_job, folder, parent.run_id, tracking_uri, experiment, ray_handle)
-        print(f"raytrain: sweep {job.name}: {sweep.num_samples} sample(s), up to "
-              f"{concurrency} trial(s) at once, in {redact(folder)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"raytrain: sweep {job.name}: {sweep.num_samples} sample(s), up to "
+            f"{concurrency} trial(s) at once, in {redact(folder)}",
+            file=sys.stderr,
+        )
         with _tune_output_off():
             grid = _tuner(job, sweep, plan, folder, concurrency, progress).fit()
         timings["trials_done"] = round(time.time() - start, 3)
@@ -167,29 +192,43 @@ def _sweep(
     except BaseException as exc:
         if parent is not None:
             with contextlib.suppress(Exception):  # the sweep's own error is the one to raise
-                parent.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED",
-                              error=str(exc) or type(exc).__name__)  # fmt: skip
+                parent.finish(
+                    "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED",
+                    error=str(exc) or type(exc).__name__,
+                )
         raise
     finally:
         ray_handle.shutdown()
 
 
 def _plan(
-    job: JobSpec, base_job: JobSpec, folder: str, parent_run_id: str, tracking_uri: str,
-    experiment: str, ray_handle: ray_runtime.RayHandle,
-) -> TrialPlan:  # fmt: skip
+    job: JobSpec,
+    base_job: JobSpec,
+    folder: str,
+    parent_run_id: str,
+    tracking_uri: str,
+    experiment: str,
+    ray_handle: ray_runtime.RayHandle,
+) -> TrialPlan:
     """What every trial gets (``TrialPlan``)."""
     from raytrain.tracking.mlflow_tracker import attempt_tags
 
     assert job.tune is not None
     return TrialPlan(
-        base=base_tree(base_job), sweep=job.name,
-        trials_storage=storage.join(folder, TRIALS), tracking_uri=tracking_uri,
-        experiment=experiment, parent_run_id=parent_run_id, metric=job.tune.metric,
-        mode=job.tune.mode, time_attr=job.tune.scheduler.time_attr, cwd=os.getcwd(),
+        base=base_tree(base_job),
+        sweep=job.name,
+        trials_storage=storage.join(folder, TRIALS),
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        parent_run_id=parent_run_id,
+        metric=job.tune.metric,
+        mode=job.tune.mode,
+        time_attr=job.tune.scheduler.time_attr,
+        cwd=os.getcwd(),
         tags=attempt_tags(),  # a submitted sweep's job id: its trials' actors lack it
-        embedded_env=ray_handle.embedded_env, listed=listed_values(job.tune),
-    )  # fmt: skip
+        embedded_env=ray_handle.embedded_env,
+        listed=listed_values(job.tune),
+    )
 
 
 def _raise_if_stopped(grid: Any, held: Lease) -> None:
@@ -199,9 +238,11 @@ def _raise_if_stopped(grid: Any, held: Lease) -> None:
     if metric_error is not None:
         raise SpecError(metric_error)
     if held.lost_to is not None:
-        raise RunStateError(f"name: {held.path} was taken over by another sweep "
-                            f"({held.lost_to.describe(time.time())}); this sweep "
-                            "stopped")  # fmt: skip
+        raise RunStateError(
+            f"name: {held.path} was taken over by another sweep "
+            f"({held.lost_to.describe(time.time())}); this sweep "
+            "stopped"
+        )
 
 
 @contextlib.contextmanager
@@ -231,8 +272,10 @@ def _digest(job: JobSpec) -> str:
     """What identifies the sweep: the spec with its search, without what a resume may
     change (as a run's digest)."""
     assert job.tune is not None
-    text = json.dumps([job.model_copy(update={"tune": None}).digest(),
-                       job.tune.model_dump(mode="json")], sort_keys=True)  # fmt: skip
+    text = json.dumps(
+        [job.model_copy(update={"tune": None}).digest(), job.tune.model_dump(mode="json")],
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -254,12 +297,16 @@ def _load_state(folder: str, job: JobSpec) -> dict[str, Any] | None:
         if not isinstance(state, dict) or not isinstance(state.get("parent_run_id"), str):
             raise ValueError("not a sweep record")
     except ValueError as exc:
-        raise SpecError(f"{path}: the sweep's record cannot be read ({exc}); pass --fresh to "
-                        "start the sweep over") from None  # fmt: skip
+        raise SpecError(
+            f"{path}: the sweep's record cannot be read ({exc}); pass --fresh to "
+            "start the sweep over"
+        ) from None
     if state.get("digest") != _digest(job):
-        raise SpecError(f"name: sweep {job.name!r} in {folder} was started with a different "
-                        "spec or search; pass --fresh to start it over, or choose another "
-                        "name")  # fmt: skip
+        raise SpecError(
+            f"name: sweep {job.name!r} in {folder} was started with a different "
+            "spec or search; pass --fresh to start it over, or choose another "
+            "name"
+        )
     return state
 
 
@@ -309,8 +356,10 @@ def _open_parent(
             base_job, tracking_uri, state["parent_run_id"] if state else None
         )
         parent.set_tags({"raytrain.sweep": base_job.name, "raytrain.sweep.role": "parent"})
-        space = {f"tune.search_space.{k}": f"{d.kind} {redact_value(k, getattr(d, d.kind))}"
-                 for k, d in sweep.search_space.items()}  # fmt: skip
+        space = {
+            f"tune.search_space.{k}": f"{d.kind} {redact_value(k, getattr(d, d.kind))}"
+            for k, d in sweep.search_space.items()
+        }
         settings = sweep.model_dump(mode="json", exclude={"search_space"})
         parent.log_params({**space, **{f"tune.{k}": v for k, v in _flat(settings).items()}})
     except Exception as exc:
@@ -345,14 +394,23 @@ def _tuner(
     lines = TrialLines(plan.sweep, sweep.metric, _shown(plan.listed))
     callbacks = [gate, *([lines] if progress else [])]
     run_config = tune.RunConfig(
-        name=TUNE_DIR, storage_path=path, storage_filesystem=fs, stop=gate,
-        callbacks=callbacks, verbose=0,
+        name=TUNE_DIR,
+        storage_path=path,
+        storage_filesystem=fs,
+        stop=gate,
+        callbacks=callbacks,
+        verbose=0,
         failure_config=tune.FailureConfig(max_failures=0),
-    )  # fmt: skip
+    )
     if tune.Tuner.can_restore(experiment, storage_filesystem=fs):
         print(f"raytrain: sweep {job.name}: continuing from {folder}", file=sys.stderr)
-        return tune.Tuner.restore(experiment, trainable, resume_unfinished=True,
-                                  resume_errored=True, storage_filesystem=fs)  # fmt: skip
+        return tune.Tuner.restore(
+            experiment,
+            trainable,
+            resume_unfinished=True,
+            resume_errored=True,
+            storage_filesystem=fs,
+        )
     return tune.Tuner(
         trainable,
         param_space=param_space(sweep),
@@ -386,9 +444,12 @@ def _scheduler(job: JobSpec, sweep: TuneSpec) -> Any:
         return FIFOScheduler()
     limit = job.trainer.max_epochs if chosen.time_attr == "epoch" else job.trainer.max_steps
     max_t = chosen.resolved_max_t(limit)  # checked against grace_period: space.schedule_problems
-    return ASHAScheduler(time_attr=chosen.time_attr, max_t=max_t,
-                         grace_period=chosen.grace_period,
-                         reduction_factor=chosen.reduction_factor)  # fmt: skip
+    return ASHAScheduler(
+        time_attr=chosen.time_attr,
+        max_t=max_t,
+        grace_period=chosen.grace_period,
+        reduction_factor=chosen.reduction_factor,
+    )
 
 
 def search_alg(sweep: TuneSpec, concurrency: int) -> Any:
@@ -445,11 +506,15 @@ def _row(result: Any, plan: TrialPlan) -> TrialRow:
     reported = {k: v for k, v in metrics.items() if k not in _TUNE_KEYS}
     values = {k: redact_value(k, v) for k, v in values_of(config, plan.listed).items()}
     return TrialRow(
-        name=name, status=status, values=values, metrics=reported,
-        epochs=int(metrics.get("epoch", 0) or 0), mlflow_run_id=run_id,
+        name=name,
+        status=status,
+        values=values,
+        metrics=reported,
+        epochs=int(metrics.get("epoch", 0) or 0),
+        mlflow_run_id=run_id,
         error=None if result.error is None else redact(str(result.error).splitlines()[0][:500]),
         checkpoint=metrics.get(BEST_CHECKPOINT) or None,
-    )  # fmt: skip
+    )
 
 
 def _close_trials(rows: list[TrialRow], tracking_uri: str, sweep: TuneSpec) -> None:
@@ -469,16 +534,25 @@ def _close_trials(rows: list[TrialRow], tracking_uri: str, sweep: TuneSpec) -> N
             continue
         score = row.score(sweep.metric)
         shown = f"{sweep.metric} {score:.4g}" if score is not None else f"no {sweep.metric}"
-        tracker.set_tags({"raytrain.stopped": f"{sweep.scheduler.name}: stopped after "
-                          f"{row.epochs} epoch(s) ({shown}, behind the trials at its "
-                          "rung)"})  # fmt: skip
+        tracker.set_tags(
+            {
+                "raytrain.stopped": f"{sweep.scheduler.name}: stopped after "
+                f"{row.epochs} epoch(s) ({shown}, behind the trials at its "
+                "rung)"
+            }
+        )
         tracker.finish("FINISHED")
 
 
 def _finish(
-    job: JobSpec, base_job: JobSpec, plan: TrialPlan, rows: list[TrialRow],
-    values: dict[str, dict[str, Any]], parent: Any, folder: str,
-) -> SweepResult:  # fmt: skip
+    job: JobSpec,
+    base_job: JobSpec,
+    plan: TrialPlan,
+    rows: list[TrialRow],
+    values: dict[str, dict[str, Any]],
+    parent: Any,
+    folder: str,
+) -> SweepResult:
     """The best trial's spec written out, the parent run's record of the sweep. Everything
     written or returned holds redacted values (``rows``); only ``best.yaml``'s spec is made
     from the best trial's own ``values``, and written redacted."""
@@ -494,13 +568,26 @@ def _finish(
         storage.write_text(best_path, best_spec_yaml(best_spec), job.storage)
         parent.log_metrics({f"best.{k}": v for k, v in best.metrics.items()}, step=0)
         sampled = {f"raytrain.best.{k}": str(v) for k, v in best.values.items()}
-        parent.set_tags({"raytrain.best_trial": best.name,
-                         "raytrain.best_run_id": best.mlflow_run_id or "", **sampled})  # fmt: skip
+        parent.set_tags(
+            {
+                "raytrain.best_trial": best.name,
+                "raytrain.best_run_id": best.mlflow_run_id or "",
+                **sampled,
+            }
+        )
     with tempfile.TemporaryDirectory(prefix="raytrain-sweep-") as local:
         plot_sweep(rows, sweep.metric, sweep.mode, os.path.join(local, "sweep.png"))
-        table = [{"trial": r.name, "status": r.status, "epochs": r.epochs,
-                  sweep.metric: r.score(sweep.metric), "mlflow_run_id": r.mlflow_run_id,
-                  **r.values} for r in rows]  # fmt: skip
+        table = [
+            {
+                "trial": r.name,
+                "status": r.status,
+                "epochs": r.epochs,
+                sweep.metric: r.score(sweep.metric),
+                "mlflow_run_id": r.mlflow_run_id,
+                **r.values,
+            }
+            for r in rows
+        ]
         with open(os.path.join(local, "trials.json"), "w", encoding="utf-8") as handle:
             json.dump(table, handle, indent=2)
         parent.log_folder(local, "sweep")
@@ -508,10 +595,17 @@ def _finish(
         best_checkpoint = _best_checkpoint(plan, best)
     parent.finish("FINISHED")
     return SweepResult(
-        name=job.name, metric=sweep.metric, mode=sweep.mode, best=best,
-        best_spec_path=best_path, best_checkpoint_uri=best_checkpoint, trials=rows,
-        mlflow_run_id=parent.run_id, tracking_uri=redact(plan.tracking_uri), sweep_dir=folder,
-    )  # fmt: skip
+        name=job.name,
+        metric=sweep.metric,
+        mode=sweep.mode,
+        best=best,
+        best_spec_path=best_path,
+        best_checkpoint_uri=best_checkpoint,
+        trials=rows,
+        mlflow_run_id=parent.run_id,
+        tracking_uri=redact(plan.tracking_uri),
+        sweep_dir=folder,
+    )
 
 
 def best_spec_yaml(spec: JobSpec) -> str:
@@ -521,8 +615,12 @@ def best_spec_yaml(spec: JobSpec) -> str:
     from raytrain.driver.run_record import spec_yaml
 
     masked = masked_fields(spec.flat())
-    head = (f"# credentials masked (***): {', '.join(masked)}; give them again to run this "
-            "spec (overrides: FIELD=VALUE)\n" if masked else "")  # fmt: skip
+    head = (
+        f"# credentials masked (***): {', '.join(masked)}; give them again to run this "
+        "spec (overrides: FIELD=VALUE)\n"
+        if masked
+        else ""
+    )
     return head + spec_yaml(spec)
 
 

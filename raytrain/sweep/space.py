@@ -21,8 +21,9 @@ from raytrain.spec.tune import MAX_RUNGS, Distribution, TuneSpec
 _CLASS_SECTIONS = ("model", "data", "optimizer", "lr_scheduler")
 _CLASS_ARGS = tuple(f"{section}.init_args." for section in _CLASS_SECTIONS)
 # Fields that name a class or all its arguments: checked against the class for each value.
-_CLASS_NAMING = frozenset(f"{section}{part}" for section in _CLASS_SECTIONS
-                          for part in ("", ".class_path", ".init_args"))  # fmt: skip
+_CLASS_NAMING = frozenset(
+    f"{section}{part}" for section in _CLASS_SECTIONS for part in ("", ".class_path", ".init_args")
+)
 
 
 def base_tree(spec: JobSpec) -> dict[str, Any]:
@@ -141,29 +142,38 @@ def schedule_problems(spec: JobSpec) -> list[str]:
     max_t = chosen.resolved_max_t(limit)
     shown = f"tune.scheduler.max_t ({max_t})" if chosen.max_t else f"max_t ({max_t}, {field})"
     if chosen.grace_period > max_t:
-        return [f"tune.scheduler.grace_period: {chosen.grace_period} is above {shown}: "
-                "ASHA's first rung would come after every trial's end (Ray Tune refuses "
-                "it)"]  # fmt: skip
+        return [
+            f"tune.scheduler.grace_period: {chosen.grace_period} is above {shown}: "
+            "ASHA's first rung would come after every trial's end (Ray Tune refuses "
+            "it)"
+        ]
     sampled = spec.tune.search_space.get(field)
     limits = [limit, *(sampled.probes() if sampled else [])]
     ends = [n for n in limits if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     if chosen.max_t is not None and ends and chosen.max_t > max(ends):
-        return [f"tune.scheduler.max_t: {chosen.max_t} is above {field} ({max(ends)}): no "
-                "trial trains that long, so ASHA's last rungs are never reached"]  # fmt: skip
+        return [
+            f"tune.scheduler.max_t: {chosen.max_t} is above {field} ({max(ends)}): no "
+            "trial trains that long, so ASHA's last rungs are never reached"
+        ]
     rungs = chosen.rungs(max_t)
     if rungs > MAX_RUNGS:
-        return [f"tune.scheduler.reduction_factor: {chosen.reduction_factor} makes {rungs} "
-                f"rungs from grace_period {chosen.grace_period} to {shown}, more than the "
-                f"limit of {MAX_RUNGS} (at 1.5, 10,000 trials are down to one by rung "
-                "23)"]  # fmt: skip
+        return [
+            f"tune.scheduler.reduction_factor: {chosen.reduction_factor} makes {rungs} "
+            f"rungs from grace_period {chosen.grace_period} to {shown}, more than the "
+            f"limit of {MAX_RUNGS} (at 1.5, 10,000 trials are down to one by rung "
+            "23)"
+        ]
     return []
 
 
 def listed_values(tune: TuneSpec) -> dict[str, list[Any]]:
     """Each ``choice`` and ``grid`` field's values, in order: Tune draws an index into
     them (``param_space``), and the trial looks its value up (``values_of``)."""
-    return {key: list(getattr(dist, dist.kind)) for key, dist in tune.search_space.items()
-            if dist.kind in ("choice", "grid")}  # fmt: skip
+    return {
+        key: list(getattr(dist, dist.kind))
+        for key, dist in tune.search_space.items()
+        if dist.kind in ("choice", "grid")
+    }
 
 
 def param_space(tune: TuneSpec) -> dict[str, Any]:

@@ -112,8 +112,12 @@ class TuneReporter:
 
         if MONITOR_MISSING in event:
             keys = ", ".join(sorted(event[MONITOR_MISSING])) or "nothing"
-            raise StopRun(SpecError(f"tune.metric: {self.metric!r} is not reported by the "
-                                    f"trials (they report: {keys})"))  # fmt: skip
+            raise StopRun(
+                SpecError(
+                    f"tune.metric: {self.metric!r} is not reported by the "
+                    f"trials (they report: {keys})"
+                )
+            )
         value = event.get(self.metric)
         if not isinstance(value, int | float) or not math.isfinite(value):
             return
@@ -168,8 +172,16 @@ def run_trial(config: dict[str, Any], plan: TrialPlan) -> None:
     committed = None if reporter.latest else latest_committed(run_dir(spec), spec.storage)
     final = reporter.latest or tune_result(committed[1] if committed else result.metrics)
     if plan.metric not in final:
-        raise SpecError(f"tune.metric: {plan.metric!r} is not reported by the trials (they "
-                        f"report: {', '.join(sorted(final)) or 'nothing'})")  # fmt: skip
+        raise SpecError(
+            f"tune.metric: {plan.metric!r} is not reported by the trials (they "
+            f"report: {', '.join(sorted(final)) or 'nothing'})"
+        )
     # The last report: where the sweep's driver finds the trial's run and best checkpoint.
-    tune.report({**final, TRIAL_NAME: name, BEST_CHECKPOINT: result.best_checkpoint_uri or "",
-                 MLFLOW_RUN: result.mlflow_run_id or ""})  # fmt: skip
+    tune.report(
+        {
+            **final,
+            TRIAL_NAME: name,
+            BEST_CHECKPOINT: result.best_checkpoint_uri or "",
+            MLFLOW_RUN: result.mlflow_run_id or "",
+        }
+    )

@@ -65,9 +65,12 @@ class TrialLines(Callback):
         value = result.get(self.metric)
         shown = f"{self.metric} {value:.4g}" if isinstance(value, float) else "no metric"
         config = {k: redact_value(k, v) for k, v in values_of(trial.config, self.shown).items()}
-        values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in config.items())  # fmt: skip
+        values = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in config.items()
+        )
         name = trial_name(self.sweep, trial.trial_id)
         epochs = result.get("epoch", 0)
-        print(f"raytrain: trial {name} {how} after {epochs} epoch(s): {shown} ({values})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"raytrain: trial {name} {how} after {epochs} epoch(s): {shown} ({values})",
+            file=sys.stderr,
+        )

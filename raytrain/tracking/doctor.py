@@ -60,16 +60,21 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-def diagnose(parts: dict[str, float], status: RunStatus | None,
-             tags: dict[str, str]) -> list[Finding]:  # fmt: skip
+def diagnose(
+    parts: dict[str, float], status: RunStatus | None, tags: dict[str, str]
+) -> list[Finding]:
     """What bounds the run's step, then its straggler, startup and restarts (see the
     module docstring)."""
     findings = [_bound(parts, bool(tags.get("raytrain.straggler")))] if parts.get("step") else []
     if tags.get("raytrain.straggler"):
-        findings.append(Finding(
-            "straggler", f"straggler: {tags['raytrain.straggler']}",
-            "the others wait for it every step: look at that node (its load, its data, its "
-            "device); raytrain restarts it only when it fails"))  # fmt: skip
+        findings.append(
+            Finding(
+                "straggler",
+                f"straggler: {tags['raytrain.straggler']}",
+                "the others wait for it every step: look at that node (its load, its data, its "
+                "device); raytrain restarts it only when it fails",
+            )
+        )
     if status is not None:
         findings += _startup(status) + _restarts(status)
     return findings
@@ -81,32 +86,40 @@ def _bound(parts: dict[str, float], straggler: bool) -> Finding:
     of = f"of a {_ms(step)} step"
     if share.get("data_wait", 0.0) >= DATA_SHARE:
         return Finding(
-            "data-bound", f"data-bound: each step waited {_ms(parts['data_wait'])} for its "
+            "data-bound",
+            f"data-bound: each step waited {_ms(parts['data_wait'])} for its "
             f"batch, {share['data_wait']:.0%} {of}",
             "feed the loader faster: cache the split (data.cache), move data.preprocess "
-            "into data.prepare, more reader parallelism, or larger files")  # fmt: skip
+            "into data.prepare, more reader parallelism, or larger files",
+        )
     if share.get("comm_wait", 0.0) >= COMM_SHARE and not straggler:
         return Finding(
-            "communication-bound", f"communication-bound: each step waited "
+            "communication-bound",
+            f"communication-bound: each step waited "
             f"{_ms(parts['comm_wait'])} in collectives (the gradients' all-reduce, the "
             f"step's own), "
             f"{share['comm_wait']:.0%} {of}",
             "fewer, larger steps (a larger data.batch_size or "
-            "trainer.accumulate_grad_batches), fewer workers, or a faster network")  # fmt: skip
+            "trainer.accumulate_grad_batches), fewer workers, or a faster network",
+        )
     if share.get("hooks", 0.0) >= HOOKS_SHARE:
         return Finding(
-            "checkpoint-bound", f"checkpoint-bound: checkpoints and reports took "
+            "checkpoint-bound",
+            f"checkpoint-bound: checkpoints and reports took "
             f"{_ms(parts['hooks'])} a step, {share['hooks']:.0%} {of}",
             "checkpoint less often (checkpoint.every_n_steps / every_n_epochs), "
             "checkpoint.upload: async, or report less often "
-            "(trainer.log_every_n_steps)")  # fmt: skip
+            "(trainer.log_every_n_steps)",
+        )
     work = sum(parts.get(p, 0.0) for p in ("forward", "backward", "optimizer"))
     return Finding(
-        "compute-bound", f"compute-bound: forward {_ms(parts.get('forward', 0.0))}, backward "
+        "compute-bound",
+        f"compute-bound: forward {_ms(parts.get('forward', 0.0))}, backward "
         f"{_ms(parts.get('backward', 0.0))}, optimizer {_ms(parts.get('optimizer', 0.0))}: "
         f"{work / step:.0%} {of}",
         "the model's own work: mixed precision (trainer.precision: bf16-mixed where the "
-        "hardware has it), larger batches on GPUs, or more workers")  # fmt: skip
+        "hardware has it), larger batches on GPUs, or more workers",
+    )
 
 
 def _startup(status: RunStatus) -> list[Finding]:
@@ -116,11 +129,15 @@ def _startup(status: RunStatus) -> list[Finding]:
     startup = status.first_report_at - status.started_at
     if wall <= 0 or startup / wall < STARTUP_SHARE:
         return []
-    return [Finding(
-        "startup-heavy", f"startup-heavy: {startup:.1f} s of the attempt's {wall:.1f} s passed "
-        f"before the first report ({startup / wall:.0%})",
-        "a run this short pays Ray's and the workers' start: train longer per run, or "
-        "start one cluster for several runs (raytrain.start_local)")]  # fmt: skip
+    return [
+        Finding(
+            "startup-heavy",
+            f"startup-heavy: {startup:.1f} s of the attempt's {wall:.1f} s passed "
+            f"before the first report ({startup / wall:.0%})",
+            "a run this short pays Ray's and the workers' start: train longer per run, or "
+            "start one cluster for several runs (raytrain.start_local)",
+        )
+    ]
 
 
 def _restarts(status: RunStatus) -> list[Finding]:
@@ -128,11 +145,15 @@ def _restarts(status: RunStatus) -> list[Finding]:
         return []
     lost = sum(r.lost_steps for r in status.restarts)
     reasons = "; ".join(f"at step {r.step}: {r.reason}" for r in status.restarts[:3])
-    return [Finding(
-        "restarts", f"{len(status.restarts)} restart(s) made the run train at least {lost} "
-        f"step(s) again ({reasons})",
-        "checkpoint more often to lose fewer steps (checkpoint.every_n_steps); fix what "
-        "the reasons name")]  # fmt: skip
+    return [
+        Finding(
+            "restarts",
+            f"{len(status.restarts)} restart(s) made the run train at least {lost} "
+            f"step(s) again ({reasons})",
+            "checkpoint more often to lose fewer steps (checkpoint.every_n_steps); fix what "
+            "the reasons name",
+        )
+    ]
 
 
 def describe(findings: list[Finding], name: str) -> list[str]:

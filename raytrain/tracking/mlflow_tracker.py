@@ -221,8 +221,11 @@ class MlflowTracker:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         if kind == "metrics":
             self.refused[key] = reason
-        print(f"raytrain: warning: MLflow refused the {kind[:-1]} {key!r}, which is not "
-              f"recorded (the run's other {kind} are): {reason}", file=sys.stderr)  # fmt: skip
+        print(
+            f"raytrain: warning: MLflow refused the {kind[:-1]} {key!r}, which is not "
+            f"recorded (the run's other {kind} are): {reason}",
+            file=sys.stderr,
+        )
 
     def metrics_note(self, finished: bool) -> str | None:
         """What the run's metrics lost, for its end: the keys MLflow refused, and, loudest,
@@ -232,8 +235,12 @@ class MlflowTracker:
         keys += f" and {len(self.refused) - 5} more" if len(self.refused) > 5 else ""
         nothing = self.metrics_logged == 0 and not self._had_metrics
         if nothing and (self.refused or finished):
-            why = (f"MLflow refused {keys}" if self.refused else "no metric was reported (no "
-                   "training step ran: see trainer.max_steps, max_epochs, the data)")  # fmt: skip
+            why = (
+                f"MLflow refused {keys}"
+                if self.refused
+                else "no metric was reported (no "
+                "training step ran: see trainer.max_steps, max_epochs, the data)"
+            )
             return f"MLflow run {self.run_id} recorded no metrics: {why}"
         return f"MLflow refused {keys}: those metrics are not recorded" if self.refused else None
 
@@ -281,10 +288,13 @@ class MlflowTracker:
         def log(**kwargs: Any) -> Any:
             with mlflow.start_run(run_id=self.run_id, nested=mlflow.active_run() is not None):
                 return mlflow.pytorch.log_model(
-                    model, name="model", registered_model_name=register_as,
-                    pip_requirements=requirements, code_paths=[_package_of(type(model))],
+                    model,
+                    name="model",
+                    registered_model_name=register_as,
+                    pip_requirements=requirements,
+                    code_paths=[_package_of(type(model))],
                     **kwargs,
-                )  # fmt: skip
+                )
 
         try:
             info, fmt = _log_pt2(log, model, example)
@@ -292,8 +302,9 @@ class MlflowTracker:
                 info = log(serialization_format="pickle")
         finally:
             mlflow.set_tracking_uri(previous)
-        self.set_tags({"raytrain.model_format": fmt[:5000],
-                       "raytrain.model_input_example": source[:5000]})  # fmt: skip
+        self.set_tags(
+            {"raytrain.model_format": fmt[:5000], "raytrain.model_input_example": source[:5000]}
+        )
         return info.model_uri
 
     def finish(self, status: str, error: str | None = None) -> None:
@@ -415,8 +426,10 @@ def _raise_if_unreached(exc: BaseException, tracking_uri: str) -> None:
         why = "the connection was refused"
     else:
         why = one_line(text, 200)
-    raise TrackingUnreachable(f"cannot reach the tracking server at {redact(tracking_uri)} "
-                              f"({why}); is it up, and is this its address?") from None  # fmt: skip
+    raise TrackingUnreachable(
+        f"cannot reach the tracking server at {redact(tracking_uri)} "
+        f"({why}); is it up, and is this its address?"
+    ) from None
 
 
 def sweep_trials(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
@@ -435,9 +448,9 @@ def sweep_trials(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
             return None  # fetch_runs says it is unknown
         if run.data.tags.get("raytrain.sweep.role") != "parent":
             return None
-        children = client.search_runs([run.info.experiment_id],
-                                      f"tags.`mlflow.parentRunId` = '{run_id}'",
-                                      max_results=10_000)  # fmt: skip
+        children = client.search_runs(
+            [run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'", max_results=10_000
+        )
     return {
         "name": run.info.run_name or run_id[:8],
         "metric": run.data.params.get("tune.metric", ""),

@@ -42,8 +42,10 @@ def input_example(model: Any, job: JobSpec | None = None) -> tuple[Any | None, s
     if batch is None:
         return None, where
     if name not in batch:
-        return None, (f"forward's input {name!r} is not a column of {where} "
-                      f"(columns: {', '.join(sorted(batch))})")  # fmt: skip
+        return None, (
+            f"forward's input {name!r} is not a column of {where} "
+            f"(columns: {', '.join(sorted(batch))})"
+        )
     example = batch[name]
     try:
         with torch.no_grad():

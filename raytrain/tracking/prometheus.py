@@ -41,9 +41,13 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 _STATS = ("p50", "p90", "mean")
 # rank 0's report keys set as gauges of their own (the rest go to raytrain_metric)
-_OWN = {"step": "raytrain_step", "epoch": "raytrain_epoch",
-        "samples_per_s": "raytrain_samples_per_second", "train_loss": "raytrain_train_loss",
-        "checkpoint_blocked_s": "raytrain_checkpoint_stall_seconds"}  # fmt: skip
+_OWN = {
+    "step": "raytrain_step",
+    "epoch": "raytrain_epoch",
+    "samples_per_s": "raytrain_samples_per_second",
+    "train_loss": "raytrain_train_loss",
+    "checkpoint_blocked_s": "raytrain_checkpoint_stall_seconds",
+}
 
 
 def ray_gauge(name: str, description: str, tag_keys: tuple[str, ...]) -> Any:

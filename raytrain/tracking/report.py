@@ -81,8 +81,9 @@ def table(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         keys = [k for k in keys if len({run["params"].get(k) for run in runs}) > 1]
     rows = [[k, *(run["params"].get(k, "-") for run in runs)] for k in keys]
     metric_keys = sorted({k for run in runs for k in run["metrics"] if not k.startswith("_")})
-    rows += [[f"metric: {k}", *(_fmt(run["metrics"].get(k, "-")) for run in runs)]
-             for k in metric_keys]  # fmt: skip
+    rows += [
+        [f"metric: {k}", *(_fmt(run["metrics"].get(k, "-")) for run in runs)] for k in metric_keys
+    ]
     rows.append(["status", *(run["status"] for run in runs)])
     return columns, rows
 
@@ -104,8 +105,12 @@ def _figure(plt: Any, curves: dict[str, list[Curve]]) -> bytes:
     fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.5), squeeze=False)
     for ax, (title, items) in zip(axes[0], curves.items(), strict=True):
         for curve in items:
-            ax.plot(curve.steps, curve.values, marker="." if len(curve.steps) < 30 else None,
-                    label=f"{curve.key} · {curve.run}")  # fmt: skip
+            ax.plot(
+                curve.steps,
+                curve.values,
+                marker="." if len(curve.steps) < 30 else None,
+                label=f"{curve.key} · {curve.run}",
+            )
         ax.set_title(title)
         ax.set_xlabel("global step")
         ax.grid(alpha=0.3)
@@ -189,7 +194,13 @@ def sweep_table(
     for trial in sorted(trials, key=order):
         tags = trial["tags"]
         status = "stopped" if "raytrain.stopped" in tags else trial["status"].lower()
-        rows.append([name(trial), status,
-                     _fmt(trial["metrics"].get(metric, "-")),
-                     *(tags.get(k, "-") for k in sampled), trial["run_id"][:8]])  # fmt: skip
+        rows.append(
+            [
+                name(trial),
+                status,
+                _fmt(trial["metrics"].get(metric, "-")),
+                *(tags.get(k, "-") for k in sampled),
+                trial["run_id"][:8],
+            ]
+        )
     return columns, rows

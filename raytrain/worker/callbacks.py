@@ -121,18 +121,25 @@ def build_callbacks(
     if keeper is not None and (publish is not None or together):  # DDP: rank 0 alone
         steps = ckpt.memory_every_n_steps
         keeping = MemoryState(
-            keeper, keeper_token, steps if isinstance(steps, int) else None, train_loader,
+            keeper,
+            keeper_token,
+            steps if isinstance(steps, int) else None,
+            train_loader,
             on_choice=lambda choice: setattr(reporter, "memory_choice", choice.describe()),
-            together=together, scratch=keep_scratch_name(run_dir(spec)), key=keeper_key,
-        )  # fmt: skip
+            together=together,
+            scratch=keep_scratch_name(run_dir(spec)),
+            key=keeper_key,
+        )
     memory: list[pl.Callback] = [keeping] if keeping is not None else []
     spike = spec.failure.spike
     spikes: list[pl.Callback] = []
     if spike is not None:
         where = run_dir(spec)
         forget = keeping.forget if keeping is not None else None
-        spikes = [SpikeGuard(spike, where, spec.storage, train_loader, forget),
-                  RollbackSkip(where, spec.storage, train_loader, publish)]  # fmt: skip
+        spikes = [
+            SpikeGuard(spike, where, spec.storage, train_loader, forget),
+            RollbackSkip(where, spec.storage, train_loader, publish),
+        ]
     ordered: list[pl.Callback] = [
         *([system] if system else []),
         *([timeline] if timeline else []),

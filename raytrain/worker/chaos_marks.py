@@ -25,8 +25,9 @@ class ChaosMarks(pl.Callback):
         step = trainer.global_step
         self._last_step = step
         self._first_pending = trainer.global_rank == 0
-        self.monkey.register.remote(trainer.global_rank, os.getpid(), self.node,
-                                    trainer.world_size, step)  # fmt: skip
+        self.monkey.register.remote(
+            trainer.global_rank, os.getpid(), self.node, trainer.world_size, step
+        )
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int

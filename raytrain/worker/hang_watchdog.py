@@ -165,8 +165,9 @@ class HangWatchdog(pl.Callback):
         self._moved("starting")
         if self.limits.enabled and self._watches and self._thread is None:
             self._stop.clear()
-            self._thread = threading.Thread(target=self._watch, name="raytrain-hang-watchdog",
-                                            daemon=True)  # fmt: skip
+            self._thread = threading.Thread(
+                target=self._watch, name="raytrain-hang-watchdog", daemon=True
+            )
             self._thread.start()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -210,9 +211,14 @@ class HangWatchdog(pl.Callback):
         self._moved("starting")
 
     def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-        idx: int, dataloader_idx: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self._moved("validation")
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -275,13 +281,21 @@ class HangWatchdog(pl.Callback):
     def _report(self, phase: Phase, idle: float, allowed: float) -> None:
         frames = sys._current_frames()
         report = HangReport(
-            rank=self.rank, world_size=self.world_size, node=self.node, pid=os.getpid(),
-            step=self.step, phase=phase, idle_s=round(idle, 1), allowed_s=round(allowed, 1),
-            collective=collective_of(phase, frame_files(frames.get(self._training or -1)),
-                                     self.world_size),
-            attempt=self.token, stacks=storage.join(self.folder, f"rank{self.rank}.txt"),
+            rank=self.rank,
+            world_size=self.world_size,
+            node=self.node,
+            pid=os.getpid(),
+            step=self.step,
+            phase=phase,
+            idle_s=round(idle, 1),
+            allowed_s=round(allowed, 1),
+            collective=collective_of(
+                phase, frame_files(frames.get(self._training or -1)), self.world_size
+            ),
+            attempt=self.token,
+            stacks=storage.join(self.folder, f"rank{self.rank}.txt"),
             at=self._wall(),
-        )  # fmt: skip
+        )
         logger.error("raytrain: %s", report.describe())
         try:
             watcher = self._thread.ident if self._thread is not None else None

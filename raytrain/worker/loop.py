@@ -148,14 +148,29 @@ def train_loop(config: dict[str, Any]) -> None:
     to_driver = _publisher(work.sink)  # every rank's timeline and hang report
     publish = to_driver if rank == 0 else None  # rank 0's reports
     node = ray.util.get_node_ip_address()
-    timeline = None if to_driver is None or not spec.tracking.timeline else StepTimeline(
-        every_n_steps=spec.trainer.log_every_n_steps, publish=to_driver, rank=rank, node=node,
-    )  # fmt: skip
+    timeline = (
+        None
+        if to_driver is None or not spec.tracking.timeline
+        else StepTimeline(
+            every_n_steps=spec.trainer.log_every_n_steps,
+            publish=to_driver,
+            rank=rank,
+            node=node,
+        )
+    )
     limits = spec.failure.hang_limits()
-    watchdog = None if not limits.enabled else HangWatchdog(
-        limits=limits, run_dir=run_dir(spec), options=spec.storage, rank=rank, node=node,
-        publish=_publisher(work.sink, wait=True),
-    )  # fmt: skip
+    watchdog = (
+        None
+        if not limits.enabled
+        else HangWatchdog(
+            limits=limits,
+            run_dir=run_dir(spec),
+            options=spec.storage,
+            rank=rank,
+            node=node,
+            publish=_publisher(work.sink, wait=True),
+        )
+    )
     batching = global_batch(spec, replicas)
     if rank == 0:  # at every start and resize: what one optimizer step trains on, and how
         print(f"raytrain: {batching.describe()}", flush=True)
@@ -167,15 +182,29 @@ def train_loop(config: dict[str, Any]) -> None:
         from raytrain.checkpoints.node_slots import keep_scratch_name
         from raytrain.worker.memory_state import restore_from_memory
 
-        restored = restore_from_memory(keeper, _checkpoint_step(checkpoint),
-                                       _rollback_pending(spec, rank),
-                                       keep_scratch_name(run_dir(spec)))  # fmt: skip
+        restored = restore_from_memory(
+            keeper,
+            _checkpoint_step(checkpoint),
+            _rollback_pending(spec, rank),
+            keep_scratch_name(run_dir(spec)),
+        )
         token, key, from_memory = restored.token, restored.key, restored.checkpoint
         if token is None:  # not reachable (the same on every rank): this group keeps nothing
             keeper = None
-    callbacks = build_callbacks(spec, data, publish, startup, timeline, watchdog, batching,
-                                mtbf, user.callbacks, keeper=keeper,
-                                keeper_token=token or 0, keeper_key=key)  # fmt: skip
+    callbacks = build_callbacks(
+        spec,
+        data,
+        publish,
+        startup,
+        timeline,
+        watchdog,
+        batching,
+        mtbf,
+        user.callbacks,
+        keeper=keeper,
+        keeper_token=token or 0,
+        keeper_key=key,
+    )
     loggers = [ReportLogger(callbacks.reporter), *user.loggers]
     profiler, profiles = build_profiler(spec, rank)
     ordered = callbacks.ordered
@@ -183,8 +212,7 @@ def train_loop(config: dict[str, Any]) -> None:
         from raytrain.worker.chaos_marks import ChaosMarks
 
         ordered = [*ordered, ChaosMarks(work.chaos, ray.get_runtime_context().get_node_id())]
-    trainer = build_trainer(spec, ordered, model, loggers, profiler,
-                            accumulate=batching.accumulate)  # fmt: skip
+    trainer = build_trainer(spec, ordered, model, loggers, profiler, accumulate=batching.accumulate)
 
     from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
 

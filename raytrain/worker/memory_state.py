@@ -109,8 +109,10 @@ def collective_hazards(module: Any, callbacks: list[Any], optimizers: list[Any])
             found.append(f"the callback {kind.__qualname__} has its own on_save_checkpoint")
     for optimizer in optimizers:
         if hasattr(optimizer, "consolidate_state_dict"):
-            found.append(f"the optimizer {type(optimizer).__qualname__} gathers its state "
-                         "across the ranks (consolidate_state_dict)")  # fmt: skip
+            found.append(
+                f"the optimizer {type(optimizer).__qualname__} gathers its state "
+                "across the ranks (consolidate_state_dict)"
+            )
     return found
 
 
@@ -129,8 +131,7 @@ def state_bytes(module: Any, optimizers: list[Any]) -> int:
     total = sum(_local_bytes(t) for t in tensors)
     for optimizer in optimizers:
         for per_param in optimizer.state.values():
-            total += sum(_local_bytes(v) for v in per_param.values()
-                         if isinstance(v, torch.Tensor))  # fmt: skip
+            total += sum(_local_bytes(v) for v in per_param.values() if isinstance(v, torch.Tensor))
     return total
 
 
@@ -240,8 +241,11 @@ class MemoryState(pl.Callback):
         try:
             ray.get(self.keeper.drop.remote(), timeout=60)
         except Exception as exc:
-            print(f"raytrain: warning: the in-memory state's keeper did not drop its state "
-                  f"({type(exc).__name__}: {exc})", flush=True)  # fmt: skip
+            print(
+                f"raytrain: warning: the in-memory state's keeper did not drop its state "
+                f"({type(exc).__name__}: {exc})",
+                flush=True,
+            )
 
     def _stop(self, why: str, say: bool = False) -> None:
         """Keep nothing more in this group, for ``why`` (said once, with ``say``)."""
@@ -270,9 +274,12 @@ class MemoryState(pl.Callback):
             callbacks = list(getattr(trainer, "callbacks", []))
             hazards = collective_hazards(pl_module, callbacks, trainer.optimizers)
             if hazards:
-                self._stop(f"auto keeps nothing: {'; '.join(hazards)}, which may wait on the "
-                           "other ranks while rank 0 dumps its state alone (set a number of "
-                           "steps to keep it anyway)", say=True)  # fmt: skip
+                self._stop(
+                    f"auto keeps nothing: {'; '.join(hazards)}, which may wait on the "
+                    "other ranks while rank 0 dumps its state alone (set a number of "
+                    "steps to keep it anyway)",
+                    say=True,
+                )
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -308,8 +315,10 @@ class MemoryState(pl.Callback):
         if not too_big(size, available):
             return None
         whose = f"rank {self.rank}'s part of " if self.together else ""
-        return (f"auto keeps nothing: {whose}the state is {size / 2**30:.3g} GiB and a keep "
-                f"holds about 3 copies; {available / 2**30:.3g} GiB are free here")  # fmt: skip
+        return (
+            f"auto keeps nothing: {whose}the state is {size / 2**30:.3g} GiB and a keep "
+            f"holds about 3 copies; {available / 2**30:.3g} GiB are free here"
+        )
 
     def _keep(self, trainer: pl.Trainer, step: int) -> None:
         """Rank 0 alone: snapshot into the node's copy (when the last write is done) and
@@ -345,9 +354,11 @@ class MemoryState(pl.Callback):
             try:
                 node.begin(placed, nbytes)  # the copy into the node's memory
             except Exception as exc:  # no room left in /dev/shm, say: the keeper's goes on
-                print(f"raytrain: warning: the in-memory state's copy on the node failed "
-                      f"({type(exc).__name__}: {exc}); the keeper's goes on",
-                      flush=True)  # fmt: skip
+                print(
+                    f"raytrain: warning: the in-memory state's copy on the node failed "
+                    f"({type(exc).__name__}: {exc}); the keeper's goes on",
+                    flush=True,
+                )
                 self._drop_node_copy(wait=False)
                 node, send = None, not busy
         if node is not None:
@@ -401,9 +412,11 @@ class MemoryState(pl.Callback):
         try:
             spent, sending = writing.result()
         except Exception as exc:  # no room, or the folder gone: the keeper's copy is left
-            print(f"raytrain: warning: the in-memory state's copy on the node was not "
-                  f"written ({type(exc).__name__}: {exc}); the keeper's goes on",
-                  flush=True)  # fmt: skip
+            print(
+                f"raytrain: warning: the in-memory state's copy on the node was not "
+                f"written ({type(exc).__name__}: {exc}); the keeper's goes on",
+                flush=True,
+            )
             self._drop_node_copy(wait=False)
             return
         self.cost.written(spent)
@@ -433,8 +446,9 @@ class MemoryState(pl.Callback):
             [int(busy), int(self._problem is not None), proposal], "max"
         )
         if any_problem:  # every rank stops here; the ranks that found why say it
-            self._stop(self._problem or "another rank cannot keep its part",
-                       say=self._problem is not None)  # fmt: skip
+            self._stop(
+                self._problem or "another rank cannot keep its part", say=self._problem is not None
+            )
             return
         if any_busy:
             self.skipped += 1
@@ -495,8 +509,10 @@ class MemoryState(pl.Callback):
             return None
         self.cost.sent(spent)
         if not taken:  # a keeper Ray started again, or a spike's drop: this group is done
-            return ("the keeper refused this group's state (it was started again, or "
-                    "dropped its state): nothing more is kept until the next restart")  # fmt: skip
+            return (
+                "the keeper refused this group's state (it was started again, or "
+                "dropped its state): nothing more is kept until the next restart"
+            )
         return None
 
     def _retune(self) -> None:
@@ -583,8 +599,11 @@ def restore_from_memory(
         try:
             opened = ray.get(keeper.open.remote(), timeout=60)
         except Exception as exc:  # the keeper's node lost, or Ray restarting it
-            print(f"raytrain: warning: the in-memory state's keeper did not answer "
-                  f"({type(exc).__name__}): resuming from storage", flush=True)  # fmt: skip
+            print(
+                f"raytrain: warning: the in-memory state's keeper did not answer "
+                f"({type(exc).__name__}): resuming from storage",
+                flush=True,
+            )
         else:
             token, key = opened.token, opened.key
             held = -1 if opened.step is None or rollback_pending else opened.step
@@ -612,8 +631,11 @@ def restore_from_memory(
         return Restored(token, key, None)
     if rank == 0:
         storage = "none" if storage_step is None else f"step {storage_step}"
-        print(f"raytrain: resuming from {where} at step {newest} (the checkpoint in "
-              f"storage: {storage})", flush=True)  # fmt: skip
+        print(
+            f"raytrain: resuming from {where} at step {newest} (the checkpoint in "
+            f"storage: {storage})",
+            flush=True,
+        )
     return Restored(token, key, os.path.join(folder, CKPT_FILE))
 
 
@@ -673,9 +695,11 @@ def _fetch_node_copy(folder: str, key: int, step: int, on_node: tuple[int, str] 
     try:  # a state that does not unpack (a global outside the allow-list): storage
         _write_checkpoint(folder, files)
     except Exception as exc:
-        print(f"raytrain: warning: the node's copy of the in-memory state at step {step} "
-              f"did not load ({type(exc).__name__}: {exc}); resuming from storage",
-              flush=True)  # fmt: skip
+        print(
+            f"raytrain: warning: the node's copy of the in-memory state at step {step} "
+            f"did not load ({type(exc).__name__}: {exc}); resuming from storage",
+            flush=True,
+        )
         if on_node is not None:
             remove_state(on_node[1])
         return False

@@ -32,9 +32,13 @@ class MixRows(pl.Callback):
             pl_module.log(MIX_ROWS_PREFIX + name, value, rank_zero_only=True)
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
         batch_idx: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if trainer.global_step % self._every == 0:
             self._log(trainer, pl_module)
 

@@ -82,8 +82,9 @@ def place(state: Any) -> tuple[Any, list[tuple[torch.Tensor, TensorSlot]], int]:
         nonlocal total
         total = -(-total // ALIGN) * ALIGN
         nbytes = value.numel() * value.element_size()
-        found = TensorSlot(total, nbytes, str(value.dtype).removeprefix("torch."),
-                           tuple(value.shape))  # fmt: skip
+        found = TensorSlot(
+            total, nbytes, str(value.dtype).removeprefix("torch."), tuple(value.shape)
+        )
         placed.append((value, found))
         total += nbytes
         return found

@@ -69,6 +69,8 @@ def bf16_warning(requested: str, on_gpu: bool, cpuinfo: str | None = None) -> st
     only emulates it; None otherwise."""
     if on_gpu or not requested.startswith("bf16") or cpu_bf16_flag(cpuinfo):
         return None
-    return (f"trainer.precision: {requested} on a CPU without native bf16 (no AMX or "
-            f"AVX512-BF16) is emulated: on this project's AVX2 machines {EMULATED_BF16_COST}; "
-            "32-true (or auto) trains at full speed")  # fmt: skip
+    return (
+        f"trainer.precision: {requested} on a CPU without native bf16 (no AMX or "
+        f"AVX512-BF16) is emulated: on this project's AVX2 machines {EMULATED_BF16_COST}; "
+        "32-true (or auto) trains at full speed"
+    )

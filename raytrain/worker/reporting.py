@@ -180,8 +180,14 @@ class MetricsReporter(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         why = stop_reason(trainer)
         if why is not None:
-            self.publish({STOPPED_KEY: why, "step": trainer.global_step,
-                          "epoch": epoch_in_progress(trainer), "kind": "stopped"})  # fmt: skip
+            self.publish(
+                {
+                    STOPPED_KEY: why,
+                    "step": trainer.global_step,
+                    "epoch": epoch_in_progress(trainer),
+                    "kind": "stopped",
+                }
+            )
 
     # -- reports ---------------------------------------------------------------------------
 

@@ -115,10 +115,15 @@ class SpikeGuard(pl.Callback):
 
         loader = self.train_loader()
         found = Rollback(
-            step=trainer.global_step, epoch=trainer.current_epoch, batch=idx, loss=loss,
-            median=statistics.median(self.losses), z=z, window=len(self.losses),
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            batch=idx,
+            loss=loss,
+            median=statistics.median(self.losses),
+            z=z,
+            window=len(self.losses),
             position=dict(loader.state_dict()) if keeps_position(loader) else None,
-        )  # fmt: skip
+        )
         spent = 0
         if trainer.global_rank == 0:
             if self.forget_memory is not None:  # roll back to storage, not to the step before
@@ -226,8 +231,10 @@ class RollbackSkip(pl.Callback):
             loader.load_state_dict(self._pending)
         if not checkpoint_at_epoch_end(checkpoint):
             at, to = current["epoch"], target["epoch"]
-            self._note = (f"restored mid-epoch {at}, the spike was in epoch {to}: the rest of "
-                          f"epoch {at} was trained")  # fmt: skip
+            self._note = (
+                f"restored mid-epoch {at}, the spike was in epoch {to}: the rest of "
+                f"epoch {at} was trained"
+            )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._rollbacks:
@@ -263,5 +270,6 @@ class RollbackSkip(pl.Callback):
         write_rollbacks(self.run_dir, rollbacks, self.options)
         print(f"raytrain: rollback {len(rollbacks)}: {done.describe()}", flush=True)
         if self.publish is not None:
-            self.publish({ROLLBACK_KEY: [r.to_json() for r in rollbacks],
-                          "step": trainer.global_step})  # fmt: skip
+            self.publish(
+                {ROLLBACK_KEY: [r.to_json() for r in rollbacks], "step": trainer.global_step}
+            )

@@ -59,7 +59,7 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, list[float]]:
     return out
 
 
-def _timed_allreduce(timeline, bucket):
+def _timed_allreduce(timeline, bucket):  # type: ignore[no-untyped-def]  # see below
     """A DDP communication hook: marks that a gradient bucket is ready, then all-reduces it
     as DDP does without a hook (torch's ``allreduce_hook``: the mean over ranks). Not
     annotated: DDP refuses a hook whose annotations are not its own classes, and under
@@ -181,8 +181,9 @@ class StepTimeline(pl.Callback):
         now = self._clock()
         parts = self._now
         parts["hooks"] = now - self._marks.get("hooks", now)
-        parts["busy"] = sum(parts.get(p, 0.0) for p in ("data_wait", "forward", "backward",
-                                                          "optimizer"))  # fmt: skip
+        parts["busy"] = sum(
+            parts.get(p, 0.0) for p in ("data_wait", "forward", "backward", "optimizer")
+        )
         parts["step"] = now - self._marks.get("start", now) + parts.get("data_wait", 0.0)
         for part in PARTS:
             self._samples[part].append(parts.get(part, 0.0))
@@ -221,5 +222,12 @@ class StepTimeline(pl.Callback):
             return
         if not self.comm_measured:
             summary.pop("comm_wait", None)
-        self.publish({TIMELINE_KEY: summary, "rank": self.rank, "node": self.node,
-                      "step": step, "world_size": world_size})  # fmt: skip
+        self.publish(
+            {
+                TIMELINE_KEY: summary,
+                "rank": self.rank,
+                "node": self.node,
+                "step": step,
+                "world_size": world_size,
+            }
+        )

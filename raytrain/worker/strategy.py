@@ -37,12 +37,16 @@ def strategy_problems(spec: JobSpec) -> list[str]:
     name = spec.strategy.name
     for option, default in (("fsdp", FsdpSpec()), ("model_parallel", ModelParallelSpec())):
         if name != option and getattr(spec.strategy, option) != default:
-            return [f"strategy.{option}: options for the {option} strategy, but strategy.name "
-                    f"is {name!r}"]  # fmt: skip
+            return [
+                f"strategy.{option}: options for the {option} strategy, but strategy.name "
+                f"is {name!r}"
+            ]
     if name == "fsdp" and spec.strategy.fsdp.sharding == "hybrid" and spec.scaling.use_gpu is False:
         # Lightning builds the hybrid (nodes x workers) device mesh on CUDA devices
-        return ["strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true, or "
-                "auto on a cluster with GPUs); on CPU workers use full"]  # fmt: skip
+        return [
+            "strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true, or "
+            "auto on a cluster with GPUs); on CPU workers use full"
+        ]
     if name == "model_parallel":
         return mesh_problems(spec)
     return []
@@ -56,24 +60,32 @@ def mesh_problems(spec: JobSpec) -> list[str]:
     read on another only where torch's DCP reshards it (see ``ARCHITECTURE.md``)."""
     mp, scaling = spec.strategy.model_parallel, spec.scaling
     if scaling.elastic:
-        return ["scaling.num_workers: an elastic [min, max] range cannot run strategy "
-                "model_parallel, whose mesh (strategy.model_parallel.data_parallel_size x "
-                "tensor_parallel_size) must hold every worker; give a fixed count"]  # fmt: skip
+        return [
+            "scaling.num_workers: an elastic [min, max] range cannot run strategy "
+            "model_parallel, whose mesh (strategy.model_parallel.data_parallel_size x "
+            "tensor_parallel_size) must hold every worker; give a fixed count"
+        ]
     if spec.trainer.precision in UNSUPPORTED_MP_PRECISION:
-        return [f"trainer.precision: {spec.trainer.precision} is not supported by strategy "
-                "model_parallel (Lightning's ModelParallelStrategy): use bf16-mixed, "
-                "bf16-true, 16-true or 32-true"]  # fmt: skip
+        return [
+            f"trainer.precision: {spec.trainer.precision} is not supported by strategy "
+            "model_parallel (Lightning's ModelParallelStrategy): use bf16-mixed, "
+            "bf16-true, 16-true or 32-true"
+        ]
     world, tp, dp = scaling.max_workers, mp.tensor_parallel_size, mp.data_parallel_size
     if dp == "auto":
         if world % tp:
-            return [f"strategy.model_parallel.tensor_parallel_size: {tp} does not divide "
-                    f"scaling.num_workers ({world}): data_parallel_size auto is their "
-                    "quotient"]  # fmt: skip
+            return [
+                f"strategy.model_parallel.tensor_parallel_size: {tp} does not divide "
+                f"scaling.num_workers ({world}): data_parallel_size auto is their "
+                "quotient"
+            ]
         return []
     if dp * tp != world:
-        return [f"strategy.model_parallel: data_parallel_size x tensor_parallel_size is "
-                f"{dp} x {tp} = {dp * tp}, but scaling.num_workers is {world}: the mesh must "
-                "hold every worker (data_parallel_size: auto takes the quotient)"]  # fmt: skip
+        return [
+            f"strategy.model_parallel: data_parallel_size x tensor_parallel_size is "
+            f"{dp} x {tp} = {dp * tp}, but scaling.num_workers is {world}: the mesh must "
+            "hold every worker (data_parallel_size: auto takes the quotient)"
+        ]
     return []
 
 
@@ -179,12 +191,15 @@ def _warn_if_tensor_group_spans_nodes(context: Any, tp: int) -> None:
     if not tensor_group_spans_nodes(rank, context.get_local_rank(), tp):
         return
     first = rank - rank % tp
-    print(f"raytrain: warning: the tensor-parallel group of ranks {first}-{first + tp - 1} "
-          f"spans more than one node (rank {rank} begins a node): its collectives, several "
-          "per layer, go over the network. Choose a "
-          "strategy.model_parallel.tensor_parallel_size that divides the workers of every "
-          f"node ({context.get_local_world_size()} on this one).",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"raytrain: warning: the tensor-parallel group of ranks {first}-{first + tp - 1} "
+        f"spans more than one node (rank {rank} begins a node): its collectives, several "
+        "per layer, go over the network. Choose a "
+        "strategy.model_parallel.tensor_parallel_size that divides the workers of every "
+        f"node ({context.get_local_world_size()} on this one).",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _hybrid_mesh() -> tuple[int, int]:
@@ -211,9 +226,11 @@ def module_classes(model: Any, names: list[str], field: str) -> list[type]:
     if missing:
         have = sorted({c.__name__ for c in present.values()})
         raise SpecError(
-            [f"{field}: no submodule of class {n!r} in the model (it has: {', '.join(have)})"
-             for n in missing]
-        )  # fmt: skip
+            [
+                f"{field}: no submodule of class {n!r} in the model (it has: {', '.join(have)})"
+                for n in missing
+            ]
+        )
     return [present[n] for n in names]
 
 

@@ -44,6 +44,9 @@ def choose_threads(cpus: float, environ: Mapping[str, str]) -> ThreadChoice:
             value = 0
         if value > 0:
             return ThreadChoice(value, f"{OMP_ENV}={value}, as set")
-        return ThreadChoice(given, f"{OMP_ENV}={raw!r} is not a positive integer, so the "
-                            f"{given} CPU(s) each worker was given")  # fmt: skip
+        return ThreadChoice(
+            given,
+            f"{OMP_ENV}={raw!r} is not a positive integer, so the "
+            f"{given} CPU(s) each worker was given",
+        )
     return ThreadChoice(given, f"the CPU(s) each worker was given (set {OMP_ENV} to choose)")

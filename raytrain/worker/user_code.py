@@ -24,8 +24,11 @@ def build_profiler(spec: JobSpec, rank: int) -> tuple[Any, str | None]:
         return None, None
     from lightning.pytorch import profilers
 
-    classes = {"simple": profilers.SimpleProfiler, "advanced": profilers.AdvancedProfiler,
-               "pytorch": profilers.PyTorchProfiler}  # fmt: skip
+    classes = {
+        "simple": profilers.SimpleProfiler,
+        "advanced": profilers.AdvancedProfiler,
+        "pytorch": profilers.PyTorchProfiler,
+    }
     local = tempfile.mkdtemp(prefix="raytrain-profile-")
     return classes[name](dirpath=local, filename=f"rank{rank}"), local
 

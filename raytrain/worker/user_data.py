@@ -35,9 +35,17 @@ from raytrain.lightning_config import UserObjects
 from raytrain.spec import DataSpec, JobSpec
 
 # What a ShardedLoader keeps of the user's DataLoader: how a batch is made and loaded.
-KEPT = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
-        "multiprocessing_context", "prefetch_factor", "persistent_workers",
-        "pin_memory_device")  # fmt: skip
+KEPT = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+)
 
 
 class ShardedLoader(DataLoader):
@@ -117,15 +125,20 @@ def shard(
             "worker iterates as it is)"
         )
     if not isinstance(loader.dataset, Sized):
-        raise ValueError(f"{where}: its map-style dataset has no __len__; raytrain's sampler "
-                         "needs the number of samples (or make it an IterableDataset)")  # fmt: skip
+        raise ValueError(
+            f"{where}: its map-style dataset has no __len__; raytrain's sampler "
+            "needs the number of samples (or make it an IterableDataset)"
+        )
     rows = len(loader.dataset)
     if rows < world_size:
-        raise ValueError(f"{where}: {rows} samples cannot give each of {world_size} workers "
-                         "a batch (fewer samples than scaling.num_workers)")  # fmt: skip
+        raise ValueError(
+            f"{where}: {rows} samples cannot give each of {world_size} workers "
+            "a batch (fewer samples than scaling.num_workers)"
+        )
     shuffled = type(sampler) is RandomSampler
-    schedule = EpochSchedule(rows, batch_size, rank=rank, world_size=world_size,
-                             shuffle_seed=seed if shuffled else None)  # fmt: skip
+    schedule = EpochSchedule(
+        rows, batch_size, rank=rank, world_size=world_size, shuffle_seed=seed if shuffled else None
+    )
     kept = {name: getattr(loader, name) for name in KEPT}
     if not kept["num_workers"]:
         kept.pop("prefetch_factor")  # torch refuses it without worker processes
@@ -150,9 +163,14 @@ class UserData:
 
             @functools.wraps(original)
             def sharded(original: Any = original, hook: str = hook) -> Any:
-                loader = shard(original(), rank=rank, world_size=world_size, seed=seed,
-                               where=f"{owner}.{hook}",
-                               tensor_parallel=tensor_parallel)  # fmt: skip
+                loader = shard(
+                    original(),
+                    rank=rank,
+                    world_size=world_size,
+                    seed=seed,
+                    where=f"{owner}.{hook}",
+                    tensor_parallel=tensor_parallel,
+                )
                 if hook == "train_dataloader":
                     self.train_loader = loader
                 return loader
@@ -169,8 +187,9 @@ def worker_data(
     data arguments: file loaders, the DataModule, or none (the model's own loaders).
     ``user``: the config's model and DataModule, built."""
     if isinstance(spec.data, DataSpec):
-        train, val = worker_loaders(spec.data, work.cached, work.streamed, work.mixed,
-                                    spec.storage, rank, world_size)  # fmt: skip
+        train, val = worker_loaders(
+            spec.data, work.cached, work.streamed, work.mixed, spec.storage, rank, world_size
+        )
         return (lambda: train), {"train_dataloaders": train, "val_dataloaders": val}
     from raytrain.worker.strategy import tensor_parallel_size
 

@@ -55,8 +55,17 @@ def azurite(log: Path, workdir: Path) -> Iterator[dict]:
     port = free_port()
     authority = f"127.0.0.1:{port}"
     endpoint = f"http://{authority}/{AZURITE_ACCOUNT}"
-    cmd = [exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
-           "--skipApiVersionCheck", "--loose", "--disableTelemetry"]  # fmt: skip
+    cmd = [
+        exe,
+        "--blobHost",
+        "127.0.0.1",
+        "--blobPort",
+        str(port),
+        "--inMemoryPersistence",
+        "--skipApiVersionCheck",
+        "--loose",
+        "--disableTelemetry",
+    ]
 
     def is_up() -> bool:
         # An answer, even the refusal of an unsigned request, means it is up.

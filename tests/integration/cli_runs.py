@@ -26,8 +26,16 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def run_cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 600) -> tuple:
     """``raytrain run jobs/digits.yaml ARGS --json``: (exit code, parsed result, stderr)."""
-    cmd = [sys.executable, "-m", "raytrain", "run", str(ROOT / "jobs" / "digits.yaml"),
-           "--json", "data.prepare=null", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "raytrain",
+        "run",
+        str(ROOT / "jobs" / "digits.yaml"),
+        "--json",
+        "data.prepare=null",
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     result = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
@@ -35,11 +43,17 @@ def run_cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 600) ->
 
 
 def digits_on_s3(bucket: str, runs: str) -> list[str]:
-    return [f"data.train.uri={bucket}/digits/train", f"data.val.uri={bucket}/digits/val",
-            f"checkpoint.storage={bucket}/{runs}"]  # fmt: skip
+    return [
+        f"data.train.uri={bucket}/digits/train",
+        f"data.val.uri={bucket}/digits/val",
+        f"checkpoint.storage={bucket}/{runs}",
+    ]
 
 
 def checkpoint_dirs(fs: pafs.FileSystem, run_dir: str) -> list[str]:
     infos = fs.get_file_info(pafs.FileSelector(run_dir.removeprefix("s3://")))
-    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory
-                  and i.base_name.startswith("checkpoint_"))  # fmt: skip
+    return sorted(
+        i.base_name
+        for i in infos
+        if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")
+    )

@@ -69,6 +69,12 @@ def s3_digits(s3_endpoint: str, digits_dir: Path) -> str:
         table = pq.read_table(digits_dir / split)
         rows = -(-table.num_rows // S3_DIGITS_FILES)
         where = f"raytrain-test/digits/{split}"
-        pads.write_dataset(table, where, filesystem=fs, format="parquet",
-                           max_rows_per_file=rows, max_rows_per_group=rows)  # fmt: skip
+        pads.write_dataset(
+            table,
+            where,
+            filesystem=fs,
+            format="parquet",
+            max_rows_per_file=rows,
+            max_rows_per_group=rows,
+        )
     return "s3://raytrain-test"

@@ -99,8 +99,17 @@ def gcs_server(log: Path) -> Iterator[str]:
     """Start gcp-storage-emulator in memory on a free loopback port; yields its endpoint URL."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-c", _LAUNCHER, "start", "--host", "127.0.0.1", "--port", str(port),
-           "--in-memory"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        _LAUNCHER,
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--in-memory",
+    ]
 
     def is_up() -> bool:
         urllib.request.urlopen(f"{endpoint}/", timeout=1).close()  # its health check

@@ -39,8 +39,12 @@ def mlflow_holding(secrets: Iterable[str], tracking_uri: str, work: Path) -> lis
             **{f"tag {k}": f"{k}={v}" for k, v in run.data.tags.items()},
             **{f"metric {k}": k for k in run.data.metrics},
         }
-        found += [f"{run_id}: {where}: {s}" for where, text in values.items()
-                  for s in secrets if s in text]  # fmt: skip
+        found += [
+            f"{run_id}: {where}: {s}"
+            for where, text in values.items()
+            for s in secrets
+            if s in text
+        ]
         local = Path(client.download_artifacts(run_id, "", str(work / run_id)))
         found += [f"{run_id}: artifact {hit}" for hit in files_holding(secrets, [local])]
     return found

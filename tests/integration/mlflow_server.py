@@ -28,14 +28,26 @@ class MlflowServer:
 
 
 @contextmanager
-def mlflow_server(work: Path, s3_endpoint: str, bucket: str, *, auth: bool = False
-                  ) -> Iterator[MlflowServer]:  # fmt: skip
+def mlflow_server(
+    work: Path, s3_endpoint: str, bucket: str, *, auth: bool = False
+) -> Iterator[MlflowServer]:
     """Run ``mlflow server`` until the block ends; the bucket must exist."""
     port = free_port()
     artifacts = f"s3://{bucket}/mlartifacts"
-    cmd = [MLFLOW_CLI, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-           "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
-           "--artifacts-destination", artifacts]  # fmt: skip
+    cmd = [
+        MLFLOW_CLI,
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{work / 'mlflow.db'}",
+        "--artifacts-destination",
+        artifacts,
+    ]
     env = {**S3_ENV, "MLFLOW_S3_ENDPOINT_URL": s3_endpoint}
     username = password = None
     if auth:
@@ -51,6 +63,11 @@ def mlflow_server(work: Path, s3_endpoint: str, bucket: str, *, auth: bool = Fal
         env["MLFLOW_AUTH_CONFIG_PATH"] = str(config)
         env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = secrets.token_hex(16)  # its CSRF protection
     uri = f"http://127.0.0.1:{port}"
-    with server_process(cmd, work / "mlflow-server.log", lambda: http_answers(f"{uri}/health"),
-                        "mlflow server", env={**os.environ, **env}):  # fmt: skip
+    with server_process(
+        cmd,
+        work / "mlflow-server.log",
+        lambda: http_answers(f"{uri}/health"),
+        "mlflow server",
+        env={**os.environ, **env},
+    ):
         yield MlflowServer(uri, artifacts, username, password)

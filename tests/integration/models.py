@@ -134,10 +134,17 @@ class KillAtSteps:
     records each step's end (``step_end``: step, time, whether its block keeps): the cost
     of keeping, measured within one run, where two runs on 2 shared cores differ by 30%."""
 
-    def __init__(self, out_dir: str, at_steps: tuple[int, ...] = (30,), rank: int = 1,
-                 run_dir: str | None = None, signal_name: str = "SIGKILL",
-                 signals: tuple[str, ...] | None = None, toggle_every: int = 0,
-                 **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        out_dir: str,
+        at_steps: tuple[int, ...] = (30,),
+        rank: int = 1,
+        run_dir: str | None = None,
+        signal_name: str = "SIGKILL",
+        signals: tuple[str, ...] | None = None,
+        toggle_every: int = 0,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.toggle_every = toggle_every
         self.out_dir, self.at_steps, self.kill_rank = out_dir, tuple(at_steps), rank
@@ -285,8 +292,14 @@ class SeenCountCNN(KillAtStepsCNN):
         if "pixels" not in batch:  # a CSV set: the pixels' 64 columns
             batch = {**batch, "pixels": torch.stack([batch[f"p{k}"] for k in range(64)], 1)}
         ids = batch["id"]
-        line = json.dumps({"pid": os.getpid(), "rank": self.global_rank, "step": self.global_step,
-                           "ids": ids.tolist()})  # fmt: skip
+        line = json.dumps(
+            {
+                "pid": os.getpid(),
+                "rank": self.global_rank,
+                "step": self.global_step,
+                "ids": ids.tolist(),
+            }
+        )
         with open(f"{self.out_dir}/ids.jsonl", "a") as handle:
             handle.write(line + "\n")
         loss = super().training_step(batch, batch_idx)  # may kill this worker first
@@ -310,10 +323,21 @@ class NodeEventsCNN(SeenCountCNN):
     after the commit, and waits to be taken down with its node. Each wait gives up after
     ``patience`` seconds."""
 
-    def __init__(self, out_dir: str, num_ids: int, *, doomed_at: int | None = None,
-                 rank: int = 1, grow_at: int | None = None, grow_to: int = 2,
-                 notice_wait: bool = False, hold_at: int | None = None,
-                 lost_at: int | None = None, patience: float = 120, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        out_dir: str,
+        num_ids: int,
+        *,
+        doomed_at: int | None = None,
+        rank: int = 1,
+        grow_at: int | None = None,
+        grow_to: int = 2,
+        notice_wait: bool = False,
+        hold_at: int | None = None,
+        lost_at: int | None = None,
+        patience: float = 120,
+        **kwargs,
+    ):
         super().__init__(out_dir=out_dir, num_ids=num_ids, at_steps=(), rank=rank, **kwargs)
         self.doomed_at, self.grow_at, self.grow_to = doomed_at, grow_at, grow_to
         self.notice_wait, self.patience, self.hold_at = notice_wait, patience, hold_at
@@ -325,8 +349,13 @@ class NodeEventsCNN(SeenCountCNN):
 
         super().on_train_start()
         self._group_started_at = self.global_step
-        self._record("worker", rank=self.global_rank, node=ray.get_runtime_context().get_node_id(),
-                     world_size=self.trainer.world_size, step=self.global_step)  # fmt: skip
+        self._record(
+            "worker",
+            rank=self.global_rank,
+            node=ray.get_runtime_context().get_node_id(),
+            world_size=self.trainer.world_size,
+            step=self.global_step,
+        )
 
     def _wait_until(self, done: Callable[[], bool]) -> None:
         import time
@@ -388,8 +417,11 @@ def probe_loss(model: torch.nn.Module, block: int) -> float:
     tokens = probe_tokens(block)
     with torch.no_grad():
         logits = model(tokens[:, :-1])
-    return float(torch.nn.functional.cross_entropy(logits.reshape(-1, 256).float(),
-                                                   tokens[:, 1:].reshape(-1)))  # fmt: skip
+    return float(
+        torch.nn.functional.cross_entropy(
+            logits.reshape(-1, 256).float(), tokens[:, 1:].reshape(-1)
+        )
+    )
 
 
 class ProbedGPT(TinyGPT):
@@ -415,8 +447,14 @@ class ProbedGPT(TinyGPT):
 
     def _probe(self, when: str) -> None:
         loss = probe_loss(self.trainer.model, self.hparams.block)  # a collective under FSDP
-        self._write({"when": when, "step": self.global_step, "loss": loss,
-                     "world_size": self.trainer.world_size})  # fmt: skip
+        self._write(
+            {
+                "when": when,
+                "step": self.global_step,
+                "loss": loss,
+                "world_size": self.trainer.world_size,
+            }
+        )
 
     def on_train_start(self) -> None:
         self._probe("start")
@@ -461,8 +499,9 @@ class RankEndsClassifier(DigitsClassifier):
     def on_fit_end(self) -> None:
         import json
 
-        line = json.dumps({"rank": self.global_rank, "step": self.global_step,
-                           "epoch": self.current_epoch})  # fmt: skip
+        line = json.dumps(
+            {"rank": self.global_rank, "step": self.global_step, "epoch": self.current_epoch}
+        )
         with open(f"{self.out_dir}/ends.jsonl", "a") as handle:
             handle.write(line + "\n")
 
@@ -506,8 +545,9 @@ class DigitsRowsModule(pl.LightningDataModule):
     the train split as ``RankRows``); ``setup`` counts its calls per rank in
     ``out_dir/setup.jsonl``."""
 
-    def __init__(self, train: str, val: str, out_dir: str, batch_size: int = 24,
-                 iterable: bool = False):  # fmt: skip
+    def __init__(
+        self, train: str, val: str, out_dir: str, batch_size: int = 24, iterable: bool = False
+    ):
         super().__init__()
         self.train_uri, self.val_uri, self.out_dir = train, val, out_dir
         self.batch_size, self.iterable = batch_size, iterable

@@ -113,8 +113,11 @@ class RayHead:
         logs = sorted((self.temp_dir / "session_latest" / "logs").glob("*"))
         for log in logs:
             with suppress(OSError):
-                said = [ln for ln in log.read_text(errors="replace").splitlines()
-                        if "metric" in ln.lower() or "prometheus" in ln.lower()]  # fmt: skip
+                said = [
+                    ln
+                    for ln in log.read_text(errors="replace").splitlines()
+                    if "metric" in ln.lower() or "prometheus" in ln.lower()
+                ]
                 lines += [f"{log.name}: {ln[:300]}" for ln in said[-5:]]
         return "\n".join(lines)
 
@@ -126,10 +129,13 @@ class RayHead:
 def _node_ports(metrics_port: int | None = None) -> list[str]:
     """Ports a node on this machine must not share with another node here."""
     return [
-        "--dashboard-agent-listen-port", str(free_port()),
-        "--metrics-export-port", str(metrics_port or free_port()),
-        "--runtime-env-agent-port", str(free_port()),
-    ]  # fmt: skip
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+        "--metrics-export-port",
+        str(metrics_port or free_port()),
+        "--runtime-env-agent-port",
+        str(free_port()),
+    ]
 
 
 def _wait(what: str, ready, procs: list[subprocess.Popen], logs: list[Path]) -> None:
@@ -253,11 +259,26 @@ def start_node(head: RayHead, log: Path, *, num_cpus: int) -> subprocess.Popen:
     # a temp dir of its own (named after the head's, for stop_cluster): nodes sharing one
     # would share runtime_resources, and one node's agent deletes what another's job runs in
     temp_dir = f"{head.temp_dir}-n{len(head.nodes) + 1}"
-    cmd = [RAY_CLI, "start", "--block", "--address", head.gcs_address,
-           "--num-cpus", str(num_cpus), "--temp-dir", temp_dir, *_node_ports()]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env=head.env, start_new_session=True,
-                            preexec_fn=_die_with_parent)  # fmt: skip
+    cmd = [
+        RAY_CLI,
+        "start",
+        "--block",
+        "--address",
+        head.gcs_address,
+        "--num-cpus",
+        str(num_cpus),
+        "--temp-dir",
+        temp_dir,
+        *_node_ports(),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=head.env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
     head.nodes.append(proc)
     _wait("a Ray worker node", lambda: head.alive_nodes() > before, [proc], [log])
     return proc
@@ -299,16 +320,38 @@ def ray_head(
     head_env.pop("RAY_AUTH_TOKEN", None)
     gcs_port, metrics_port = gcs_port or free_port(), free_port()
     dash_port = dashboard_port or free_port()
-    cmd = [RAY_CLI, "start", "--head", "--block", "--port", str(gcs_port),
-           "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
-           "--include-dashboard", "true", "--num-cpus", str(num_cpus),
-           "--temp-dir", str(temp_dir), "--disable-usage-stats",
-           "--ray-client-server-port", str(free_port()), *_node_ports(metrics_port),
-           *args]  # fmt: skip
+    cmd = [
+        RAY_CLI,
+        "start",
+        "--head",
+        "--block",
+        "--port",
+        str(gcs_port),
+        "--dashboard-host",
+        "127.0.0.1",
+        "--dashboard-port",
+        str(dash_port),
+        "--include-dashboard",
+        "true",
+        "--num-cpus",
+        str(num_cpus),
+        "--temp-dir",
+        str(temp_dir),
+        "--disable-usage-stats",
+        "--ray-client-server-port",
+        str(free_port()),
+        *_node_ports(metrics_port),
+        *args,
+    ]
     log = work / "ray-head.log"
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env=head_env, start_new_session=True,
-                            preexec_fn=_die_with_parent)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=head_env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
     head = RayHead(
         dashboard_url=f"http://127.0.0.1:{dash_port}",
         gcs_address=f"127.0.0.1:{gcs_port}",

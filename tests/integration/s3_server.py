@@ -34,8 +34,13 @@ def moto_server(log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     exe = Path(sys.executable).with_name("moto_server")
     endpoint = f"http://127.0.0.1:{port}"
     cmd = [str(exe), "-H", "127.0.0.1", "-p", str(port)]
-    with server_process(cmd, log, lambda: _answers(f"{endpoint}/moto-api/"), "moto_server",
-                        env={**os.environ, **(env or {})}):  # fmt: skip
+    with server_process(
+        cmd,
+        log,
+        lambda: _answers(f"{endpoint}/moto-api/"),
+        "moto_server",
+        env={**os.environ, **(env or {})},
+    ):
         yield endpoint
 
 
@@ -44,9 +49,12 @@ def s3_client(endpoint: str, access_key: str = "testing", secret_key: str = "tes
     import boto3
 
     return boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id=access_key, aws_secret_access_key=secret_key,
-    )  # fmt: skip
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+    )
 
 
 @dataclass(frozen=True)
@@ -74,9 +82,12 @@ def moto_auth_server(log: Path) -> Iterator[AuthServer]:
 
         def iam(key: str, secret: str) -> Any:
             return boto3.client(
-                "iam", endpoint_url=endpoint, region_name="us-east-1",
-                aws_access_key_id=key, aws_secret_access_key=secret,
-            )  # fmt: skip
+                "iam",
+                endpoint_url=endpoint,
+                region_name="us-east-1",
+                aws_access_key_id=key,
+                aws_secret_access_key=secret,
+            )
 
         def policy(actions: list[str]) -> str:
             statement = {"Effect": "Allow", "Action": actions, "Resource": "*"}
@@ -112,6 +123,8 @@ def s3_filesystem(endpoint: str, keys: dict[str, str] | None = None) -> Any:
 
     keys = keys or S3_ENV
     return pafs.S3FileSystem(
-        endpoint_override=endpoint, region="us-east-1",
-        access_key=keys["AWS_ACCESS_KEY_ID"], secret_key=keys["AWS_SECRET_ACCESS_KEY"],
-    )  # fmt: skip
+        endpoint_override=endpoint,
+        region="us-east-1",
+        access_key=keys["AWS_ACCESS_KEY_ID"],
+        secret_key=keys["AWS_SECRET_ACCESS_KEY"],
+    )

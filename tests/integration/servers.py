@@ -49,9 +49,14 @@ def server_process(
     """Run ``cmd`` (output to ``log``) in its own process group until the block ends, once
     ``is_up()`` is true (it may raise OSError while the server is starting)."""
     with open(log, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_parent,
-                                **popen)  # type: ignore[call-overload]  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            **popen,
+        )  # type: ignore[call-overload]
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -39,14 +39,23 @@ def test_a_job_bigger_than_the_head_makes_the_autoscaler_add_nodes(
     config_path.write_text(yaml.safe_dump(config))
     head_cpus = config["available_node_types"]["ray.head.default"]["resources"]["CPU"]
     fake_cluster = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
-    with ray_head(tmp_path, num_cpus=head_cpus, gcs_port=gcs_port, env=fake_cluster,
-                  args=("--autoscaling-config", str(config_path))) as head:  # fmt: skip
+    with ray_head(
+        tmp_path,
+        num_cpus=head_cpus,
+        gcs_port=gcs_port,
+        env=fake_cluster,
+        args=("--autoscaling-config", str(config_path)),
+    ) as head:
         assert node_slots(head) == [0]  # the head alone
         wd = tmp_path / "wd"
         wd.mkdir()
-        spec = digits_spec(digits_dir, tmp_path, name="autoscaled", trainer={"max_epochs": 1},
-                           scaling={"num_workers": 2,
-                                    "resources_per_worker": {"CPU": 1, SLOT: 1}})  # fmt: skip
+        spec = digits_spec(
+            digits_dir,
+            tmp_path,
+            name="autoscaled",
+            trainer={"max_epochs": 1},
+            scaling={"num_workers": 2, "resources_per_worker": {"CPU": 1, SLOT: 1}},
+        )
         write_spec(wd / "spec.yaml", spec)
         # No uploaded working dir: the fake provider's nodes share the head's temp dir, and a
         # trainer node unpacking the job's package into the shared runtime_resources once

@@ -189,8 +189,11 @@ def test_rerun_of_the_finished_run_says_complete_before_ray(first_run, work: Pat
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     proc = subprocess.run(
         [sys.executable, "-c", _NO_RAY_DRIVER, "run", str(path)],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     outcome = json.loads(proc.stdout.strip().splitlines()[-1])
     assert outcome == {"rc": 0, "ray": False}, proc.stderr
@@ -211,10 +214,20 @@ def test_same_command_resumes_from_last_step(first_run, work: Path) -> None:
     path = write_spec(work / "job.yaml", spec)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     proc = subprocess.run(
-        [sys.executable, "-m", "raytrain", "run", str(path),
-         f"trainer.max_epochs={EPOCHS + 1}", "--json"],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "raytrain",
+            "run",
+            str(path),
+            f"trainer.max_epochs={EPOCHS + 1}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resuming digits-test from {result.latest_checkpoint_uri}" in proc.stderr
     assert f"step {last_step})" in proc.stderr

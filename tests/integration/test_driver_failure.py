@@ -96,12 +96,26 @@ def test_killed_driver_resumes_from_the_last_committed_checkpoint_on_s3(
     rule = SecondFileOfSecondFolder()
     with s3_proxy(s3_endpoint) as proxy:
         stalled = proxy.stall_when(rule)
-        cmd = [sys.executable, "-m", "raytrain", "run", str(ROOT / "jobs" / "digits.yaml"),
-               "--json", "data.prepare=null", *args,
-               f"storage.s3.endpoint_url={proxy.endpoint}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "raytrain",
+            "run",
+            str(ROOT / "jobs" / "digits.yaml"),
+            "--json",
+            "data.prepare=null",
+            *args,
+            f"storage.s3.endpoint_url={proxy.endpoint}",
+        ]
         with open(tmp_path / "first.log", "w") as log:
-            proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=tmp_path,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             # Until the upload stalls; a run that ends first (an error) fails the test.
             while not stalled.wait(timeout=1) and proc.poll() is None:
@@ -127,8 +141,11 @@ def test_killed_driver_resumes_from_the_last_committed_checkpoint_on_s3(
 
     committed = committed_checkpoint(fs)
     assert committed == rule.first
-    folders = {i.base_name for i in fs.get_file_info(pafs.FileSelector(RUN))
-               if i.type == pafs.FileType.Directory}  # fmt: skip
+    folders = {
+        i.base_name
+        for i in fs.get_file_info(pafs.FileSelector(RUN))
+        if i.type == pafs.FileType.Directory
+    }
     partial = sorted(folders - {committed})
     assert len(partial) == 1  # the interrupted upload left part of its folder behind
     held = {i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{RUN}/{partial[0]}"))}

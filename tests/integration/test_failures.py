@@ -88,12 +88,17 @@ def test_nan_loss_on_one_rank_stops_the_run_unretried(
 
     attempts = tmp_path / "attempts"
     spec = digits_spec(
-        digits_dir, tmp_path, name="nan-loss",
-        model={"class_path": "tests.integration.models:NaNAtStepCNN",
-               "init_args": {"attempts": str(attempts), "at_step": 30}},
-        trainer={"max_epochs": 3}, checkpoint={"every_n_steps": 10, "every_n_epochs": None},
+        digits_dir,
+        tmp_path,
+        name="nan-loss",
+        model={
+            "class_path": "tests.integration.models:NaNAtStepCNN",
+            "init_args": {"attempts": str(attempts), "at_step": 30},
+        },
+        trainer={"max_epochs": 3},
+        checkpoint={"every_n_steps": 10, "every_n_epochs": None},
         failure={"max_failures": 2},
-    )  # fmt: skip
+    )
     with pytest.raises(raytrain.TrainingFailed) as excinfo:
         raytrain.fit(spec, progress=False)
     message = str(excinfo.value)
@@ -113,5 +118,4 @@ def test_nan_loss_on_one_rank_stops_the_run_unretried(
     from raytrain.checkpoints.node_slots import keep_scratch_name, slot_paths, state_roots
 
     scratch = keep_scratch_name(runstate.run_dir(parse_spec(spec)))
-    assert not [p for root in state_roots() for p in slot_paths(root, scratch)
-                if Path(p).exists()]  # fmt: skip
+    assert not [p for root in state_roots() for p in slot_paths(root, scratch) if Path(p).exists()]

@@ -37,23 +37,38 @@ def _spec(
 ) -> dict:
     return {
         "name": "fsdp-gpt",
-        "model": {"class_path": "tests.integration.models:ProbedGPT",
-                  "init_args": {"out_dir": str(tmp_path), "kill_at": kill_at, **GPT}},
-        "data": {"train": {"uri": str(tmp_path / "text" / "train")},
-                 "val": {"uri": str(tmp_path / "text" / "val")},
-                 "columns": ["tokens"], "batch_size": 16},
+        "model": {
+            "class_path": "tests.integration.models:ProbedGPT",
+            "init_args": {"out_dir": str(tmp_path), "kill_at": kill_at, **GPT},
+        },
+        "data": {
+            "train": {"uri": str(tmp_path / "text" / "train")},
+            "val": {"uri": str(tmp_path / "text" / "val")},
+            "columns": ["tokens"],
+            "batch_size": 16,
+        },
         "scaling": {"num_workers": workers},
-        "strategy": {"name": "fsdp", "fsdp": {"auto_wrap": ["Block"],
-                                              "activation_checkpointing": ["Block"]}},
-        "trainer": {"max_epochs": epochs, "log_every_n_steps": 10, "gradient_clip_val": 1.0,
-                    "precision": "32-true"},
+        "strategy": {
+            "name": "fsdp",
+            "fsdp": {"auto_wrap": ["Block"], "activation_checkpointing": ["Block"]},
+        },
+        "trainer": {
+            "max_epochs": epochs,
+            "log_every_n_steps": 10,
+            "gradient_clip_val": 1.0,
+            "precision": "32-true",
+        },
         # one restart allowed (the kill)
-        "checkpoint": {"storage": str(tmp_path / "runs"), "keep": 1,
-                       "memory_every_n_steps": memory},
+        "checkpoint": {
+            "storage": str(tmp_path / "runs"),
+            "keep": 1,
+            "memory_every_n_steps": memory,
+        },
         "failure": {"max_failures": 1},
-        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-                                "log_model": False}},
-    }  # fmt: skip
+        "tracking": {
+            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_model": False}
+        },
+    }
 
 
 def _probes(tmp_path: Path) -> list[dict]:
@@ -96,8 +111,14 @@ def test_fsdp_shards_resumes_on_another_world_size_and_exports(
     third = raytrain.fit(_spec(tmp_path, workers=2, epochs=4), progress=False)
     probes = [p for p in _probes(tmp_path) if p["when"] in ("start", "end")]
     assert [(p["when"], p["world_size"]) for p in probes] == [
-        ("start", 2), ("start", 2), ("end", 2), ("start", 1), ("end", 1), ("start", 2),
-        ("end", 2)]  # fmt: skip
+        ("start", 2),
+        ("start", 2),
+        ("end", 2),
+        ("start", 1),
+        ("end", 1),
+        ("start", 2),
+        ("end", 2),
+    ]
     probes = [probes[0], *probes[2:]]  # the kill's restart: above
     for ended, resumed in ((probes[1], probes[2]), (probes[3], probes[4])):
         assert resumed["step"] == ended["step"] > 0

@@ -29,8 +29,9 @@ def gcs(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> Iterator[
 
     with gcs_server(tmp_path_factory.mktemp("gcs") / "gcs.log") as endpoint:
         create_bucket(endpoint, "raytrain-test")
-        fs = pafs.GcsFileSystem(anonymous=True, scheme="http",
-                                endpoint_override=endpoint.removeprefix("http://"))  # fmt: skip
+        fs = pafs.GcsFileSystem(
+            anonymous=True, scheme="http", endpoint_override=endpoint.removeprefix("http://")
+        )
         pafs.copy_files(str(digits_dir), "raytrain-test/digits", pafs.LocalFileSystem(), fs)
         yield endpoint, fs
 
@@ -44,23 +45,29 @@ def azure(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> Iterato
     work = tmp_path_factory.mktemp("azurite")
     with azurite(work / "azurite.log", work) as cfg:
         fs = pafs.AzureFileSystem(
-            account_name=cfg["account_name"], account_key=cfg["account_key"],
-            blob_storage_authority=cfg["authority"], blob_storage_scheme="http",
-            dfs_storage_authority=cfg["authority"], dfs_storage_scheme="http",
-        )  # fmt: skip
+            account_name=cfg["account_name"],
+            account_key=cfg["account_key"],
+            blob_storage_authority=cfg["authority"],
+            blob_storage_scheme="http",
+            dfs_storage_authority=cfg["authority"],
+            dfs_storage_scheme="http",
+        )
         fs.create_dir("raytrain-test")
         pafs.copy_files(str(digits_dir), "raytrain-test/digits", pafs.LocalFileSystem(), fs)
         yield cfg, fs
 
 
-def trains_and_resumes(digits_dir: Path, work: Path, fs: pafs.FileSystem, root: str,
-                       capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def trains_and_resumes(
+    digits_dir: Path, work: Path, fs: pafs.FileSystem, root: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     """Train 2 epochs with data and checkpoints under ``root``, then resume for a third."""
     spec = digits_spec(
-        digits_dir, work, name="digits-cnn",
+        digits_dir,
+        work,
+        name="digits-cnn",
         data={"train": {"uri": f"{root}/digits/train"}, "val": {"uri": f"{root}/digits/val"}},
         checkpoint={"storage": f"{root}/runs", "keep": 1},
-    )  # fmt: skip
+    )
     first = raytrain.fit(spec, progress=False)
     assert first.run_dir == f"{root}/runs/digits-cnn"
     assert first.metrics["val_acc"] > 0.5  # learned from the data it read there
@@ -77,18 +84,28 @@ def trains_and_resumes(digits_dir: Path, work: Path, fs: pafs.FileSystem, root: 
 
 
 def test_gcs_data_and_checkpoints(
-    gcs: tuple, ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None,
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    gcs: tuple,
+    ray_cluster: None,
+    digits_dir: Path,
+    tmp_path: Path,
+    clean_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     endpoint, fs = gcs
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
     trains_and_resumes(digits_dir, tmp_path, fs, "gs://raytrain-test", capfd)
 
 
 def test_azure_data_and_checkpoints(
-    azure: tuple, ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None,
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    azure: tuple,
+    ray_cluster: None,
+    digits_dir: Path,
+    tmp_path: Path,
+    clean_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     cfg, fs = azure
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", cfg["connection_string"])
     trains_and_resumes(digits_dir, tmp_path, fs, "abfs://raytrain-test", capfd)
@@ -110,9 +127,13 @@ def test_missing_bucket_stops_the_run(gcs: tuple, azure: tuple, tmp_path: Path) 
         (cli_env(AZURE_STORAGE_CONNECTION_STRING=azure[0]["connection_string"]), "abfs"),
     ]
     for env, scheme in cases:
-        code, _, out = run_cli(env, tmp_path, *digits_on_s3(f"{scheme}://raytrain-test", "runs"),
-                               f"checkpoint.storage={scheme}://no-such-bucket/runs",
-                               timeout=30)  # fmt: skip
+        code, _, out = run_cli(
+            env,
+            tmp_path,
+            *digits_on_s3(f"{scheme}://raytrain-test", "runs"),
+            f"checkpoint.storage={scheme}://no-such-bucket/runs",
+            timeout=30,
+        )
         assert code == 2, out[-3000:]
         missing = f"{scheme}://no-such-bucket/runs: the bucket 'no-such-bucket' does not exist"
         assert f"checkpoint.storage: {missing}" in out

@@ -43,20 +43,33 @@ def test_image_folders_killed_mid_epoch_and_resumed_on_fewer_workers_train_each_
 
     def spec(workers: int) -> dict:
         return digits_spec(
-            digits_dir, tmp_path, name="images",
-            model={"class_path": "tests.integration.models:SeenCountCNN",
-                   "init_args": {"out_dir": str(tmp_path), "num_ids": TRAIN + VAL,
-                                 "at_steps": list(KILLS), "lr": 0.01,
-                                 "run_dir": str(tmp_path / "runs" / "images")}},
-            data={"train": {"uri": str(tmp_path / "images" / "train"), **image},
-                  "val": {"uri": str(tmp_path / "images" / "val"), **image},
-                  "columns": None, "batch_size": BATCH, "shuffle": {"seed": 3},
-                  "num_workers": 1, "preprocess": "tests.integration.models:digit_and_id"},
+            digits_dir,
+            tmp_path,
+            name="images",
+            model={
+                "class_path": "tests.integration.models:SeenCountCNN",
+                "init_args": {
+                    "out_dir": str(tmp_path),
+                    "num_ids": TRAIN + VAL,
+                    "at_steps": list(KILLS),
+                    "lr": 0.01,
+                    "run_dir": str(tmp_path / "runs" / "images"),
+                },
+            },
+            data={
+                "train": {"uri": str(tmp_path / "images" / "train"), **image},
+                "val": {"uri": str(tmp_path / "images" / "val"), **image},
+                "columns": None,
+                "batch_size": BATCH,
+                "shuffle": {"seed": 3},
+                "num_workers": 1,
+                "preprocess": "tests.integration.models:digit_and_id",
+            },
             scaling={"num_workers": workers},
             trainer={"max_epochs": EPOCHS},
             checkpoint={"every_n_steps": 5, "keep": 20},
             failure={"max_failures": 1},
-        )  # fmt: skip
+        )
 
     with pytest.raises(raytrain.TrainingFailed):  # the second kill spends the failures
         raytrain.fit(spec(2), progress=False)
@@ -66,8 +79,9 @@ def test_image_folders_killed_mid_epoch_and_resumed_on_fewer_workers_train_each_
     assert result.metrics["world_size"] == 1 and result.metrics["epoch"] == EPOCHS - 1
 
     # Every training image exactly once per epoch, through both faults and the resize.
-    final = max(result.checkpoints,
-                key=lambda c: json.loads((Path(c) / META_FILE).read_text())["step"])  # fmt: skip
+    final = max(
+        result.checkpoints, key=lambda c: json.loads((Path(c) / META_FILE).read_text())["step"]
+    )
     state = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)
     seen = state["state_dict"]["seen"]
     assert seen[:TRAIN].tolist() == [EPOCHS] * TRAIN, np.bincount(seen[:TRAIN].numpy())
@@ -76,8 +90,16 @@ def test_image_folders_killed_mid_epoch_and_resumed_on_fewer_workers_train_each_
     assert result.metrics["val_acc"] >= 0.8
 
     # `raytrain doctor` of the run: data-bound, the wait's share with its numbers
-    code = main(["doctor", "images", "--storage", spec(1)["checkpoint"]["storage"],
-                 "--tracking-uri", spec(1)["tracking"]["mlflow"]["tracking_uri"]])  # fmt: skip
+    code = main(
+        [
+            "doctor",
+            "images",
+            "--storage",
+            spec(1)["checkpoint"]["storage"],
+            "--tracking-uri",
+            spec(1)["tracking"]["mlflow"]["tracking_uri"],
+        ]
+    )
     assert code == 0
     lines = capsys.readouterr().out.splitlines()
     lines = lines[lines.index("images:") :]  # after what Ray printed of the killed workers

@@ -57,8 +57,12 @@ def test_lightnings_demo_classes_run_unchanged(
     assert result.metrics["step"] == 2 * 32 and result.metrics["world_size"] == 2
 
     # ckpt_path: a new run starts from that Lightning checkpoint, its step count and all
-    started = {**spec, "name": "boring-from", "trainer": {"max_epochs": 3},
-               "ckpt_path": str(Path(result.latest_checkpoint_uri) / CKPT_FILE)}  # fmt: skip
+    started = {
+        **spec,
+        "name": "boring-from",
+        "trainer": {"max_epochs": 3},
+        "ckpt_path": str(Path(result.latest_checkpoint_uri) / CKPT_FILE),
+    }
     assert raytrain.fit(started, progress=False).metrics["step"] == 3 * 32
 
     # trainer.profiler: pytorch left rank 0's trace in the run's storage and in MLflow: JSON
@@ -77,28 +81,46 @@ def _cli_config(tmp_path: Path) -> dict[str, Any]:
     return {
         "seed_everything": 42,
         "trainer": {
-            "accelerator": "auto", "devices": "auto", "max_epochs": 20,
-            "log_every_n_steps": 10, "enable_checkpointing": None, "precision": "32-true",
+            "accelerator": "auto",
+            "devices": "auto",
+            "max_epochs": 20,
+            "log_every_n_steps": 10,
+            "enable_checkpointing": None,
+            "precision": "32-true",
             "callbacks": [
-                {"class_path": "lightning.pytorch.callbacks.EarlyStopping",
-                 "init_args": {"monitor": "val_acc", "mode": "max", "stopping_threshold": 0.9,
-                               "patience": 50}},
+                {
+                    "class_path": "lightning.pytorch.callbacks.EarlyStopping",
+                    "init_args": {
+                        "monitor": "val_acc",
+                        "mode": "max",
+                        "stopping_threshold": 0.9,
+                        "patience": 50,
+                    },
+                },
                 {"class_path": "LearningRateMonitor", "init_args": {"logging_interval": "epoch"}},
             ],
-            "logger": [{"class_path": "CSVLogger", "init_args": {"save_dir": "logs"}},
-                       {"class_path": "TensorBoardLogger", "init_args": {"save_dir": "tb"}}],
+            "logger": [
+                {"class_path": "CSVLogger", "init_args": {"save_dir": "logs"}},
+                {"class_path": "TensorBoardLogger", "init_args": {"save_dir": "tb"}},
+            ],
         },
-        "model": {"class_path": "tests.integration.models.RankEndsClassifier",
-                  "init_args": {"out_dir": str(tmp_path)}},
-        "data": {"class_path": "raytrain.datasets.digits_module.DigitsDataModule",
-                 "init_args": {"batch_size": 32}},
+        "model": {
+            "class_path": "tests.integration.models.RankEndsClassifier",
+            "init_args": {"out_dir": str(tmp_path)},
+        },
+        "data": {
+            "class_path": "raytrain.datasets.digits_module.DigitsDataModule",
+            "init_args": {"batch_size": 32},
+        },
         "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.003}},
-        "lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR",
-                         "init_args": {"step_size": 1, "gamma": 0.5}},
+        "lr_scheduler": {
+            "class_path": "torch.optim.lr_scheduler.StepLR",
+            "init_args": {"step_size": 1, "gamma": 0.5},
+        },
         "ckpt_path": None,
         "checkpoint": {"storage": "runs"},  # relative: to the directory raytrain runs in
         "tracking": _tracking(tmp_path),
-    }  # fmt: skip
+    }
 
 
 def _ends(tmp_path: Path) -> list[dict[str, int]]:
@@ -115,8 +137,12 @@ def test_a_lightning_cli_config_runs_with_raytrain_run_and_resumes(
     config.write_text(yaml.safe_dump(_cli_config(tmp_path)))
     proc = subprocess.run(
         [sys.executable, "-m", "raytrain", "run", str(config), "--json"],
-        capture_output=True, text=True, env=cli_env(), cwd=tmp_path, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "has no name: the run is named 'digits-cli'" in proc.stderr
@@ -138,8 +164,9 @@ def test_a_lightning_cli_config_runs_with_raytrain_run_and_resumes(
     assert "EarlyStopping" in run.data.tags["raytrain.stopped"]
     # LearningRateMonitor's values (with each report of its epoch), halved each epoch by StepLR
     history = client.get_metric_history(first["mlflow_run_id"], "lr-Adam")
-    by_epoch = {m.step // steps_per_epoch - (m.step % steps_per_epoch == 0): m.value
-                for m in history}  # fmt: skip
+    by_epoch = {
+        m.step // steps_per_epoch - (m.step % steps_per_epoch == 0): m.value for m in history
+    }
     assert by_epoch == pytest.approx({k: 0.003 * 0.5**k for k in range(stop // steps_per_epoch)})
 
     # The user's CSVLogger and TensorBoardLogger wrote on rank 0, under the run's folder
@@ -171,18 +198,28 @@ def _rows_spec(tmp_path: Path, digits_dir: Path, workers: int, **model: Any) -> 
     ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
     return {
         "name": "datamodule-rows",
-        "model": {"class_path": "tests.integration.models:SeenCountCNN",
-                  "init_args": {"out_dir": str(tmp_path), "num_ids": max(ids) + 1,
-                                "run_dir": str(tmp_path / "runs" / "datamodule-rows"),
-                                **model}},
-        "data": {"class_path": "tests.integration.models.DigitsRowsModule",
-                 "init_args": {"train": str(digits_dir / "train"), "val": str(digits_dir / "val"),
-                               "out_dir": str(tmp_path)}},
+        "model": {
+            "class_path": "tests.integration.models:SeenCountCNN",
+            "init_args": {
+                "out_dir": str(tmp_path),
+                "num_ids": max(ids) + 1,
+                "run_dir": str(tmp_path / "runs" / "datamodule-rows"),
+                **model,
+            },
+        },
+        "data": {
+            "class_path": "tests.integration.models.DigitsRowsModule",
+            "init_args": {
+                "train": str(digits_dir / "train"),
+                "val": str(digits_dir / "val"),
+                "out_dir": str(tmp_path),
+            },
+        },
         "scaling": {"num_workers": workers},
         "trainer": {"max_epochs": 2, "log_every_n_steps": 5, "precision": "32-true"},
         "checkpoint": {"storage": str(tmp_path / "runs"), "every_n_steps": 10, "keep": 20},
         "tracking": _tracking(tmp_path),
-    }  # fmt: skip
+    }
 
 
 def test_a_map_style_datamodule_resumes_mid_epoch_on_fewer_workers_exactly(
@@ -251,18 +288,34 @@ def _backbone_config(tmp_path: Path, data: str, callbacks: list[Any]) -> dict[st
     given a nested ``Backbone`` class_path, whose activation is a class_path too."""
     return {
         "seed_everything": 7,
-        "model": {"class_path": f"{EXAMPLES}.LitClassifier", "init_args": {
-            "learning_rate": 0.001,
-            "backbone": {"class_path": f"{EXAMPLES}.Backbone", "init_args": {
-                "hidden_dim": 32, "activation": {"class_path": "torch.nn.Tanh"}}}}},
-        "data": {"class_path": data,
-                 "init_args": {"data_dir": str(tmp_path / "mnist"), "val_split": 128,
-                               "num_workers": 0, "batch_size": 32}},
-        "trainer": {"max_epochs": 4, "log_every_n_steps": 2, "precision": "32-true",
-                    "callbacks": callbacks},
+        "model": {
+            "class_path": f"{EXAMPLES}.LitClassifier",
+            "init_args": {
+                "learning_rate": 0.001,
+                "backbone": {
+                    "class_path": f"{EXAMPLES}.Backbone",
+                    "init_args": {"hidden_dim": 32, "activation": {"class_path": "torch.nn.Tanh"}},
+                },
+            },
+        },
+        "data": {
+            "class_path": data,
+            "init_args": {
+                "data_dir": str(tmp_path / "mnist"),
+                "val_split": 128,
+                "num_workers": 0,
+                "batch_size": 32,
+            },
+        },
+        "trainer": {
+            "max_epochs": 4,
+            "log_every_n_steps": 2,
+            "precision": "32-true",
+            "callbacks": callbacks,
+        },
         "checkpoint": {"storage": "runs"},
         "tracking": _tracking(tmp_path),
-    }  # fmt: skip
+    }
 
 
 def _run_backbone(tmp_path: Path, config: dict[str, Any], *args: str) -> tuple[dict, str]:
@@ -276,13 +329,21 @@ def _run_backbone(tmp_path: Path, config: dict[str, Any], *args: str) -> tuple[d
     env = cli_env(PL_USE_MOCKED_MNIST="1")
     check = subprocess.run(
         [sys.executable, "-m", "raytrain", "validate", str(path), *args],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert check.returncode == 0, check.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "raytrain", "run", str(path), "--json", *args],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["metrics"]["step"] == 4 * 8  # 512 rows, 2 workers, 32 a batch
@@ -351,7 +412,8 @@ def test_the_backbone_example_without_model_checkpoint_under_a_cli_class_that_li
     tags = MlflowClient(result["tracking_uri"]).get_run(result["mlflow_run_id"]).data.tags
     assert "raytrain.model_error" not in tags, tags["raytrain.model_error"]
     assert tags["raytrain.model_uri"]
-    state = torch.load(Path(result["latest_checkpoint_uri"]) / CKPT_FILE,
-                       map_location="cpu", weights_only=False)["state_dict"]  # fmt: skip
+    state = torch.load(
+        Path(result["latest_checkpoint_uri"]) / CKPT_FILE, map_location="cpu", weights_only=False
+    )["state_dict"]
     assert state["backbone.l2.weight"].shape == (12, 32)
     assert result["best_checkpoint_uri"] == result["latest_checkpoint_uri"]

@@ -62,18 +62,33 @@ def test_a_run_killed_mid_epoch_trains_every_row_once_per_epoch_in_a_new_order(
     every_id += pq.read_table(digits_dir / "val", columns=["id"]).column("id").to_pylist()
     steps = len(step_slices(len(train_ids), BATCH, WORKERS))  # an epoch's steps: 30
     spec = digits_spec(
-        digits_dir, tmp_path, name="mid-epoch",
-        model={"class_path": "tests.integration.models:SeenCountCNN",
-               "init_args": {"out_dir": str(tmp_path), "num_ids": max(every_id) + 1,
-                             "at_steps": list(KILLS),
-                             "run_dir": str(tmp_path / "runs" / "mid-epoch")}},
-        data={"train": {"uri": str(tmp_path / "train")}, "columns": ["id", "pixels", "label"],
-              "batch_size": BATCH, "shuffle": {"seed": 7}},
+        digits_dir,
+        tmp_path,
+        name="mid-epoch",
+        model={
+            "class_path": "tests.integration.models:SeenCountCNN",
+            "init_args": {
+                "out_dir": str(tmp_path),
+                "num_ids": max(every_id) + 1,
+                "at_steps": list(KILLS),
+                "run_dir": str(tmp_path / "runs" / "mid-epoch"),
+            },
+        },
+        data={
+            "train": {"uri": str(tmp_path / "train")},
+            "columns": ["id", "pixels", "label"],
+            "batch_size": BATCH,
+            "shuffle": {"seed": 7},
+        },
         trainer={"max_epochs": EPOCHS},
-        checkpoint={"every_n_steps": EVERY, "every_n_epochs": None, "keep": 20,
-                    "memory_every_n_steps": 1},
+        checkpoint={
+            "every_n_steps": EVERY,
+            "every_n_epochs": None,
+            "keep": 20,
+            "memory_every_n_steps": 1,
+        },
         failure={"max_failures": 2},
-    )  # fmt: skip
+    )
     result = raytrain.fit(spec, progress=False)
     assert result.data_paths == {"train": "cached", "val": "cached"}
     assert 0.0 < result.metrics["val_acc"] <= 1.0
@@ -101,7 +116,9 @@ def test_a_run_killed_mid_epoch_trains_every_row_once_per_epoch_in_a_new_order(
     final = max(result.checkpoints, key=step)
     metas = [json.loads((Path(c) / META_FILE).read_text()) for c in result.checkpoints]
     assert [(m["step"], m["kind"]) for m in sorted(metas, key=lambda m: m["step"])] == [
-        (KILLS[1], "epoch"), (EPOCHS * steps, "end")]  # fmt: skip
+        (KILLS[1], "epoch"),
+        (EPOCHS * steps, "end"),
+    ]
     state = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)
     seen = state["state_dict"]["seen"]
     assert seen[train_ids].tolist() == [EPOCHS] * len(train_ids)
@@ -130,8 +147,13 @@ def test_a_run_killed_mid_epoch_trains_every_row_once_per_epoch_in_a_new_order(
     trained: dict[tuple[int, int], list[int]] = {}
     for line in lines:  # in the order written: a later attempt's step replaces the earlier
         trained[line["rank"], line["step"]] = line["ids"]
-    orders = [[[i for s in range(e * steps, (e + 1) * steps) for i in trained[rank, s]]
-               for rank in range(WORKERS)] for e in range(EPOCHS)]  # fmt: skip
+    orders = [
+        [
+            [i for s in range(e * steps, (e + 1) * steps) for i in trained[rank, s]]
+            for rank in range(WORKERS)
+        ]
+        for e in range(EPOCHS)
+    ]
     for epoch in orders:
         assert sorted(epoch[0] + epoch[1]) == sorted(train_ids)
     assert orders[0][0] != orders[1][0] != orders[2][0]

@@ -33,18 +33,32 @@ def test_a_mix_draws_its_shares_and_resumes_a_killed_worker_exactly(
     ids = {name: table.column("id").to_pylist() for name, table in parts.items()}
     num_ids = max(train.column("id").to_pylist()) + 1
     spec = digits_spec(
-        digits_dir, tmp_path, name="mix",
-        model={"class_path": "tests.integration.models:SeenCountCNN",
-               "init_args": {"out_dir": str(tmp_path), "num_ids": num_ids, "at_steps": [KILL],
-                             "run_dir": str(tmp_path / "runs" / "mix")}},
-        data={"train": [{"uri": str(tmp_path / "common"), "weight": 0.8},
-                        {"uri": str(tmp_path / "rare"), "weight": 0.2}],
-              "columns": ["id", "pixels", "label"], "batch_size": BATCH,
-              "shuffle": {"seed": 7, "buffer_size": 256}, "cache": "never"},
+        digits_dir,
+        tmp_path,
+        name="mix",
+        model={
+            "class_path": "tests.integration.models:SeenCountCNN",
+            "init_args": {
+                "out_dir": str(tmp_path),
+                "num_ids": num_ids,
+                "at_steps": [KILL],
+                "run_dir": str(tmp_path / "runs" / "mix"),
+            },
+        },
+        data={
+            "train": [
+                {"uri": str(tmp_path / "common"), "weight": 0.8},
+                {"uri": str(tmp_path / "rare"), "weight": 0.2},
+            ],
+            "columns": ["id", "pixels", "label"],
+            "batch_size": BATCH,
+            "shuffle": {"seed": 7, "buffer_size": 256},
+            "cache": "never",
+        },
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5},
         checkpoint={"every_n_steps": 10, "keep": 20},
         failure={"max_failures": 1},
-    )  # fmt: skip
+    )
     result = raytrain.fit(spec, progress=False)
     assert result.data_paths == {"train": "mixed", "val": "streamed"}
     assert result.metrics["step"] > KILL and result.metrics["epoch"] == EPOCHS - 1
@@ -58,8 +72,9 @@ def test_a_mix_draws_its_shares_and_resumes_a_killed_worker_exactly(
 
     # The final model trained each source's draws once: every row of a source as often as
     # its passes over it gave (a pass is the whole source in a new order), none more.
-    final = max(result.checkpoints,
-                key=lambda c: json.loads((Path(c) / META_FILE).read_text())["step"])  # fmt: skip
+    final = max(
+        result.checkpoints, key=lambda c: json.loads((Path(c) / META_FILE).read_text())["step"]
+    )
     seen = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)
     counts = seen["state_dict"]["seen"]
     for name, drawn in (("common", EPOCHS * common_q), ("rare", EPOCHS * rare_q)):

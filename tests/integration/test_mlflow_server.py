@@ -48,15 +48,22 @@ def client(server: MlflowServer, monkeypatch: pytest.MonkeyPatch):
 
 
 def _git_head() -> str | None:
-    proc = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
     return proc.stdout.strip() or None
 
 
 def test_a_run_records_everything_on_the_server(
-    ray_cluster: None, server: MlflowServer, client, digits_dir: Path, tmp_path: Path,
-    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    ray_cluster: None,
+    server: MlflowServer,
+    client,
+    digits_dir: Path,
+    tmp_path: Path,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     import mlflow
     import mlflow.pytorch
     import pyarrow.parquet as pq
@@ -76,14 +83,24 @@ def test_a_run_records_everything_on_the_server(
     signed = tmp_path / f"train?X-Amz-Signature={signature}"
     shutil.copytree(digits_dir / "train", signed)
     # a module without example_input_array: MLflow's input example comes from the data
-    spec = digits_spec(digits_dir, tmp_path, name="on-server",
-                       model={"class_path": "tests.integration.models:HubCNN",
-                              "init_args": {"lr": 0.003, "hub_token": f"hf_{arg}"}},
-                       trainer={"max_epochs": 2, "log_every_n_steps": 5},
-                       checkpoint={"monitor": "val_acc", "mode": "max"},
-                       tracking={"mlflow": {"tracking_uri": credentialed,
-                                            "register_as": "digits-on-server",
-                                            "tags": {"hub": f"hf_{tag}"}}})  # fmt: skip
+    spec = digits_spec(
+        digits_dir,
+        tmp_path,
+        name="on-server",
+        model={
+            "class_path": "tests.integration.models:HubCNN",
+            "init_args": {"lr": 0.003, "hub_token": f"hf_{arg}"},
+        },
+        trainer={"max_epochs": 2, "log_every_n_steps": 5},
+        checkpoint={"monitor": "val_acc", "mode": "max"},
+        tracking={
+            "mlflow": {
+                "tracking_uri": credentialed,
+                "register_as": "digits-on-server",
+                "tags": {"hub": f"hf_{tag}"},
+            }
+        },
+    )
     spec["data"]["train"]["uri"] = str(signed)
     result = raytrain.fit(spec, progress=False)
     printed = capfd.readouterr()
@@ -94,31 +111,44 @@ def test_a_run_records_everything_on_the_server(
     # each credential masked
     job = load_spec(spec)
     job = job.model_copy(update={"scaling": job.scaling.with_cluster_gpus(0)[0]})
-    masked = {"tracking.mlflow.tracking_uri": server.uri.replace("http://", "http://***@"),
-              "tracking.mlflow.tags.hub": "***", "model.init_args.hub_token": "***",
-              "data.train.uri": f"{tmp_path}/train?X-Amz-Signature=***"}  # fmt: skip
+    masked = {
+        "tracking.mlflow.tracking_uri": server.uri.replace("http://", "http://***@"),
+        "tracking.mlflow.tags.hub": "***",
+        "model.init_args.hub_token": "***",
+        "data.train.uri": f"{tmp_path}/train?X-Amz-Signature=***",
+    }
     expected = {**{k: str(v) for k, v in job.flat().items()}, **masked}
     assert run.data.params == expected
 
     # per-step and per-epoch metrics at their global steps, each step once
     last = 2 * STEPS_PER_EPOCH
-    history = {k: [m.step for m in client.get_metric_history(run.info.run_id, k)]
-               for k in run.data.metrics}  # fmt: skip
+    history = {
+        k: [m.step for m in client.get_metric_history(run.info.run_id, k)] for k in run.data.metrics
+    }
     assert history["val_acc"] == [STEPS_PER_EPOCH, last]
     assert set(range(5, last + 1, 5)) <= set(history["train_loss"])
     for key, steps in history.items():
         assert steps == sorted(set(steps)) and steps[-1] <= last, key
 
     # system metrics, from rank 0's training loop
-    system = {k: [m.value for m in client.get_metric_history(run.info.run_id, k)]
-              for k in run.data.metrics if k.startswith("system/")}  # fmt: skip
-    assert {"system/step_time_s", "system/data_wait_fraction", "system/cpu_percent",
-            "system/memory_rss_mb"} <= set(system)  # fmt: skip
+    system = {
+        k: [m.value for m in client.get_metric_history(run.info.run_id, k)]
+        for k in run.data.metrics
+        if k.startswith("system/")
+    }
+    assert {
+        "system/step_time_s",
+        "system/data_wait_fraction",
+        "system/cpu_percent",
+        "system/memory_rss_mb",
+    } <= set(system)
     assert all(0 <= v <= 1 for v in system["system/data_wait_fraction"])
     assert all(v > 0 for v in system["system/step_time_s"] + system["system/cpu_percent"])
     assert all(v > 50 for v in system["system/memory_rss_mb"])  # torch alone is more
-    assert all(v > 0 for v in (m.value for m in
-               client.get_metric_history(run.info.run_id, "samples_per_s")))  # fmt: skip
+    assert all(
+        v > 0
+        for v in (m.value for m in client.get_metric_history(run.info.run_id, "samples_per_s"))
+    )
 
     tags = run.data.tags
     assert tags["raytrain.world_size"] == "2" and tags["raytrain.strategy"] == "ddp"
@@ -152,8 +182,9 @@ def test_a_run_records_everything_on_the_server(
     assert tags["raytrain.model_input_example"] == (
         f"data.val ({digits_dir / 'val'}), column 'pixels'"
     )
-    pixels = torch.tensor(pq.read_table(digits_dir / "val").column("pixels").to_pylist()[:64],
-                          dtype=torch.float32)  # fmt: skip
+    pixels = torch.tensor(
+        pq.read_table(digits_dir / "val").column("pixels").to_pylist()[:64], dtype=torch.float32
+    )
     trained = trained_model(job, result.best_checkpoint_uri)
     with torch.no_grad():
         assert torch.equal(served(pixels).argmax(1), trained(pixels).argmax(1))
@@ -192,8 +223,10 @@ def test_raytrain_report_draws_and_tabulates_runs(
 
     report = build_report(run_ids, server.uri)
     # the data handed to matplotlib: per panel, one curve per run and key
-    drawn = {title: sorted((c.key, c.run[:6], len(c.steps)) for c in curves)
-             for title, curves in report.panels.items()}  # fmt: skip
+    drawn = {
+        title: sorted((c.key, c.run[:6], len(c.steps)) for c in curves)
+        for title, curves in report.panels.items()
+    }
     assert drawn == {
         "loss": [("train_loss", "lr-0.0", 10), ("train_loss", "lr-0.0", 10)],
         "metrics": [("val_acc", "lr-0.0", 2), ("val_acc", "lr-0.0", 2)],
@@ -206,9 +239,23 @@ def test_raytrain_report_draws_and_tabulates_runs(
 
     out, page = tmp_path / "report.png", tmp_path / "report.html"
     proc = subprocess.run(
-        [sys.executable, "-m", "raytrain", "report", *run_ids, "--tracking-uri", server.uri,
-         "--out", str(out), "--html", str(page)], capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "raytrain",
+            "report",
+            *run_ids,
+            "--tracking-uri",
+            server.uri,
+            "--out",
+            str(out),
+            "--html",
+            str(page),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     height, width, _ = imread(out).shape
@@ -217,16 +264,33 @@ def test_raytrain_report_draws_and_tabulates_runs(
     assert html.count("<tr>") == len(report.rows) + 1 and "data:image/png;base64," in html
     assert "model.init_args.lr" in proc.stdout
 
-    missing = subprocess.run([sys.executable, "-m", "raytrain", "report", "0" * 32,
-                              "--tracking-uri", server.uri, "--out", str(tmp_path / "x.png")],
-                             capture_output=True, text=True, check=False)  # fmt: skip
+    missing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raytrain",
+            "report",
+            "0" * 32,
+            "--tracking-uri",
+            server.uri,
+            "--out",
+            str(tmp_path / "x.png"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert missing.returncode == 2 and f"run {'0' * 32}: not found" in missing.stderr
 
 
 def test_a_server_behind_basic_auth_works_through_mlflows_variables(
-    ray_cluster: None, s3_endpoint: str, digits_dir: Path, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    ray_cluster: None,
+    s3_endpoint: str,
+    digits_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     from mlflow.tracking import MlflowClient
 
     from raytrain.driver.run_record import RunRecord
@@ -236,9 +300,13 @@ def test_a_server_behind_basic_auth_works_through_mlflows_variables(
         monkeypatch.delenv(name, raising=False)
     s3_client(s3_endpoint).create_bucket(Bucket="mlflow-auth-artifacts")
     with mlflow_server(tmp_path, s3_endpoint, "mlflow-auth-artifacts", auth=True) as secured:
-        spec = digits_spec(digits_dir, tmp_path, name="behind-auth", trainer={"max_epochs": 1},
-                           tracking={"mlflow": {"tracking_uri": secured.uri,
-                                                "log_model": False}})  # fmt: skip
+        spec = digits_spec(
+            digits_dir,
+            tmp_path,
+            name="behind-auth",
+            trainer={"max_epochs": 1},
+            tracking={"mlflow": {"tracking_uri": secured.uri, "log_model": False}},
+        )
 
         # No credentials, then a wrong password: refused, naming the server, not the
         # password. Opened as fit opens the run's records while its workers start (that fit
@@ -260,6 +328,11 @@ def test_a_server_behind_basic_auth_works_through_mlflows_variables(
         run = MlflowClient(tracking_uri=secured.uri).get_run(result.mlflow_run_id)
         assert run.info.status == "FINISHED" and run.data.metrics["val_acc"] > 0.3
         printed = capfd.readouterr()
-        recorded = [*run.data.params.values(), *run.data.tags.values(), printed.out,
-                    printed.err, str(result.__dict__)]  # fmt: skip
+        recorded = [
+            *run.data.params.values(),
+            *run.data.tags.values(),
+            printed.out,
+            printed.err,
+            str(result.__dict__),
+        ]
         assert not [text for text in recorded if secured.password in text]

@@ -41,19 +41,31 @@ def _spec(root: Path, out: Path, strategy: dict, steps: int, batch: int) -> dict
     out.mkdir(exist_ok=True)
     return {
         "name": "gpt-fsdp" if strategy == FSDP else "gpt-tp",
-        "model": {"class_path": "tests.integration.models:ProbedGPT",
-                  "init_args": {"out_dir": str(out), **GPT}},
-        "data": {"train": {"uri": str(root / "text" / "train")},
-                 "val": {"uri": str(root / "text" / "val")},
-                 "columns": ["tokens"], "batch_size": batch},
+        "model": {
+            "class_path": "tests.integration.models:ProbedGPT",
+            "init_args": {"out_dir": str(out), **GPT},
+        },
+        "data": {
+            "train": {"uri": str(root / "text" / "train")},
+            "val": {"uri": str(root / "text" / "val")},
+            "columns": ["tokens"],
+            "batch_size": batch,
+        },
         "scaling": {"num_workers": 2},
         "strategy": strategy,
-        "trainer": {"max_steps": steps, "max_epochs": 3, "log_every_n_steps": 1,
-                    "gradient_clip_val": 1.0, "precision": "32-true", "seed": 3},
+        "trainer": {
+            "max_steps": steps,
+            "max_epochs": 3,
+            "log_every_n_steps": 1,
+            "gradient_clip_val": 1.0,
+            "precision": "32-true",
+            "seed": 3,
+        },
         "checkpoint": {"storage": str(root / "runs"), "keep": 1},
-        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
-                                "log_model": False}},
-    }  # fmt: skip
+        "tracking": {
+            "mlflow": {"tracking_uri": f"sqlite:///{root / 'mlflow.db'}", "log_model": False}
+        },
+    }
 
 
 def _probes(out: Path) -> list[dict]:

@@ -47,16 +47,24 @@ def _spec(
     ids = pq.read_table(digits_dir / "train", columns=["id"]).column("id").to_pylist()
     val = pq.read_table(digits_dir / "val", columns=["id"]).column("id").to_pylist()
     return digits_spec(
-        digits_dir, tmp_path, name=name,
-        model={"class_path": "tests.integration.models:NodeEventsCNN",
-               "init_args": {"out_dir": str(tmp_path), "num_ids": max(ids + val) + 1,
-                             "run_dir": str(tmp_path / "runs" / name), **init_args}},
+        digits_dir,
+        tmp_path,
+        name=name,
+        model={
+            "class_path": "tests.integration.models:NodeEventsCNN",
+            "init_args": {
+                "out_dir": str(tmp_path),
+                "num_ids": max(ids + val) + 1,
+                "run_dir": str(tmp_path / "runs" / name),
+                **init_args,
+            },
+        },
         data={"columns": ["id", "pixels", "label"], "shuffle": {"seed": 5}},
         scaling={"num_workers": 2, "resources_per_worker": WORKER_RESOURCES},
         trainer={"max_epochs": epochs, "log_every_n_steps": 5},
         checkpoint={"every_n_steps": 10, "keep": 20},
         failure={"max_failures": 1},
-    )  # fmt: skip
+    )
 
 
 def _assert_every_row_once_per_epoch(digits_dir: Path, result: Any, epochs: int = EPOCHS) -> None:
@@ -111,9 +119,11 @@ def drain_for_preemption(node_id: str, deadline_s: int) -> None:
 
     deadline_ms = time.time_ns() // 1_000_000 + deadline_s * 1000
     accepted, why = ray._private.worker.global_worker.gcs_client.drain_node(
-        node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-        "spot instance reclaimed (test)", deadline_ms,
-    )  # fmt: skip
+        node_id,
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        "spot instance reclaimed (test)",
+        deadline_ms,
+    )
     assert accepted, why
 
 
@@ -139,8 +149,12 @@ def test_elastic_range_shrinks_on_a_lost_node_and_grows_back_keeping_its_global_
         cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
 
     spec = _spec(digits_dir, tmp_path, "elastic", doomed_at=15, grow_at=40)
-    spec["scaling"] = {**spec["scaling"], "num_workers": [1, 2], "resize_check_s": 1,
-                       "keep_global_batch": True}  # fmt: skip
+    spec["scaling"] = {
+        **spec["scaling"],
+        "num_workers": [1, 2],
+        "resize_check_s": 1,
+        "keep_global_batch": True,
+    }
     spec["checkpoint"] = {**spec["checkpoint"], "every_n_steps": 5}
     actions = {"doomed": remove, "shrunk": lambda event: add_slot_node(cluster)}
     result, done = run_with_actions(tmp_path, lambda: raytrain.fit(spec, progress=False), actions)
@@ -161,7 +175,8 @@ def test_elastic_range_shrinks_on_a_lost_node_and_grows_back_keeping_its_global_
     from mlflow.tracking import MlflowClient
 
     history = MlflowClient(result.tracking_uri).get_metric_history(
-        result.mlflow_run_id, "global_batch")  # fmt: skip
+        result.mlflow_run_id, "global_batch"
+    )
     assert {m.value for m in history} == {64}
     logged = sorted(m.step for m in history)
     assert logged[0] <= 15 and any(15 < s <= 40 for s in logged) and logged[-1] > 40, logged
@@ -180,15 +195,25 @@ def test_a_drained_then_a_removed_node_move_the_workers_to_the_nodes_left(
     def remove(event: dict[str, Any]) -> None:
         cluster.remove_node(node_by_id(cluster, event["node"]), allow_graceful=False)
 
-    spec = _spec(digits_dir, tmp_path, "nodes-lost", epochs=3, doomed_at=35, notice_wait=True,
-                 hold_at=40, lost_at=55)  # fmt: skip
+    spec = _spec(
+        digits_dir,
+        tmp_path,
+        "nodes-lost",
+        epochs=3,
+        doomed_at=35,
+        notice_wait=True,
+        hold_at=40,
+        lost_at=55,
+    )
     spec["failure"] = {"max_failures": 1, "preemption_check_s": 0}
     # storage only: the restore steps asserted are the committed checkpoints' (with the
     # state in memory every step, one CI run resumed at 55 and the next at 50: not yet
     # understood, so not asserted here)
     spec["checkpoint"] = {**spec["checkpoint"], "memory_every_n_steps": "off"}
-    actions = {"doomed": lambda event: drain_for_preemption(event["node"], deadline_s=6),
-               "lost": remove}  # fmt: skip
+    actions = {
+        "doomed": lambda event: drain_for_preemption(event["node"], deadline_s=6),
+        "lost": remove,
+    }
     result, done = run_with_actions(tmp_path, lambda: raytrain.fit(spec, progress=False), actions)
     assert done == ["doomed", "lost"]
 
@@ -238,8 +263,10 @@ def test_preprocessing_runs_on_the_data_node_not_the_training_nodes(
 
     log = NodeLog.options(name=NODE_LOG[0], namespace=NODE_LOG[1]).remote()  # type: ignore[attr-defined]
     spec = _spec(digits_dir, tmp_path, "placed", epochs=1)
-    spec["data"] |= {"preprocess": "tests.integration.models:pixels_where_they_ran",
-                     "preprocess_on": {"raytrain.io/role": "data"}}  # fmt: skip
+    spec["data"] |= {
+        "preprocess": "tests.integration.models:pixels_where_they_ran",
+        "preprocess_on": {"raytrain.io/role": "data"},
+    }
     result = raytrain.fit(spec, progress=False)
     assert result.data_paths == {"train": "ray_data", "val": "ray_data"}
     rows = ray.get(log.seen.remote())

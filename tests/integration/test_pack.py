@@ -31,18 +31,30 @@ def test_pack_on_s3_killed_and_rerun_then_trains_as_the_folder_does(
     write_digit_images(tmp_path / "images" / "val", TRAIN, VAL)
     s3_client(s3_endpoint).create_bucket(Bucket=BUCKET)
     fs = s3_filesystem(s3_endpoint)
-    pafs.copy_files(str(tmp_path / "images" / "train"), f"{BUCKET}/images/train",
-                    source_filesystem=pafs.LocalFileSystem(),
-                    destination_filesystem=fs)  # fmt: skip
+    pafs.copy_files(
+        str(tmp_path / "images" / "train"),
+        f"{BUCKET}/images/train",
+        source_filesystem=pafs.LocalFileSystem(),
+        destination_filesystem=fs,
+    )
     env = cli_env(AWS_ENDPOINT_URL=s3_endpoint)
 
     def pack(split: str) -> list[str]:
-        return [sys.executable, "-m", "raytrain", "pack", f"s3://{BUCKET}/images/{split}",
-                f"s3://{BUCKET}/packed/{split}", "--shard-mb", "0.02"]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "raytrain",
+            "pack",
+            f"s3://{BUCKET}/images/{split}",
+            f"s3://{BUCKET}/packed/{split}",
+            "--shard-mb",
+            "0.02",
+        ]
 
     # killed once it has written 2 shards, while it gathers or uploads the third
-    proc = subprocess.Popen(pack("train"), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        pack("train"), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+    )
     assert proc.stderr is not None
     written = 0
     for line in proc.stderr:
@@ -67,16 +79,21 @@ def test_pack_on_s3_killed_and_rerun_then_trains_as_the_folder_does(
     def train(where: str) -> dict:
         image = {"format": "images", "image_mode": "L"}
         spec = digits_spec(
-            digits_dir, tmp_path, name=f"from-{where.rsplit('/', 1)[-1]}",
+            digits_dir,
+            tmp_path,
+            name=f"from-{where.rsplit('/', 1)[-1]}",
             model={"class_path": "raytrain.models.digits:DigitsCNN", "init_args": {"lr": 0.01}},
-            data={"train": {"uri": f"{where}/train", **image},
-                  "val": {"uri": str(tmp_path / "images" / "val"), **image},  # one val set
-                  "columns": None, "num_workers": 1,
-                  "preprocess": "tests.integration.models:digit_pixels"},
+            data={
+                "train": {"uri": f"{where}/train", **image},
+                "val": {"uri": str(tmp_path / "images" / "val"), **image},  # one val set
+                "columns": None,
+                "num_workers": 1,
+                "preprocess": "tests.integration.models:digit_pixels",
+            },
             scaling={"num_workers": 1},
             trainer={"max_epochs": 3, "seed": 0},
             storage={"s3": {"endpoint_url": s3_endpoint}},
-        )  # fmt: skip
+        )
         return raytrain.fit(spec, progress=False).metrics
 
     # the folder from local disk (a GET per image is what packing is for), the shards on S3;

@@ -25,9 +25,13 @@ def test_many_file_prefix_streams_with_projection(
     fs = s3_filesystem(s3_endpoint)
     assert len(fs.get_file_info(pafs.FileSelector("raytrain-test/digits/train"))) == S3_DIGITS_FILES
     code, result, out = run_cli(
-        cli_env(), tmp_path, *digits_on_s3(s3_digits, "streamed"), "data.cache=never",
-        f"storage.s3.endpoint_url={s3_endpoint}", "trainer.max_epochs=2",
-    )  # fmt: skip
+        cli_env(),
+        tmp_path,
+        *digits_on_s3(s3_digits, "streamed"),
+        "data.cache=never",
+        f"storage.s3.endpoint_url={s3_endpoint}",
+        "trainer.max_epochs=2",
+    )
     assert code == 0, out[-3000:]
     assert result["data_paths"] == {"train": "streamed", "val": "streamed"}
     assert result["metrics"]["val_acc"] >= 0.8
@@ -57,17 +61,23 @@ def test_a_checkpoint_on_s3_loads_for_model_logging_and_export(
     local.mkdir()
     torch.save({"state_dict": model.state_dict(), "epoch": 3}, local / "checkpoint.ckpt")
     (local / "raytrain.json").write_text("{}")
-    pafs.copy_files(str(local), "raytrain-ckpt/runs/x/checkpoint_000003",
-                    destination_filesystem=s3_filesystem(s3_endpoint))  # fmt: skip
+    pafs.copy_files(
+        str(local),
+        "raytrain-ckpt/runs/x/checkpoint_000003",
+        destination_filesystem=s3_filesystem(s3_endpoint),
+    )
     uri = "s3://raytrain-ckpt/runs/x/checkpoint_000003"
     options = StorageSpec(s3={"endpoint_url": s3_endpoint, "region": "us-east-1"})
     weights = checkpoint_weights(uri, options)
     assert weights.keys() == model.state_dict().keys()
-    job = JobSpec.model_validate({
-        "name": "x", "model": {"class_path": "raytrain.models.digits:DigitsCNN"},
-        "data": {"train": {"uri": str(tmp_path)}},
-        "storage": {"s3": {"endpoint_url": s3_endpoint, "region": "us-east-1"}},
-    })  # fmt: skip
+    job = JobSpec.model_validate(
+        {
+            "name": "x",
+            "model": {"class_path": "raytrain.models.digits:DigitsCNN"},
+            "data": {"train": {"uri": str(tmp_path)}},
+            "storage": {"s3": {"endpoint_url": s3_endpoint, "region": "us-east-1"}},
+        }
+    )
     pixels = torch.rand(2, 64) * 16
     with torch.no_grad():
         assert torch.equal(trained_model(job, uri)(pixels), model.eval()(pixels))
@@ -88,13 +98,25 @@ def test_an_image_folder_on_s3_is_listed_checked_and_read_per_rank(
 
     s3_client(s3_endpoint).create_bucket(Bucket="raytrain-images")
     fs = s3_filesystem(s3_endpoint)
-    pafs.copy_files(str(tmp_path / "images"), "raytrain-images/images",
-                    source_filesystem=pafs.LocalFileSystem(),
-                    destination_filesystem=fs)  # fmt: skip
+    pafs.copy_files(
+        str(tmp_path / "images"),
+        "raytrain-images/images",
+        source_filesystem=pafs.LocalFileSystem(),
+        destination_filesystem=fs,
+    )
     images = list_images("s3://raytrain-images/images", fs, "raytrain-images/images")
     assert images.num_rows == IMAGES and images.classes == ("class-0", "class-1", "class-2")
-    ranks = [ImageStream(ImageFiles(images, fs, None, None), 8, rank=r, world_size=2,
-                         shuffle_seed=1, num_workers=1) for r in range(2)]  # fmt: skip
+    ranks = [
+        ImageStream(
+            ImageFiles(images, fs, None, None),
+            8,
+            rank=r,
+            world_size=2,
+            shuffle_seed=1,
+            num_workers=1,
+        )
+        for r in range(2)
+    ]
     batches = [b for s in ranks for b in s]
     assert sorted(i for b in batches for i in ids_of(b)) == list(range(IMAGES))
     assert all(b["label"].tolist() == b["image"][:, 0, 2].tolist() for b in batches)

@@ -84,8 +84,10 @@ class Faults:
             if got:
                 return got
             if self.proc.poll() is not None:
-                pytest.fail(f"the run ended (exit {self.proc.returncode}) before {what}; "
-                            f"faults so far: {self.done}")  # fmt: skip
+                pytest.fail(
+                    f"the run ended (exit {self.proc.returncode}) before {what}; "
+                    f"faults so far: {self.done}"
+                )
             time.sleep(0.02)
 
     def _training(self, after: set[int]) -> dict[int, int]:
@@ -105,8 +107,10 @@ class Faults:
             listed = {r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]}
         except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
             listed = set()
-        return any(p.name.startswith("checkpoint_") and p.name not in listed
-                   for p in self.run_dir.iterdir())  # fmt: skip
+        return any(
+            p.name.startswith("checkpoint_") and p.name not in listed
+            for p in self.run_dir.iterdir()
+        )
 
     def inject(self, kind: str, before: set[int]) -> set[int]:
         """One fault of ``kind`` into the group training now (not in ``before``); returns
@@ -144,20 +148,32 @@ def _spec(digits_dir: Path, work: Path) -> Path:
     (work / "train").mkdir()
     quarter = train.num_rows // 4 + 1
     for i in range(4):
-        pq.write_table(train.slice(i * quarter, quarter),
-                       work / "train" / f"part-{i}.parquet", row_group_size=100)  # fmt: skip
+        pq.write_table(
+            train.slice(i * quarter, quarter),
+            work / "train" / f"part-{i}.parquet",
+            row_group_size=100,
+        )
     ids = train.column("id").to_pylist()
     num_ids = max(ids + pq.read_table(digits_dir / "val", columns=["id"])["id"].to_pylist()) + 1
     spec = digits_spec(
-        digits_dir, work, name=NAME,
-        model={"class_path": "tests.integration.models:SeenCountCNN",
-               "init_args": {"out_dir": str(work), "num_ids": num_ids, "at_steps": []}},
-        data={"train": {"uri": str(work / "train")}, "columns": ["id", "pixels", "label"],
-              "batch_size": BATCH, "shuffle": {"seed": 7, "buffer_size": 300}, "cache": "never"},
+        digits_dir,
+        work,
+        name=NAME,
+        model={
+            "class_path": "tests.integration.models:SeenCountCNN",
+            "init_args": {"out_dir": str(work), "num_ids": num_ids, "at_steps": []},
+        },
+        data={
+            "train": {"uri": str(work / "train")},
+            "columns": ["id", "pixels", "label"],
+            "batch_size": BATCH,
+            "shuffle": {"seed": 7, "buffer_size": 300},
+            "cache": "never",
+        },
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 2},
         checkpoint={"every_n_steps": "auto", "keep": 3, "monitor": "val_acc", "mode": "max"},
         failure={"max_failures": 20},
-    )  # fmt: skip
+    )
     (work / "ids.json").write_text(json.dumps(ids))
     return write_spec(work / "soak.yaml", spec)
 
@@ -165,8 +181,9 @@ def _spec(digits_dir: Path, work: Path) -> Path:
 def _start(spec: Path, work: Path, attempt: int, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "raytrain", "run", str(spec), "--json", *extra]
     log = open(work / f"driver-{attempt}.log", "w")  # noqa: SIM115 (the child holds it)
-    return subprocess.Popen(cmd, env=cli_env(), cwd=work, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd, env=cli_env(), cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _soak(digits_dir: Path, work: Path, seed: int, faults: tuple[str, ...]) -> None:

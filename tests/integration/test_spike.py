@@ -43,10 +43,14 @@ def _poisoned_digits(digits_dir: Path, out: Path) -> tuple[list[int], list[int]]
     pixels[rows] *= 1000.0
     labels[rows] = (labels[rows] + 5) % 10
     kinds = {name: table.schema.field(name).type for name in ("pixels", "label")}
-    table = table.set_column(table.schema.get_field_index("pixels"), "pixels",
-                             pa.array(list(pixels), type=kinds["pixels"]))  # fmt: skip
-    table = table.set_column(table.schema.get_field_index("label"), "label",
-                             pa.array(labels, type=kinds["label"]))  # fmt: skip
+    table = table.set_column(
+        table.schema.get_field_index("pixels"),
+        "pixels",
+        pa.array(list(pixels), type=kinds["pixels"]),
+    )
+    table = table.set_column(
+        table.schema.get_field_index("label"), "label", pa.array(labels, type=kinds["label"])
+    )
     out.mkdir()
     pq.write_table(table, out / "part-0.parquet")
     ids = table.column("id").to_pylist()
@@ -60,16 +64,25 @@ def test_loss_spikes_roll_back_and_skip_their_rows(
 
     ids, poisoned = _poisoned_digits(digits_dir, tmp_path / "train")
     spec = digits_spec(
-        digits_dir, tmp_path, name="spiky",
-        model={"class_path": "tests.integration.models:SeenCountCNN",
-               "init_args": {"out_dir": str(tmp_path), "num_ids": max(ids) + 1, "at_steps": []}},
-        data={"train": {"uri": str(tmp_path / "train")}, "columns": ["id", "pixels", "label"],
-              "batch_size": 8, "shuffle": None, "cache": "never"},
+        digits_dir,
+        tmp_path,
+        name="spiky",
+        model={
+            "class_path": "tests.integration.models:SeenCountCNN",
+            "init_args": {"out_dir": str(tmp_path), "num_ids": max(ids) + 1, "at_steps": []},
+        },
+        data={
+            "train": {"uri": str(tmp_path / "train")},
+            "columns": ["id", "pixels", "label"],
+            "batch_size": 8,
+            "shuffle": None,
+            "cache": "never",
+        },
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 10},
         # the state kept in memory every step: a rollback still goes back to storage
         checkpoint={"every_n_steps": 20, "keep": 3, "memory_every_n_steps": 1},
         failure={"spike": {"threshold": 50, "window": 10, "max_rollbacks": 2}},
-    )  # fmt: skip
+    )
     result = raytrain.fit(spec, progress=False)
     assert result.data_paths["train"] == "streamed"  # each rank reads its block
 
@@ -88,10 +101,12 @@ def test_loss_spikes_roll_back_and_skip_their_rows(
     skipped = sum(r.rows_skipped or 0 for r in rollbacks)
 
     # what the final model trained on: never a poisoned row, and each skipped row once less
-    final = max(result.checkpoints,
-                key=lambda c: json.loads((Path(c) / META_FILE).read_text())["step"])  # fmt: skip
+    final = max(
+        result.checkpoints, key=lambda c: json.loads((Path(c) / META_FILE).read_text())["step"]
+    )
     seen = torch.load(Path(final) / CKPT_FILE, map_location="cpu", weights_only=False)[
-        "state_dict"]["seen"]  # fmt: skip
+        "state_dict"
+    ]["seen"]
     assert seen[poisoned].tolist() == [0] * len(poisoned)
     assert set(seen[ids].tolist()) <= {0, 1, 2}
     assert int(EPOCHS * len(ids) - seen.sum()) == skipped
@@ -103,9 +118,9 @@ def test_loss_spikes_roll_back_and_skip_their_rows(
     run = client.get_run(result.mlflow_run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["raytrain.rollbacks"] == str(EPOCHS)
-    assert f"rolled back to step {rollbacks[0].restored_step}" in run.data.tags[
-        "raytrain.rollback.1"]  # fmt: skip
+    assert (
+        f"rolled back to step {rollbacks[0].restored_step}" in run.data.tags["raytrain.rollback.1"]
+    )
     logged = client.download_artifacts(result.mlflow_run_id, "rollbacks.json", str(tmp_path))
-    assert [r["step"] for r in json.loads(Path(logged).read_text())] == [
-        r.step for r in rollbacks]  # fmt: skip
+    assert [r["step"] for r in json.loads(Path(logged).read_text())] == [r.step for r in rollbacks]
     assert run.data.tags.get("raytrain.restarts") == str(EPOCHS)

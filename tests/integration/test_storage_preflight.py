@@ -30,8 +30,9 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> I
 
     with moto_auth_server(tmp_path_factory.mktemp("moto-auth") / "moto.log") as server:
         admin = server.admin
-        s3_client(server.endpoint, admin["AWS_ACCESS_KEY_ID"], admin["AWS_SECRET_ACCESS_KEY"]
-                  ).create_bucket(Bucket="guarded")  # fmt: skip
+        s3_client(
+            server.endpoint, admin["AWS_ACCESS_KEY_ID"], admin["AWS_SECRET_ACCESS_KEY"]
+        ).create_bucket(Bucket="guarded")
         fs = s3_filesystem(server.endpoint, admin)
         pafs.copy_files(str(digits_dir), "guarded/digits", pafs.LocalFileSystem(), fs)
         yield server
@@ -48,9 +49,11 @@ def refused(env: dict[str, str], cwd: Path, *args: str) -> str:
 
 def test_missing_bucket(s3_endpoint: str, s3_digits: str, tmp_path: Path) -> None:
     out = refused(
-        cli_env(AWS_ENDPOINT_URL=s3_endpoint), tmp_path, *digits_on_s3(s3_digits, "runs"),
+        cli_env(AWS_ENDPOINT_URL=s3_endpoint),
+        tmp_path,
+        *digits_on_s3(s3_digits, "runs"),
         "checkpoint.storage=s3://no-such-bucket/runs",
-    )  # fmt: skip
+    )
     assert (
         "checkpoint.storage: s3://no-such-bucket/runs: the bucket 'no-such-bucket' does not exist"
         in out
@@ -59,9 +62,12 @@ def test_missing_bucket(s3_endpoint: str, s3_digits: str, tmp_path: Path) -> Non
 
 def test_empty_prefix_and_missing_column(s3_endpoint: str, s3_digits: str, tmp_path: Path) -> None:
     out = refused(
-        cli_env(AWS_ENDPOINT_URL=s3_endpoint), tmp_path, *digits_on_s3(s3_digits, "runs"),
-        f"data.train.uri={s3_digits}/nothing-here", "data.columns=[pixels,label,colour]",
-    )  # fmt: skip
+        cli_env(AWS_ENDPOINT_URL=s3_endpoint),
+        tmp_path,
+        *digits_on_s3(s3_digits, "runs"),
+        f"data.train.uri={s3_digits}/nothing-here",
+        "data.columns=[pixels,label,colour]",
+    )
     empty = f"data.train.uri: {s3_digits}/nothing-here: nothing there (an empty or missing prefix)"
     assert empty in out
     val = f"{s3_digits}/digits/val"
@@ -70,8 +76,9 @@ def test_empty_prefix_and_missing_column(s3_endpoint: str, s3_digits: str, tmp_p
 
 def test_unreachable_endpoint(s3_digits: str, tmp_path: Path) -> None:
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    out = refused(cli_env(), tmp_path, *digits_on_s3(s3_digits, "runs"),
-                  f"storage.s3.endpoint_url={closed}")  # fmt: skip
+    out = refused(
+        cli_env(), tmp_path, *digits_on_s3(s3_digits, "runs"), f"storage.s3.endpoint_url={closed}"
+    )
     unreachable = "the endpoint cannot be reached"
     assert f"checkpoint.storage: {s3_digits}/runs: cannot list it: {unreachable}" in out
     train = f"{s3_digits}/digits/train"
@@ -79,8 +86,11 @@ def test_unreachable_endpoint(s3_digits: str, tmp_path: Path) -> None:
 
 
 def test_wrong_credentials(auth_server: AuthServer, tmp_path: Path) -> None:
-    env = cli_env(AWS_ENDPOINT_URL=auth_server.endpoint, AWS_ACCESS_KEY_ID="AKIANOSUCHKEY000000",
-                  AWS_SECRET_ACCESS_KEY="wrong")  # fmt: skip
+    env = cli_env(
+        AWS_ENDPOINT_URL=auth_server.endpoint,
+        AWS_ACCESS_KEY_ID="AKIANOSUCHKEY000000",
+        AWS_SECRET_ACCESS_KEY="wrong",
+    )
     out = refused(env, tmp_path, *digits_on_s3("s3://guarded", "runs"))
     rejected = "the credentials were rejected"
     assert f"checkpoint.storage: s3://guarded/runs: cannot list it: {rejected}" in out

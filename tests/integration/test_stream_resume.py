@@ -43,9 +43,11 @@ def write_part(table: pa.Table, path: Path, fmt: str) -> None:
         pq.write_table(table, path.with_suffix(".parquet"), row_group_size=100)
     elif fmt == "csv":
         pixels = table.column("pixels").to_pylist()
-        columns = {"id": table.column("id"),
-                   **{f"p{k}": pa.array([p[k] for p in pixels]) for k in range(64)},
-                   "label": table.column("label")}  # fmt: skip
+        columns = {
+            "id": table.column("id"),
+            **{f"p{k}": pa.array([p[k] for p in pixels]) for k in range(64)},
+            "label": table.column("label"),
+        }
         pacsv.write_csv(pa.table(columns), path.with_suffix(".csv"))
     else:
         rows = table.to_pylist()
@@ -54,9 +56,13 @@ def write_part(table: pa.Table, path: Path, fmt: str) -> None:
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv", "json"])
 def test_a_streamed_set_killed_mid_epoch_and_resumed_on_fewer_workers_trains_each_row_once(
-    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None,
-    monkeypatch: pytest.MonkeyPatch, fmt: str,
-) -> None:  # fmt: skip
+    ray_cluster: None,
+    digits_dir: Path,
+    tmp_path: Path,
+    clean_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
+) -> None:
     from raytrain.data import text_blocks
 
     # text files split into blocks of about 100 rows, as the Parquet parts' row groups
@@ -73,20 +79,30 @@ def test_a_streamed_set_killed_mid_epoch_and_resumed_on_fewer_workers_trains_eac
 
     def spec(workers: int) -> dict:
         return digits_spec(
-            digits_dir, tmp_path, name="stream-resume",
-            model={"class_path": "tests.integration.models:SeenCountCNN",
-                   "init_args": {"out_dir": str(tmp_path), "num_ids": num_ids,
-                                 "at_steps": list(KILLS),
-                                 "run_dir": str(tmp_path / "runs" / "stream-resume")}},
-            data={"train": {"uri": str(tmp_path / "train"), "format": fmt},
-                  "columns": None if fmt == "csv" else ["id", "pixels", "label"],
-                  "batch_size": BATCH, "shuffle": {"seed": 7, "buffer_size": 300},
-                  "cache": "never"},
+            digits_dir,
+            tmp_path,
+            name="stream-resume",
+            model={
+                "class_path": "tests.integration.models:SeenCountCNN",
+                "init_args": {
+                    "out_dir": str(tmp_path),
+                    "num_ids": num_ids,
+                    "at_steps": list(KILLS),
+                    "run_dir": str(tmp_path / "runs" / "stream-resume"),
+                },
+            },
+            data={
+                "train": {"uri": str(tmp_path / "train"), "format": fmt},
+                "columns": None if fmt == "csv" else ["id", "pixels", "label"],
+                "batch_size": BATCH,
+                "shuffle": {"seed": 7, "buffer_size": 300},
+                "cache": "never",
+            },
             scaling={"num_workers": workers},
             trainer={"max_epochs": EPOCHS},
             checkpoint={"every_n_steps": EVERY, "keep": 20, "memory_every_n_steps": "off"},
             failure={"max_failures": 1},
-        )  # fmt: skip
+        )
 
     with pytest.raises(raytrain.TrainingFailed):  # the second kill spends the failures
         raytrain.fit(spec(2), progress=False)
@@ -127,6 +143,12 @@ def test_a_streamed_set_killed_mid_epoch_and_resumed_on_fewer_workers_trains_eac
     assert min(s for _, s in third) == KILLS[1] - 5
     assert sorted(before + after) == sorted(ids)
     # and the shuffle gave each epoch its own order
-    order = [[i for s in range(e * steps, e * steps + 5) for i in second.get((0, s), [])
-              or first.get((0, s), [])] for e in range(2)]  # fmt: skip
+    order = [
+        [
+            i
+            for s in range(e * steps, e * steps + 5)
+            for i in second.get((0, s), []) or first.get((0, s), [])
+        ]
+        for e in range(2)
+    ]
     assert order[0] != order[1]

@@ -77,10 +77,12 @@ def _write_wide(path: Path) -> int:
     per_file = ROWS // FILES
     for i in range(FILES):
         x = rng.standard_normal((per_file, FEATURES), dtype=np.float32)
-        table = pa.table({
-            "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES),
-            "y": pa.array((x[:, 0] > 0).astype(np.int64)),
-        })  # fmt: skip
+        table = pa.table(
+            {
+                "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES),
+                "y": pa.array((x[:, 0] > 0).astype(np.int64)),
+            }
+        )
         pq.write_table(table, path / f"part-{i}.parquet", compression="none")
     return sum(f.stat().st_size for f in path.iterdir())
 
@@ -92,16 +94,22 @@ def test_train_set_larger_than_the_object_store_streams_to_the_end(
     assert nbytes > OBJECT_STORE
     spec = {
         "name": "wide",
-        "model": {"class_path": "tests.integration.models:WideLinear",
-                  "init_args": {"features": FEATURES}},
-        "data": {"train": {"uri": str(tmp_path / "wide")}, "columns": ["x", "y"],
-                 "batch_size": BATCH},
+        "model": {
+            "class_path": "tests.integration.models:WideLinear",
+            "init_args": {"features": FEATURES},
+        },
+        "data": {
+            "train": {"uri": str(tmp_path / "wide")},
+            "columns": ["x", "y"],
+            "batch_size": BATCH,
+        },
         "scaling": {"num_workers": 2},
         "trainer": {"max_epochs": EPOCHS, "log_every_n_steps": 10, "precision": "32-true"},
         "checkpoint": {"storage": str(tmp_path / "runs")},
-        "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-                                "log_model": False}},
-    }  # fmt: skip
+        "tracking": {
+            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_model": False}
+        },
+    }
     path = write_spec(tmp_path / "wide.yaml", spec)
     proc = subprocess.run(
         [sys.executable, "-c", _DRIVER, str(path), str(OBJECT_STORE), json.dumps(sorted(EMBEDDED))],

@@ -53,8 +53,14 @@ def client_env(head: RayHead, **extra: str) -> dict[str, str]:
 
 
 def raytrain_cli(env: dict[str, str], *args: str, cwd: Path | None = None):
-    return subprocess.run([sys.executable, "-m", "raytrain", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "raytrain", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def run_of_job(tmp_path: Path, job_id: str):
@@ -77,8 +83,16 @@ def test_raytrain_submit_follows_the_job_to_success_and_records_it(
         (wd / secret).parent.mkdir(exist_ok=True)
         (wd / secret).write_text("SECRET-CONTENT")
     env = client_env(head)
-    proc = raytrain_cli(env, "submit", "spec.yaml", "trainer.max_epochs=2",
-                        "--address", head.dashboard_url, "--follow", cwd=wd)  # fmt: skip
+    proc = raytrain_cli(
+        env,
+        "submit",
+        "spec.yaml",
+        "trainer.max_epochs=2",
+        "--address",
+        head.dashboard_url,
+        "--follow",
+        cwd=wd,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert "left out of the upload" in proc.stderr and "SECRET-CONTENT" not in output
@@ -112,26 +126,43 @@ def test_raytrain_submit_follows_the_job_to_success_and_records_it(
 def test_a_submitted_sweep_runs_as_one_job_and_its_status_shows_the_trials(
     head: RayHead, digits_dir: Path, tmp_path: Path
 ) -> None:
-    sweep = {"search_space": {"model.init_args.lr": {"grid": [0.003, 0.01]}},
-             "metric": "val_acc", "mode": "max"}  # fmt: skip
-    wd = job_dir(tmp_path, digits_dir, name="submitted-sweep", scaling={"num_workers": 1},
-                 tune=sweep)  # fmt: skip
+    sweep = {
+        "search_space": {"model.init_args.lr": {"grid": [0.003, 0.01]}},
+        "metric": "val_acc",
+        "mode": "max",
+    }
+    wd = job_dir(
+        tmp_path, digits_dir, name="submitted-sweep", scaling={"num_workers": 1}, tune=sweep
+    )
     env = client_env(head)
-    proc = raytrain_cli(env, "submit", "spec.yaml", "trainer.max_epochs=1",
-                        "--address", head.dashboard_url, "--follow", cwd=wd)  # fmt: skip
+    proc = raytrain_cli(
+        env,
+        "submit",
+        "spec.yaml",
+        "trainer.max_epochs=1",
+        "--address",
+        head.dashboard_url,
+        "--follow",
+        cwd=wd,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = proc.stdout.splitlines()[0]
     assert "raytrain: sweep submitted-sweep: 1 sample(s)" in proc.stdout + proc.stderr
     status = raytrain_cli(env, "status", job_id, "--address", head.dashboard_url)
     assert status.returncode == 0 and status.stdout.split()[0] == "SUCCEEDED"
     assert "trials ended: 2" in status.stdout
-    trials = [line.split()[0] for line in status.stdout.splitlines()
-              if " finished after 1 epoch(s)" in line]  # fmt: skip
+    trials = [
+        line.split()[0]
+        for line in status.stdout.splitlines()
+        if " finished after 1 epoch(s)" in line
+    ]
     assert sorted(trials) == ["submitted-sweep-000", "submitted-sweep-001"]
     # MLflow: the job's runs, found by its id: the sweep's parent and a run per trial
     client, _ = run_of_job(tmp_path, job_id)
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              filter_string=f"tags.`raytrain.ray_job_id` = '{job_id}'")  # fmt: skip
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`raytrain.ray_job_id` = '{job_id}'",
+    )
     (parent,) = [r for r in runs if r.data.tags.get("raytrain.sweep.role") == "parent"]
     assert parent.info.status == "FINISHED"
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
@@ -145,8 +176,13 @@ def test_raytrain_status_shows_a_job_training_and_its_last_state_once_its_driver
     in another while the job trains: its step and ETA; the run's series on the node's
     Prometheus endpoint; then the job's driver SIGKILLed:
     the job FAILED, the record's last state, no newer than the kill, with its age."""
-    wd = job_dir(tmp_path, digits_dir, name="watched", trainer={"max_epochs": 200},
-                 checkpoint={"every_n_epochs": 1})  # fmt: skip
+    wd = job_dir(
+        tmp_path,
+        digits_dir,
+        name="watched",
+        trainer={"max_epochs": 200},
+        checkpoint={"every_n_epochs": 1},
+    )
     env = client_env(head)
     proc = raytrain_cli(env, "submit", "spec.yaml", "--address", head.dashboard_url, cwd=wd)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -168,8 +204,10 @@ def test_raytrain_status_shows_a_job_training_and_its_last_state_once_its_driver
     assert lines[0] == "RUNNING"  # the job's state, its message, then the run's record
     heads = ("  watched: training (record ", "  watched: checkpointing (record ")
     assert any(line.startswith(heads) for line in lines), lines
-    assert any(line.startswith("    progress: step ") and f"/{status.total_steps} (" in line
-               for line in lines), lines  # fmt: skip
+    assert any(
+        line.startswith("    progress: step ") and f"/{status.total_steps} (" in line
+        for line in lines
+    ), lines
     assert any("samples/s, ETA " in line for line in lines), lines
     by_spec = raytrain_cli(env, "status", "spec.yaml", "--json", cwd=wd)  # the same record
     assert by_spec.returncode == 0 and json.loads(by_spec.stdout)["name"] == "watched"
@@ -177,8 +215,15 @@ def test_raytrain_status_shows_a_job_training_and_its_last_state_once_its_driver
     # Prometheus's view: the nodes' metrics endpoints (the head's service discovery file)
     # serve the run's series beside Ray's own (Ray exports every few seconds: polled as a
     # Prometheus would scrape)
-    names = ("step", "samples_per_second", "train_loss", "step_part_seconds", "restarts",
-             "metric", "checkpoint_stall_seconds")  # fmt: skip
+    names = (
+        "step",
+        "samples_per_second",
+        "train_loss",
+        "step_part_seconds",
+        "restarts",
+        "metric",
+        "checkpoint_stall_seconds",
+    )
     wanted = {f"ray_raytrain_{name}" for name in names}
     while True:
         series = head.scrape(run="watched")
@@ -218,10 +263,26 @@ def test_ray_job_submit_trains_through_the_entrypoint_and_the_python_api_stops_i
     wd = job_dir(tmp_path, digits_dir, name="ray-job-submit", trainer={"max_epochs": 200})
     env = client_env(head, RAY_AUTH_MODE="token")
     proc = subprocess.run(
-        [RAY_CLI, "job", "submit", "--address", head.dashboard_url, "--working-dir", ".",
-         "--no-wait", "--", "python", "jobs/train.py", "spec.yaml"],
-        capture_output=True, text=True, env=env, cwd=wd, timeout=600,
-    )  # fmt: skip
+        [
+            RAY_CLI,
+            "job",
+            "submit",
+            "--address",
+            head.dashboard_url,
+            "--working-dir",
+            ".",
+            "--no-wait",
+            "--",
+            "python",
+            "jobs/train.py",
+            "spec.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=wd,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     words = [word.strip("'") for word in proc.stdout.split()]
     job_id = next(word for word in words if word.startswith("raysubmit_"))
@@ -246,8 +307,9 @@ def test_a_wrong_or_missing_token_and_an_unknown_job_are_refused_clearly(
     head: RayHead, tmp_path: Path
 ) -> None:
     wrong = "not-the-token-0123"
-    proc = raytrain_cli(client_env(head, RAY_AUTH_TOKEN=wrong), "list",
-                        "--address", head.dashboard_url)  # fmt: skip
+    proc = raytrain_cli(
+        client_env(head, RAY_AUTH_TOKEN=wrong), "list", "--address", head.dashboard_url
+    )
     assert proc.returncode == 2
     assert "refused the token" in proc.stderr and head.dashboard_url in proc.stderr
     assert wrong not in proc.stdout + proc.stderr

@@ -32,8 +32,11 @@ def _job_dir(tmp_path: Path, digits_dir: Path, **sections) -> Path:
     disk) and the test models the spec names."""
     wd = tmp_path / "wd"
     (wd / "tests" / "integration").mkdir(parents=True)
-    for name in ("tests/__init__.py", "tests/integration/__init__.py",
-                 "tests/integration/models.py"):  # fmt: skip
+    for name in (
+        "tests/__init__.py",
+        "tests/integration/__init__.py",
+        "tests/integration/models.py",
+    ):
         shutil.copy(ROOT / name, wd / name)
     write_spec(wd / "spec.yaml", digits_spec(digits_dir, tmp_path, **sections))
     return wd
@@ -42,12 +45,23 @@ def _job_dir(tmp_path: Path, digits_dir: Path, **sections) -> Path:
 def _supervise(env: dict[str, str], wd: Path, address: str, *args: str) -> subprocess.Popen:
     """``raytrain submit spec.yaml --supervise`` as a user runs it, output to files."""
     return subprocess.Popen(
-        [sys.executable, "-m", "raytrain", "submit", "spec.yaml", "--address", address,
-         "--supervise", *args],
+        [
+            sys.executable,
+            "-m",
+            "raytrain",
+            "submit",
+            "spec.yaml",
+            "--address",
+            address,
+            "--supervise",
+            *args,
+        ],
         stdout=(wd.parent / "supervisor.out").open("w"),
         stderr=(wd.parent / "supervisor.err").open("w"),
-        env=env, cwd=wd, text=True,
-    )  # fmt: skip
+        env=env,
+        cwd=wd,
+        text=True,
+    )
 
 
 def _output(wd: Path) -> tuple[str, str]:
@@ -73,21 +87,33 @@ def test_a_supervised_job_survives_its_head_killed_and_resumes_its_run(
     out.mkdir()
     run_folder = tmp_path / "runs" / "supervised"
     wd = _job_dir(
-        tmp_path, digits_dir, name="supervised", scaling={"num_workers": 1},
-        model={"class_path": f"{MODELS}:KillAtStepsCNN",
-               "init_args": {"out_dir": str(out), "at_steps": [15], "rank": 0,
-                             "run_dir": str(run_folder), "signal_name": "HANG"}},
+        tmp_path,
+        digits_dir,
+        name="supervised",
+        scaling={"num_workers": 1},
+        model={
+            "class_path": f"{MODELS}:KillAtStepsCNN",
+            "init_args": {
+                "out_dir": str(out),
+                "at_steps": [15],
+                "rank": 0,
+                "run_dir": str(run_folder),
+                "signal_name": "HANG",
+            },
+        },
         trainer={"max_epochs": 1, "log_every_n_steps": 1},
-        checkpoint={"every_n_steps": 10}, failure={"hang_timeout_s": 0},
-    )  # fmt: skip
+        checkpoint={"every_n_steps": 10},
+        failure={"hang_timeout_s": 0},
+    )
     work1, work2 = tmp_path / "head1", tmp_path / "head2"
     work1.mkdir()
     work2.mkdir()
     with ray_head(work1, num_cpus=3) as head:
         address, token = head.dashboard_url, head.token
         gcs_port = int(head.gcs_address.rsplit(":", 1)[1])
-        proc = _supervise(client_env(head), wd, address, "--max-resubmits", "2",
-                          "--head-wait", "240")  # fmt: skip
+        proc = _supervise(
+            client_env(head), wd, address, "--max-resubmits", "2", "--head-wait", "240"
+        )
         request.addfinalizer(proc.kill)  # a failed test leaves no supervisor waiting
         deadline = time.monotonic() + 300
         while not (out / "killed-15").exists():  # the run waits there: its checkpoint is in
@@ -99,8 +125,9 @@ def test_a_supervised_job_survives_its_head_killed_and_resumes_its_run(
         head.kill()
         killed_at = time.monotonic()
     dashboard_port = int(address.rsplit(":", 1)[1])
-    with ray_head(work2, num_cpus=3, gcs_port=gcs_port, dashboard_port=dashboard_port,
-                  token=token) as again:  # fmt: skip
+    with ray_head(
+        work2, num_cpus=3, gcs_port=gcs_port, dashboard_port=dashboard_port, token=token
+    ) as again:
         assert again.dashboard_url == address
         back_at = time.monotonic()
         while "raytrain: resubmitted" not in _output(wd)[1] and proc.poll() is None:
@@ -143,10 +170,13 @@ def test_a_job_failing_in_training_step_is_not_resubmitted(
     digits_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     wd = _job_dir(
-        tmp_path, digits_dir, name="raises", scaling={"num_workers": 1},
+        tmp_path,
+        digits_dir,
+        name="raises",
+        scaling={"num_workers": 1},
         model={"class_path": f"{MODELS}:ExplodingCNN", "init_args": {"at_step": 2, "rank": 0}},
         trainer={"max_epochs": 1},
-    )  # fmt: skip
+    )
     with ray_head(tmp_path, num_cpus=3) as head:
         proc = _supervise(client_env(head), wd, head.dashboard_url)
         request.addfinalizer(proc.kill)

@@ -37,16 +37,23 @@ def _sweep_spec(digits_dir: Path, work: Path, name: str, **tune: Any) -> dict[st
     trial starts after both first ones passed the first rung, far behind them."""
     section = {
         "search_space": {"model.init_args.lr": {"loguniform": [1e-4, 3e-2]}},
-        "metric": "val_acc", "mode": "max", "num_samples": 4, "seed": 1,
+        "metric": "val_acc",
+        "mode": "max",
+        "num_samples": 4,
+        "seed": 1,
         "max_concurrent_trials": 2,
         "scheduler": {"name": "asha", "grace_period": 1, "reduction_factor": 2, "max_t": EPOCHS},
         **tune,
-    }  # fmt: skip
-    return digits_spec(digits_dir, work, name=name, scaling={"num_workers": 1},
-                       trainer={"max_epochs": EPOCHS, "log_every_n_steps": 10,
-                                "precision": "32-true", "seed": 42},
-                       checkpoint={"storage": str(work / "runs"), "every_n_epochs": 1, "keep": 2},
-                       tune=section)  # fmt: skip
+    }
+    return digits_spec(
+        digits_dir,
+        work,
+        name=name,
+        scaling={"num_workers": 1},
+        trainer={"max_epochs": EPOCHS, "log_every_n_steps": 10, "precision": "32-true", "seed": 42},
+        checkpoint={"storage": str(work / "runs"), "every_n_epochs": 1, "keep": 2},
+        tune=section,
+    )
 
 
 def _plant(spec: dict[str, Any], digits_dir: Path, work: Path) -> tuple[list[str], str]:
@@ -60,19 +67,26 @@ def _plant(spec: dict[str, Any], digits_dir: Path, work: Path) -> tuple[list[str
     signature = secrets.token_hex(16)
     signed = work / f"train?X-Amz-Signature={signature}"
     shutil.copytree(digits_dir / "train", signed)
-    spec["model"] = {"class_path": "tests.integration.models:HubCNN",
-                     "init_args": {"lr": 0.003, "hub_token": arg}}  # fmt: skip
+    spec["model"] = {
+        "class_path": "tests.integration.models:HubCNN",
+        "init_args": {"lr": 0.003, "hub_token": arg},
+    }
     spec["data"]["train"]["uri"] = str(signed)
     spec["tracking"]["mlflow"]["tags"] = {"hub": tag}
-    spec["tune"]["search_space"] |= {"model.init_args.hub_token": {"grid": [sampled]},
-                                     "data.train.uri": {"grid": [str(signed)]}}  # fmt: skip
+    spec["tune"]["search_space"] |= {
+        "model.init_args.hub_token": {"grid": [sampled]},
+        "data.train.uri": {"grid": [str(signed)]},
+    }
     return [tag, arg, sampled, signature], str(signed)
 
 
 def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
-    ray_cluster: None, digits_dir: Path, tmp_path: Path, clean_env: None,
+    ray_cluster: None,
+    digits_dir: Path,
+    tmp_path: Path,
+    clean_env: None,
     capfd: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     from dataclasses import asdict
 
     from mlflow.tracking import MlflowClient
@@ -97,9 +111,12 @@ def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
     assert parent.data.tags["raytrain.best_trial"] == result.best.name
     assert parent.data.params["tune.search_space.model.init_args.lr"].startswith("loguniform")
     assert parent.data.params["tune.search_space.data.train.uri"] == (
-        f"grid ['{tmp_path}/train?X-Amz-Signature=***']")  # fmt: skip
+        f"grid ['{tmp_path}/train?X-Amz-Signature=***']"
+    )
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")} == {
-        "sweep/sweep.png", "sweep/trials.json"}  # fmt: skip
+        "sweep/sweep.png",
+        "sweep/trials.json",
+    }
     children = client.search_runs(
         [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
     )
@@ -136,21 +153,36 @@ def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
         "tracking.mlflow.tags.hub; give them again to run this spec (overrides: FIELD=VALUE)"
     )
     best = yaml.safe_load(text)
-    assert "tune" not in best and best["model"]["init_args"]["lr"] == result.best.values[
-        "model.init_args.lr"]  # fmt: skip
+    assert (
+        "tune" not in best
+        and best["model"]["init_args"]["lr"] == result.best.values["model.init_args.lr"]
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "raytrain", "run", result.best_spec_path, "trainer.max_epochs=1",
-         f"data.train.uri={signed}", "--json"], capture_output=True, text=True, env=cli_env(),
-        cwd=tmp_path, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "raytrain",
+            "run",
+            result.best_spec_path,
+            "trainer.max_epochs=1",
+            f"data.train.uri={signed}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["name"] == "lr-sweep-best"
 
     # No planted secret in anything the sweep, its trials and the best run wrote or printed:
     # every file under the sweep's and the run's folders (Tune's included), every MLflow
     # value and artifact, the result, the lines
-    assert not files_holding(planted, [tmp_path / "runs" / "lr-sweep",
-                                       tmp_path / "runs" / "lr-sweep-best"])  # fmt: skip
+    assert not files_holding(
+        planted, [tmp_path / "runs" / "lr-sweep", tmp_path / "runs" / "lr-sweep-best"]
+    )
     assert not mlflow_holding(planted, result.tracking_uri, tmp_path / "artifacts")
     shown = [printed.out, printed.err, proc.stdout, proc.stderr, json.dumps(asdict(result))]
     assert not [s for s in planted for text in shown if s in text]
@@ -159,9 +191,17 @@ def test_a_sweep_stops_poor_trials_records_them_and_its_best_spec_runs(
 
     # A metric no trial reports stops the sweep at the first validation, naming what is
     with pytest.raises(raytrain.SpecError) as caught:
-        raytrain.tune(_sweep_spec(digits_dir, tmp_path, "typo-sweep", metric="val_accuracy",
-                                  num_samples=1, scheduler={"name": "fifo"}),
-                      progress=False)  # fmt: skip
+        raytrain.tune(
+            _sweep_spec(
+                digits_dir,
+                tmp_path,
+                "typo-sweep",
+                metric="val_accuracy",
+                num_samples=1,
+                scheduler={"name": "fifo"},
+            ),
+            progress=False,
+        )
     (line,) = caught.value.problems
     assert line.startswith("tune.metric: 'val_accuracy' is not reported by the trials")
     assert "val_acc" in line and "val_loss" in line
@@ -175,15 +215,24 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(
     trials: the finished one not trained again, the interrupted one resumed from its
     checkpoint."""
     spec = _sweep_spec(digits_dir, tmp_path, "kill-sweep", scheduler={"name": "fifo"})
-    spec["model"] = {"class_path": "tests.integration.models:StartsCNN",
-                     "init_args": {"lr": 0.003, "out_dir": str(tmp_path)}}  # fmt: skip
+    spec["model"] = {
+        "class_path": "tests.integration.models:StartsCNN",
+        "init_args": {"lr": 0.003, "out_dir": str(tmp_path)},
+    }
     spec["trainer"]["max_epochs"] = EPOCHS + 1
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec))
     trials_dir = tmp_path / "runs" / "kill-sweep" / "trials"
     cmd = [sys.executable, "-m", "raytrain", "tune", str(path), "--json"]
-    proc = subprocess.Popen(cmd, env=cli_env(), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env=cli_env(),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     finished: list[str] = []
     reader = threading.Thread(target=_finished_trials, args=(proc, finished), daemon=True)
     reader.start()
@@ -204,13 +253,15 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(
     starts_file = tmp_path / "starts.jsonl"
     started = {json.loads(x)["lr"] for x in starts_file.read_text().splitlines()}
 
-    again = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), cwd=tmp_path,
-                           timeout=600)  # fmt: skip
+    again = subprocess.run(
+        cmd, capture_output=True, text=True, env=cli_env(), cwd=tmp_path, timeout=600
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     # the killed driver's lease on the sweep's folder: its pid is gone, so taken over at once
     assert "raytrain: taking over the stale lease " in again.stderr
     assert f"raytrain: sweep kill-sweep: continuing from {tmp_path / 'runs' / 'kill-sweep'}" in (
-        again.stderr)  # fmt: skip
+        again.stderr
+    )
     result = json.loads(again.stdout.strip().splitlines()[-1])
     trials = {t["name"]: t for t in result["trials"]}
     assert len(trials) == 4 and {t["status"] for t in trials.values()} == {"finished"}
@@ -250,8 +301,10 @@ def _committed(trials_dir: Path) -> dict[str, tuple[int, int]]:
     for snapshot in trials_dir.glob("*/checkpoint_manager_snapshot.json"):
         latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
         if latest:
-            out[snapshot.parent.name] = (int(latest["metrics"]["step"]),
-                                         int(latest["metrics"]["epoch"]))  # fmt: skip
+            out[snapshot.parent.name] = (
+                int(latest["metrics"]["step"]),
+                int(latest["metrics"]["epoch"]),
+            )
     return out
 
 

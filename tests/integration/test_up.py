@@ -41,8 +41,14 @@ class Marked(DigitsCNN):
 
 
 def _raytrain(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "raytrain", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "raytrain", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def _group(pgid: int) -> list[int]:
@@ -78,10 +84,13 @@ def test_runs_join_a_cluster_that_stays_up_and_import_the_users_current_code(
         for version in ("one", "two"):
             (tmp_path / "marked_model.py").write_text(MODEL.format(version=version))
             mark = tmp_path / f"mark-{version}"
-            spec = digits_spec(digits_dir, tmp_path, name=f"up-{version}",
-                               model={"class_path": "marked_model:Marked",
-                                      "init_args": {"mark_file": str(mark)}},
-                               trainer={"max_epochs": 1})  # fmt: skip
+            spec = digits_spec(
+                digits_dir,
+                tmp_path,
+                name=f"up-{version}",
+                model={"class_path": "marked_model:Marked", "init_args": {"mark_file": str(mark)}},
+                trainer={"max_epochs": 1},
+            )
             path = write_spec(tmp_path / f"{version}.yaml", spec)
             run = _raytrain(env, tmp_path, "run", str(path), "--json")
             assert run.returncode == 0, run.stderr[-3000:]
@@ -95,10 +104,19 @@ def test_runs_join_a_cluster_that_stays_up_and_import_the_users_current_code(
         assert _raytrain(env, tmp_path, "up", "--status").returncode == 0
 
         # a longer run; the cluster goes away once it has committed a checkpoint
-        cmd = [sys.executable, "-m", "raytrain", "run", str(path), "name=up-lost",
-               "trainer.max_epochs=30", "--json"]  # fmt: skip
-        lost = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "raytrain",
+            "run",
+            str(path),
+            "name=up-lost",
+            "trainer.max_epochs=30",
+            "--json",
+        ]
+        lost = subprocess.Popen(
+            cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         _wait_for_checkpoints(tmp_path / "runs" / "up-lost", 2, lost)
     finally:
         stopped = _raytrain(env, tmp_path, "down")

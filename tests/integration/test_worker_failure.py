@@ -38,20 +38,36 @@ def read_events(out_dir: Path) -> list[dict]:
 def _run(digits_dir: Path, out: Path, name: str, **kills: Any) -> Any:
     out.mkdir()
     spec = digits_spec(
-        digits_dir, out, name=name,
-        model={"class_path": "tests.integration.models:KillAtStepsCNN",
-               "init_args": {"out_dir": str(out), "run_dir": str(out / "runs" / name),
-                             "at_steps": [], **kills}},
+        digits_dir,
+        out,
+        name=name,
+        model={
+            "class_path": "tests.integration.models:KillAtStepsCNN",
+            "init_args": {
+                "out_dir": str(out),
+                "run_dir": str(out / "runs" / name),
+                "at_steps": [],
+                **kills,
+            },
+        },
         trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5},
         # a monitored key the model never logs: checkpoints are ranked by recency; rank 0's
         # state kept in memory every step
-        checkpoint={"every_n_epochs": 1, "keep": 20, "monitor": "val_accuracy", "mode": "max",
-                    "memory_every_n_steps": 1},
+        checkpoint={
+            "every_n_epochs": 1,
+            "keep": 20,
+            "monitor": "val_accuracy",
+            "mode": "max",
+            "memory_every_n_steps": 1,
+        },
         # two failures allowed: the hang and the kill; a preemption charged to them would
         # fail the run
-        failure={"max_failures": 2, "preemption_check_s": 0,  # agree every step
-                 "hang_timeout_s": HANG_TIMEOUT},
-    )  # fmt: skip
+        failure={
+            "max_failures": 2,
+            "preemption_check_s": 0,  # agree every step
+            "hang_timeout_s": HANG_TIMEOUT,
+        },
+    )
     return raytrain.fit(spec, progress=False)
 
 
@@ -63,8 +79,13 @@ def test_a_preempted_a_hung_and_a_killed_worker_end_as_an_uninterrupted_run_does
     plain = _run(digits_dir, tmp_path / "plain", "uninterrupted")
     assert not [e for e in read_events(tmp_path / "plain") if e["event"] == "kill"]
     out = tmp_path / "interrupted"
-    result = _run(digits_dir, out, "interrupted", at_steps=[NOTICE_AT, HANG_AT, KILL_AT],
-                  signals=["SIGTERM", "HANG", "SIGKILL"])  # fmt: skip
+    result = _run(
+        digits_dir,
+        out,
+        "interrupted",
+        at_steps=[NOTICE_AT, HANG_AT, KILL_AT],
+        signals=["SIGTERM", "HANG", "SIGKILL"],
+    )
     last = EPOCHS * STEPS_PER_EPOCH
     assert result.metrics["step"] == plain.metrics["step"] == last
     gap = result.metrics["val_acc"] - plain.metrics["val_acc"]
@@ -86,9 +107,14 @@ def test_a_preempted_a_hung_and_a_killed_worker_end_as_an_uninterrupted_run_does
     # state in memory (storage's last were the epoch ends before them, steps 92 and 138).
     events = read_events(out)
     assert [(e["event"], e["step"]) for e in events if e["event"] != "start"] == [
-        ("first_step", 1), ("kill", NOTICE_AT), ("first_step", noticed + 1),
-        ("kill", HANG_AT), ("first_step", HANG_AT + 1),
-        ("kill", KILL_AT), ("first_step", KILL_AT + 1)]  # fmt: skip
+        ("first_step", 1),
+        ("kill", NOTICE_AT),
+        ("first_step", noticed + 1),
+        ("kill", HANG_AT),
+        ("first_step", HANG_AT + 1),
+        ("kill", KILL_AT),
+        ("first_step", KILL_AT + 1),
+    ]
 
     # The hang: found within its timeout (the watchdog looks once a second), every rank's
     # stacks saved, rank 1 named as the one not in a collective, in its sleep
@@ -100,8 +126,9 @@ def test_a_preempted_a_hung_and_a_killed_worker_end_as_an_uninterrupted_run_does
     assert "collective: not in a collective" in hung and "in forward" in hung, hung[:400]
     training = hung.split("\nThread ")[1]  # the first thread shown: the one that trains
     assert "(training), most recent call last" in training, hung
-    assert re.search(r"models\.py\", line \d+, in training_step\n\s+time\.sleep\(3600\)",
-                     training), hung  # fmt: skip
+    assert re.search(
+        r"models\.py\", line \d+, in training_step\n\s+time\.sleep\(3600\)", training
+    ), hung
     assert "collective: in " in stacks["rank0.txt"], stacks["rank0.txt"][:400]
     (hang_event,) = [e for e in events if e["event"] == "kill" and e["step"] == HANG_AT]
     found_at = float(re.search(r"\(unix ([\d.]+)\)", hung).group(1))  # type: ignore[union-attr]

@@ -137,16 +137,21 @@ _SWEEP = (
     "search_space: {model.init_args.lr: {uniform: [0.001, 0.01]}}}"
 )
 TUNE_CASES = {
-    "tune_unknown_field": ([_SWEEP, "tune.search_space={trainer.epochs: {choice: [2]}}"],
-                           "tune.search_space.trainer.epochs"),
-    "tune_bad_bounds": ([_SWEEP, "tune.search_space={model.init_args.lr: {loguniform: [0, 1]}}"],
-                        "tune.search_space.model.init_args.lr"),
+    "tune_unknown_field": (
+        [_SWEEP, "tune.search_space={trainer.epochs: {choice: [2]}}"],
+        "tune.search_space.trainer.epochs",
+    ),
+    "tune_bad_bounds": (
+        [_SWEEP, "tune.search_space={model.init_args.lr: {loguniform: [0, 1]}}"],
+        "tune.search_space.model.init_args.lr",
+    ),
     "tune_value_the_spec_refuses": (
         [_SWEEP, "tune.search_space={trainer.max_epochs: {randint: [0, 3]}}"],
-        "tune.search_space.trainer.max_epochs"),
+        "tune.search_space.trainer.max_epochs",
+    ),
     "tune_missing": ([], "tune"),
     "run_of_a_sweep": ([_SWEEP], "tune"),
-}  # fmt: skip
+}
 
 _DRIVER = r"""
 import contextlib, io, json, sys
@@ -195,8 +200,10 @@ def outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     broken = work / "broken.yaml"
     broken.write_text("name: x\nmodel: [unclosed\n")
     images = write_image_folders(tmp_path_factory.mktemp("images"))
-    argvs = {name: ["run", str(spec_path), *_argv(overrides, images)]
-             for name, (overrides, _) in CASES.items()}  # fmt: skip
+    argvs = {
+        name: ["run", str(spec_path), *_argv(overrides, images)]
+        for name, (overrides, _) in CASES.items()
+    }
     for name, (overrides, _) in TUNE_CASES.items():
         command = "run" if name == "run_of_a_sweep" else "tune"
         argvs[name] = [command, str(spec_path), *overrides]
@@ -216,8 +223,10 @@ def late_outcomes(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         "import pytorch_lightning as pl\n\nclass Model(pl.LightningModule):\n    pass\n"
     )
     images = write_image_folders(tmp_path_factory.mktemp("images"))
-    argvs = {name: ["run", str(spec_path), *_argv(overrides, images)]
-             for name, (overrides, _) in LATE.items()}  # fmt: skip
+    argvs = {
+        name: ["run", str(spec_path), *_argv(overrides, images)]
+        for name, (overrides, _) in LATE.items()
+    }
     result = _run_cases(argvs, work)
     result["__work__"] = work
     return result

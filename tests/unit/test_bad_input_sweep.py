@@ -133,24 +133,32 @@ OVERRIDES: dict[str, tuple[list[str], str]] = {
 # past their bounds; each also through `raytrain validate` (validate_<name>)
 _MIX = "data.train=[{uri: /d/a, weight: 1}, {uri: /d/b, weight: 1}]"
 NAMES_AND_SIZES: dict[str, tuple[list[str], str]] = {
-    "mix_source_named_dots": (["data.train=[{uri: /d/a, weight: 1, name: ..}]"],
-                              "data.train.0.name"),
-    "mix_source_named_dot": (["data.train=[{uri: /d/a, weight: 1, name: .}]"],
-                             "data.train.0.name"),
+    "mix_source_named_dots": (
+        ["data.train=[{uri: /d/a, weight: 1, name: ..}]"],
+        "data.train.0.name",
+    ),
+    "mix_source_named_dot": (["data.train=[{uri: /d/a, weight: 1, name: .}]"], "data.train.0.name"),
     "mix_uri_ending_dots": (["data.train=[{uri: /d/a/.., weight: 1}]"], "data.train.0.uri"),
-    "mix_weights_overflow": (["data.train=[{uri: /d/a, weight: 1.0e+308}, "
-                              "{uri: /d/b, weight: 1.0e+308}]"], "data.train.1.weight"),
+    "mix_weights_overflow": (
+        ["data.train=[{uri: /d/a, weight: 1.0e+308}, {uri: /d/b, weight: 1.0e+308}]"],
+        "data.train.1.weight",
+    ),
     "mix_epoch_rows_petabyte": ([_MIX, "data.epoch_rows=1000000000000000"], "data.epoch_rows"),
-    "elastic_billion_keep_batch": (["scaling.num_workers=[1, 1000000000]",
-                                    "scaling.keep_global_batch=true"], "scaling.num_workers"),
-    "elastic_accumulates_past_limit": (["scaling.num_workers=[1, 5000]",
-                                        "scaling.keep_global_batch=true"],
-                                       "scaling.num_workers: [1, 5000] with"),
-    "accumulate_million": (["trainer.accumulate_grad_batches=1000000"],
-                           "trainer.accumulate_grad_batches"),
+    "elastic_billion_keep_batch": (
+        ["scaling.num_workers=[1, 1000000000]", "scaling.keep_global_batch=true"],
+        "scaling.num_workers",
+    ),
+    "elastic_accumulates_past_limit": (
+        ["scaling.num_workers=[1, 5000]", "scaling.keep_global_batch=true"],
+        "scaling.num_workers: [1, 5000] with",
+    ),
+    "accumulate_million": (
+        ["trainer.accumulate_grad_batches=1000000"],
+        "trainer.accumulate_grad_batches",
+    ),
     "tag_key_traversal": (["tracking.mlflow.tags={../x: y}"], "tracking.mlflow.tags"),
     "register_as_slash": (["tracking.mlflow.register_as=a/b"], "tracking.mlflow.register_as"),
-}  # fmt: skip
+}
 OVERRIDES |= NAMES_AND_SIZES
 
 
@@ -158,56 +166,98 @@ OVERRIDES |= NAMES_AND_SIZES
 # sweep may not sample, and the folders a run and a sweep of one name would share ---
 # name: (overrides to sweep.yaml, text the one error line must start with after "error: ")
 TUNE_OVERRIDES: dict[str, tuple[list[str], str]] = {
-    "tune_grace_above_max_t": (["tune.scheduler={name: asha, grace_period: 5, max_t: 3}"],
-                               "tune.scheduler: grace_period (5) is above max_t"),
-    "tune_grace_above_max_epochs": (["tune.scheduler={name: asha, grace_period: 5}"],
-                                    "tune.scheduler.grace_period: 5 is above max_t (2, "),
-    "tune_max_t_above_max_epochs": (["tune.scheduler={name: asha, max_t: 10}"],
-                                    "tune.scheduler.max_t: 10 is above trainer.max_epochs"),
-    "tune_reduction_factor_tiny": (["tune.scheduler={name: asha, reduction_factor: 1.0000001}"],
-                                   "tune.scheduler.reduction_factor: 1.0000001 is "
-                                   "below 1.5"),
-    "tune_rungs_many": (["trainer.max_steps=1000000000", "tune.scheduler={name: asha, "
-                         "time_attr: step, reduction_factor: 1.5, max_t: 1000000000}"],
-                        "tune.scheduler.reduction_factor: 1.5 makes 52 rungs"),
-    "tune_uniform_overflow": (["tune.search_space={model.init_args.lr: {uniform: [-1e308, "
-                               "1e308]}}"], "tune.search_space.model.init_args.lr: "
-                              "uniform: [-1e+308, 1e+308] is wider than a float"),
-    "tune_choice_nan": (["tune.search_space={model.init_args.lr: {choice: [.nan, .inf]}}"],
-                        "tune.search_space.model.init_args.lr: choice: nan is not"),
-    "tune_grid_inside_inf": (["tune.search_space={model.init_args: {grid: [{lr: .inf}]}}"],
-                             "tune.search_space.model.init_args: grid: {'lr': inf}"),
-    "tune_randint_past_int64": (["tune.search_space={trainer.seed: {randint: [0, "
-                                 "100000000000000000000]}}"],
-                                "tune.search_space.trainer.seed: randint: "),
-    "tune_grids_past_the_cap": (["tune.num_samples=10000", "tune.search_space={a: {grid: "
-                                 f"{list(range(100))}}}, b: {{grid: {list(range(100))}}}, "
-                                 f"c: {{grid: {list(range(100))}}}}}"],
-                                "tune: num_samples: 10000 x the grids' 100 x 100 "
-                                "x 100 combinations is 10,000,000,000 trials"),
-    "tune_sample_checkpoint": (["tune.search_space={checkpoint.storage: {choice: [/etc]}}"],
-                               "tune.search_space: 'checkpoint.storage': a sweep "
-                               "may not sample it"),
-    "tune_sample_checkpoint_section": (["tune.search_space={checkpoint: {choice: [{keep: 1}]}}"],
-                                       "tune.search_space: 'checkpoint': a sweep"),
-    "tune_sample_tracking_uri": (["tune.search_space={tracking.mlflow.tracking_uri: {choice: "
-                                  "[sqlite:///x.db]}}"], "tune.search_space: "
-                                 "'tracking.mlflow.tracking_uri': a sweep may not sample it"),
-    "tune_sample_experiment": (["tune.search_space={tracking.mlflow.experiment: {choice: [a]}}"],
-                               "tune.search_space: 'tracking.mlflow.experiment'"),
-    "tune_sample_tags": (["tune.search_space={tracking.mlflow.tags: {choice: [{a: b}]}}"],
-                         "tune.search_space: 'tracking.mlflow.tags'"),
-    "tune_sample_mlflow_section": (["tune.search_space={tracking.mlflow: {choice: [{}]}}"],
-                                   "tune.search_space: 'tracking.mlflow': a sweep "
-                                   "may not sample it (it holds tracking.mlflow.tracking_uri)"),
-    "tune_sample_bare_tune": (["tune.search_space={tune: {choice: [1]}}"],
-                              "tune.search_space: 'tune': a sweep may not sample"),
-    "tune_sample_name": (["tune.search_space={name: {choice: [a]}}"],
-                         "tune.search_space: 'name': a sweep may not sample it"),
-    "tune_101_fields": (["tune.search_space={" + ", ".join(f"model.init_args.a{i}: {{choice: "
-                                                             "[1]}" for i in range(101)) + "}"],
-                        "tune.search_space: Dictionary should have at most 100 items"),
-}  # fmt: skip
+    "tune_grace_above_max_t": (
+        ["tune.scheduler={name: asha, grace_period: 5, max_t: 3}"],
+        "tune.scheduler: grace_period (5) is above max_t",
+    ),
+    "tune_grace_above_max_epochs": (
+        ["tune.scheduler={name: asha, grace_period: 5}"],
+        "tune.scheduler.grace_period: 5 is above max_t (2, ",
+    ),
+    "tune_max_t_above_max_epochs": (
+        ["tune.scheduler={name: asha, max_t: 10}"],
+        "tune.scheduler.max_t: 10 is above trainer.max_epochs",
+    ),
+    "tune_reduction_factor_tiny": (
+        ["tune.scheduler={name: asha, reduction_factor: 1.0000001}"],
+        "tune.scheduler.reduction_factor: 1.0000001 is below 1.5",
+    ),
+    "tune_rungs_many": (
+        [
+            "trainer.max_steps=1000000000",
+            "tune.scheduler={name: asha, "
+            "time_attr: step, reduction_factor: 1.5, max_t: 1000000000}",
+        ],
+        "tune.scheduler.reduction_factor: 1.5 makes 52 rungs",
+    ),
+    "tune_uniform_overflow": (
+        ["tune.search_space={model.init_args.lr: {uniform: [-1e308, 1e308]}}"],
+        "tune.search_space.model.init_args.lr: uniform: [-1e+308, 1e+308] is wider than a float",
+    ),
+    "tune_choice_nan": (
+        ["tune.search_space={model.init_args.lr: {choice: [.nan, .inf]}}"],
+        "tune.search_space.model.init_args.lr: choice: nan is not",
+    ),
+    "tune_grid_inside_inf": (
+        ["tune.search_space={model.init_args: {grid: [{lr: .inf}]}}"],
+        "tune.search_space.model.init_args: grid: {'lr': inf}",
+    ),
+    "tune_randint_past_int64": (
+        ["tune.search_space={trainer.seed: {randint: [0, 100000000000000000000]}}"],
+        "tune.search_space.trainer.seed: randint: ",
+    ),
+    "tune_grids_past_the_cap": (
+        [
+            "tune.num_samples=10000",
+            "tune.search_space={a: {grid: "
+            f"{list(range(100))}}}, b: {{grid: {list(range(100))}}}, "
+            f"c: {{grid: {list(range(100))}}}}}",
+        ],
+        "tune: num_samples: 10000 x the grids' 100 x 100 "
+        "x 100 combinations is 10,000,000,000 trials",
+    ),
+    "tune_sample_checkpoint": (
+        ["tune.search_space={checkpoint.storage: {choice: [/etc]}}"],
+        "tune.search_space: 'checkpoint.storage': a sweep may not sample it",
+    ),
+    "tune_sample_checkpoint_section": (
+        ["tune.search_space={checkpoint: {choice: [{keep: 1}]}}"],
+        "tune.search_space: 'checkpoint': a sweep",
+    ),
+    "tune_sample_tracking_uri": (
+        ["tune.search_space={tracking.mlflow.tracking_uri: {choice: [sqlite:///x.db]}}"],
+        "tune.search_space: 'tracking.mlflow.tracking_uri': a sweep may not sample it",
+    ),
+    "tune_sample_experiment": (
+        ["tune.search_space={tracking.mlflow.experiment: {choice: [a]}}"],
+        "tune.search_space: 'tracking.mlflow.experiment'",
+    ),
+    "tune_sample_tags": (
+        ["tune.search_space={tracking.mlflow.tags: {choice: [{a: b}]}}"],
+        "tune.search_space: 'tracking.mlflow.tags'",
+    ),
+    "tune_sample_mlflow_section": (
+        ["tune.search_space={tracking.mlflow: {choice: [{}]}}"],
+        "tune.search_space: 'tracking.mlflow': a sweep "
+        "may not sample it (it holds tracking.mlflow.tracking_uri)",
+    ),
+    "tune_sample_bare_tune": (
+        ["tune.search_space={tune: {choice: [1]}}"],
+        "tune.search_space: 'tune': a sweep may not sample",
+    ),
+    "tune_sample_name": (
+        ["tune.search_space={name: {choice: [a]}}"],
+        "tune.search_space: 'name': a sweep may not sample it",
+    ),
+    "tune_101_fields": (
+        [
+            "tune.search_space={"
+            + ", ".join(f"model.init_args.a{i}: {{choice: [1]}}" for i in range(101))
+            + "}"
+        ],
+        "tune.search_space: Dictionary should have at most 100 items",
+    ),
+}
 TUNE_EXPECTED: dict[str, str] = {
     "tune_grid_90000": "tune.search_space.data.batch_size: grid: 90,000 values, "
     "more than the limit of 10,000",
@@ -230,8 +280,11 @@ def _tune_files(work: Path, digits_dir: Path) -> dict[str, list[str]]:
     from raytrain.spec import load_spec
     from raytrain.sweep.runner import write_record
 
-    section = {"search_space": {"data.batch_size": {"choice": [16, 32]}}, "metric": "val_acc",
-               "mode": "max"}  # fmt: skip
+    section = {
+        "search_space": {"data.batch_size": {"choice": [16, 32]}},
+        "metric": "val_acc",
+        "mode": "max",
+    }
     tree = digits_spec(digits_dir, work, tune=section)
     spec = str(write_spec(work / "sweep.yaml", tree))
     argvs = {name: ["tune", spec, *v[0]] for name, v in TUNE_OVERRIDES.items()}
@@ -239,15 +292,22 @@ def _tune_files(work: Path, digits_dir: Path) -> dict[str, list[str]]:
     def space_file(name: str, space: dict[str, Any]) -> str:
         """A sweep over ``space``, its lists in YAML's flow style (within the size limit)."""
         path = work / f"{name}.yaml"
-        path.write_text(yaml.safe_dump({**tree, "tune": {**section, "search_space": space}},
-                                       default_flow_style=None, width=2**20))  # fmt: skip
+        path.write_text(
+            yaml.safe_dump(
+                {**tree, "tune": {**section, "search_space": space}},
+                default_flow_style=None,
+                width=2**20,
+            )
+        )
         return str(path)
 
     grid = space_file("grid_90000", {"data.batch_size": {"grid": list(range(1, 90_001))}})
     argvs["tune_grid_90000"] = ["tune", grid]
     uris = [f"/data/train-{i}" for i in range(9_999)] + ["file://host/9999"]  # the last bad
-    argvs["tune_choice_10000_last_bad"] = ["tune", space_file(
-        "choice_10000", {"data.train.uri": {"choice": uris}})]  # fmt: skip
+    argvs["tune_choice_10000_last_bad"] = [
+        "tune",
+        space_file("choice_10000", {"data.train.uri": {"choice": uris}}),
+    ]
 
     # a run's folder, its record written as a run writes it; a sweep's, as a sweep does
     run_store, sweep_store = work / "a_runs_store", work / "a_sweeps_store"
@@ -255,23 +315,38 @@ def _tune_files(work: Path, digits_dir: Path) -> dict[str, list[str]]:
     runstate.save(job, runstate.new_state(job))
     swept = load_spec(tree, [f"checkpoint.storage={sweep_store}"])
     write_record(str(sweep_store / swept.name), swept, "0123456789abcdef")
-    argvs["tune_fresh_on_a_runs_folder"] = ["tune", spec, f"checkpoint.storage={run_store}",
-                                            "--fresh"]  # fmt: skip
+    argvs["tune_fresh_on_a_runs_folder"] = [
+        "tune",
+        spec,
+        f"checkpoint.storage={run_store}",
+        "--fresh",
+    ]
     argvs["tune_on_a_runs_folder"] = ["tune", spec, f"checkpoint.storage={run_store}"]
     job_yaml = str(work / "job.yaml")
     argvs["run_on_a_sweeps_folder"] = ["run", job_yaml, f"checkpoint.storage={sweep_store}"]
-    argvs["run_fresh_on_a_sweeps_folder"] = ["run", job_yaml, f"checkpoint.storage={sweep_store}",
-                                             "--fresh"]  # fmt: skip
+    argvs["run_fresh_on_a_sweeps_folder"] = [
+        "run",
+        job_yaml,
+        f"checkpoint.storage={sweep_store}",
+        "--fresh",
+    ]
 
     # a live sweep's lease (its heartbeat an hour ahead: live however long the cases take)
     live = work / "a_live_store" / "digits-test"
     live.mkdir(parents=True)
     now = time.time()
-    holder = lease.Holder(host=socket.gethostname(), pid=os.getpid(), started_at=now,
-                          heartbeat_at=now + 3600, token="live")  # fmt: skip
+    holder = lease.Holder(
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        started_at=now,
+        heartbeat_at=now + 3600,
+        token="live",
+    )
     (live / lease.LEASE_FILE).write_text(json.dumps(holder.__dict__))
-    for name, flags in (("tune_a_live_sweeps_folder", []), ("tune_fresh_a_live_sweeps_folder",
-                                                            ["--fresh"])):  # fmt: skip
+    for name, flags in (
+        ("tune_a_live_sweeps_folder", []),
+        ("tune_fresh_a_live_sweeps_folder", ["--fresh"]),
+    ):
         argvs[name] = ["tune", spec, f"checkpoint.storage={live.parent}", *flags]
     (work / "a_file_store").mkdir()
     (work / "a_file_store" / "digits-test").write_text("a file where the sweep's folder goes\n")
@@ -308,8 +383,12 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     )
     argvs["data_string_label"] = ["run", job, f"data.train.uri={strings}", "data.val=null"]
     argvs["data_timestamp_column"] = [
-        "run", job, f"data.train.uri={times}", "data.val=null", "data.columns=null",
-    ]  # fmt: skip
+        "run",
+        job,
+        f"data.train.uri={times}",
+        "data.val=null",
+        "data.columns=null",
+    ]
 
     # run-state and checkpoint records that cannot be read
     states = {
@@ -347,8 +426,11 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     # raytrain report of runs in a store that does not exist: not created by reading it
     argvs["report_default_store"] = ["report", "0123456789abcdef", "--out", str(work / "r.png")]
     argvs["report_missing_sqlite"] = [
-        "report", "abc", "--tracking-uri", f"sqlite:///{work / 'nowhere.db'}",
-    ]  # fmt: skip
+        "report",
+        "abc",
+        "--tracking-uri",
+        f"sqlite:///{work / 'nowhere.db'}",
+    ]
 
     argvs |= _tune_files(work, digits_dir)  # issue 33's sweep cases (above)
 
@@ -357,8 +439,10 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     torch.save({"epoch": 1}, work / "ckpt_no_state_dict" / "checkpoint.ckpt")
     argvs["export_not_a_checkpoint"] = ["export", str(work / "notes.txt"), str(work / "o.pt")]
     argvs["export_no_state_dict"] = [
-        "export", str(work / "ckpt_no_state_dict"), str(work / "o.pt"),
-    ]  # fmt: skip
+        "export",
+        str(work / "ckpt_no_state_dict"),
+        str(work / "o.pt"),
+    ]
     (work / "out_folder").mkdir()
     good = work / "ckpt_good"
     good.mkdir()
@@ -378,15 +462,20 @@ def sweep(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         (work / "outside.bin").write_bytes(shard.read_bytes())
         metadata = pickle.loads((shards / ".metadata").read_bytes())
         path = where or str(work / "outside.bin")
-        metadata.storage_data = {k: dataclasses.replace(v, relative_path=path)
-                                 for k, v in metadata.storage_data.items()}  # fmt: skip
+        metadata.storage_data = {
+            k: dataclasses.replace(v, relative_path=path) for k, v in metadata.storage_data.items()
+        }
         (shards / ".metadata").write_bytes(pickle.dumps(metadata))
         argvs[f"export_{case}"] = ["export", str(work / case), str(work / f"{case}.pt")]
 
     before = _tree(work), _tree(digits_dir)
     result = run_fresh(_DRIVER, argvs, work, pythonpath=os.getcwd(), timeout=600)
-    return {"results": result, "argvs": argvs, "before": before,
-            "after": (_tree(work), _tree(digits_dir))}  # fmt: skip
+    return {
+        "results": result,
+        "argvs": argvs,
+        "before": before,
+        "after": (_tree(work), _tree(digits_dir)),
+    }
 
 
 # --- issue 33 (status, doctor, report, job ids, submit flags): records read through the one
@@ -404,10 +493,13 @@ def _issue33_b_cases(work: Path, job: str) -> dict[str, list[str]]:
     for name in ("fifo", "dev_zero", "folder", "not_utf8"):
         argvs[f"status_record_{name}"] = ["status", name, "--storage", str(records)]
     argvs["doctor_record_fifo"] = ["doctor", "fifo", "--storage", str(records)]
-    argvs["status_name_parent"] = ["status", "../status_bad/digits-test", "--storage",
-                                   str(records)]  # fmt: skip
-    argvs["status_name_absolute"] = ["status", str(work / "status_bad" / "digits-test"),
-                                     "--storage", str(records)]  # fmt: skip
+    argvs["status_name_parent"] = ["status", "../status_bad/digits-test", "--storage", str(records)]
+    argvs["status_name_absolute"] = [
+        "status",
+        str(work / "status_bad" / "digits-test"),
+        "--storage",
+        str(records),
+    ]
     argvs["doctor_name_parent"] = ["doctor", "../x", "--storage", str(records)]
     state = work / "state_fifo" / "digits-test"
     state.mkdir(parents=True)
@@ -422,19 +514,33 @@ def _issue33_b_cases(work: Path, job: str) -> dict[str, list[str]]:
     # a supervised job's settings: refused without --supervise, and out of their range
     argvs["submit_max_resubmits_alone"] = ["submit", job, "--max-resubmits", "5"]
     argvs["submit_head_wait_alone"] = ["submit", job, "--head-wait", "-1"]
-    argvs["submit_supervise_resubmits_negative"] = ["submit", job, "--supervise",
-                                                    "--max-resubmits", "-1"]  # fmt: skip
-    argvs["submit_supervise_head_wait_nan"] = ["submit", job, "--supervise", "--head-wait",
-                                               "nan"]  # fmt: skip
+    argvs["submit_supervise_resubmits_negative"] = [
+        "submit",
+        job,
+        "--supervise",
+        "--max-resubmits",
+        "-1",
+    ]
+    argvs["submit_supervise_head_wait_nan"] = ["submit", job, "--supervise", "--head-wait", "nan"]
     # report's output files, checked before a store is read (this one does not exist)
     (work / "report_folder33").mkdir()
     report = ["report", "abc", "--tracking-uri", f"sqlite:///{work / 'nowhere33.db'}"]
     argvs["report_out_is_a_folder"] = [*report, "--out", str(work / "report_folder33")]
     argvs["report_out_under_a_file"] = [*report, "--out", str(work / "notes.txt" / "r.png")]
-    argvs["report_html_is_a_folder"] = [*report, "--out", str(work / "r33.png"), "--html",
-                                        str(work / "report_folder33")]  # fmt: skip
-    argvs["report_html_is_the_out"] = [*report, "--out", str(work / "r33.png"), "--html",
-                                       str(work / "r33.png")]  # fmt: skip
+    argvs["report_html_is_a_folder"] = [
+        *report,
+        "--out",
+        str(work / "r33.png"),
+        "--html",
+        str(work / "report_folder33"),
+    ]
+    argvs["report_html_is_the_out"] = [
+        *report,
+        "--out",
+        str(work / "r33.png"),
+        "--html",
+        str(work / "r33.png"),
+    ]
     return argvs
 
 

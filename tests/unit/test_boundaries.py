@@ -284,8 +284,11 @@ def test_only_storage_branches_on_the_uri_scheme() -> None:
             text = source.splitlines()[line - 1]
             assert not re.search(r"['\"](s3|gs|gcs|abfss?|az|file)(://)?['\"]", text), text
     assert scheme_branches(trees["raytrain.storage"])  # where it happens, the rule sees it
-    for code in ('ok = uri.startswith("s3://")', 'remote = "://" in uri',
-                 'if scheme in ("gs", "gcs"):\n    pass'):  # fmt: skip
+    for code in (
+        'ok = uri.startswith("s3://")',
+        'remote = "://" in uri',
+        'if scheme in ("gs", "gcs"):\n    pass',
+    ):
         assert scheme_branches(ast.parse(code)), code
 
 

@@ -12,8 +12,12 @@ ROWS = 103
 
 
 def _table() -> pa.Table:
-    return pa.table({"id": pa.array(np.arange(ROWS), pa.int64()),
-                     "x": pa.array(np.arange(ROWS) * 0.5, pa.float32())})  # fmt: skip
+    return pa.table(
+        {
+            "id": pa.array(np.arange(ROWS), pa.int64()),
+            "x": pa.array(np.arange(ROWS) * 0.5, pa.float32()),
+        }
+    )
 
 
 def _epoch_ids(world: int, epoch: int, seed: int | None = 0, batch: int = 8) -> list[list[int]]:

@@ -50,10 +50,10 @@ def test_the_monkey_kills_a_rank_of_a_whole_group_and_records_its_cost() -> None
 
 
 def test_the_summary_counts_recovery_and_retrained_steps() -> None:
-    faults = [Fault(at=100.0, rank=1, pid=1, last_step=30, restored_step=20,
-                    first_step_at=106.0),
-              Fault(at=200.0, rank=0, pid=2, last_step=50, restored_step=48,
-                    first_step_at=204.0)]  # fmt: skip
+    faults = [
+        Fault(at=100.0, rank=1, pid=1, last_step=30, restored_step=20, first_step_at=106.0),
+        Fault(at=200.0, rank=0, pid=2, last_step=50, restored_step=48, first_step_at=204.0),
+    ]
     # 100 steps ended the run in 122 s: 10 s recovering, 112 s over 112 steps trained
     summary = chaos_summary(faults, mtbf_s=15, seed=0, wall_s=122.0, steps=100)
     assert summary.step_s == pytest.approx(1.0)

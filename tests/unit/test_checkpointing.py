@@ -21,11 +21,11 @@ ROWS = 10
 class _LocalCheckpoints(CheckpointCallback):
     """The callback, each checkpoint saved to ``folder`` instead of reported to Ray."""
 
-    def __init__(self, folder: Path, schedule: CheckpointSchedule, loader: Any, publish: Any,
-                 **auto: Any):  # fmt: skip
+    def __init__(
+        self, folder: Path, schedule: CheckpointSchedule, loader: Any, publish: Any, **auto: Any
+    ):
         reporter = MetricsReporter(log_every_n_steps=50, schedule=schedule, publish=publish)
-        super().__init__(schedule=schedule, reporter=reporter, train_loader=lambda: loader,
-                         **auto)  # fmt: skip
+        super().__init__(schedule=schedule, reporter=reporter, train_loader=lambda: loader, **auto)
         self.folder = folder
         self.saved: list[tuple[str, int, int]] = []  # (kind, step, the report's epoch)
 
@@ -35,10 +35,16 @@ class _LocalCheckpoints(CheckpointCallback):
 
 
 def _fit(
-    folder: Path, max_steps: int, trained: list[tuple[int, int]], ckpt: Path | None, *,
-    loader: Any = None, every_n_steps: int | None = None, events: list[Any] | None = None,
+    folder: Path,
+    max_steps: int,
+    trained: list[tuple[int, int]],
+    ckpt: Path | None,
+    *,
+    loader: Any = None,
+    every_n_steps: int | None = None,
+    events: list[Any] | None = None,
     auto: dict[str, Any] | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """Up to 3 epochs of ``ROWS`` one-row batches (a resumable loader unless ``loader``), or
     ``max_steps``; each row trained goes into ``trained`` as (epoch, row). With
     ``every_n_steps``, a checkpoint and a validation every that many steps, and rank 0's
@@ -65,12 +71,18 @@ def _fit(
     checkpoints = _LocalCheckpoints(folder, schedule, loader, publish, **(auto or {}))
     val = torch.utils.data.DataLoader(torch.ones(2, 1), batch_size=1) if every_n_steps else None
     trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=3, max_steps=max_steps, logger=False,
+        accelerator="cpu",
+        max_epochs=3,
+        max_steps=max_steps,
+        logger=False,
         callbacks=[LoaderPosition(lambda: loader), checkpoints.reporter, checkpoints],
         enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        val_check_interval=every_n_steps, limit_val_batches=2 if val else 0,
-    )  # fmt: skip
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        val_check_interval=every_n_steps,
+        limit_val_batches=2 if val else 0,
+    )
     trainer.fit(Model(), loader, val, ckpt_path=ckpt, weights_only=False)
     return checkpoints.saved
 
@@ -143,14 +155,21 @@ def test_auto_chooses_the_interval_from_the_failure_rate_and_keeps_it_across_a_r
     # every step; step 10, an epoch's last batch, at the epoch's end (a state taken before
     # the epoch's end resumed into an epoch of no batches)
     assert [(kind, step) for kind, step, _ in often] == [
-        ("step", 2), *(("step", s) for s in range(3, 10)), ("epoch", 10), ("step", 11),
-        ("step", 12)]  # fmt: skip
+        ("step", 2),
+        *(("step", s) for s in range(3, 10)),
+        ("epoch", 10),
+        ("step", 11),
+        ("step", 12),
+    ]
     assert set(intervals) == {1}
     rarely, intervals, chosen = fit(tmp_path / "rarely", 1e12, 30)
     assert len(chosen) == 1
     assert [(kind, step) for kind, step, _ in rarely] == [
-        ("step", 2), ("epoch", 10), ("epoch", 20), ("epoch", 30),
-    ]  # fmt: skip
+        ("step", 2),
+        ("epoch", 10),
+        ("epoch", 20),
+        ("epoch", 30),
+    ]
     assert intervals and min(intervals) > 30
     # Restored from step 4 of the first run: its interval (1, from step 3) goes on at once,
     # before this run has measured anything of its own.

@@ -89,10 +89,16 @@ def _fit_with(callback: Any, batches: int = 6, val_check_interval: int | None = 
 
     model = Model()
     trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
-        num_sanity_val_steps=0, val_check_interval=val_check_interval,
-    )  # fmt: skip
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        num_sanity_val_steps=0,
+        val_check_interval=val_check_interval,
+    )
     loader = torch.utils.data.DataLoader(torch.randn(batches, 2), batch_size=1)
     val = torch.utils.data.DataLoader(torch.randn(2, 2), batch_size=1)
     trainer.fit(model, loader, val if val_check_interval else None)
@@ -219,13 +225,19 @@ def test_ray_trains_internals_are_where_the_trainer_expects_them() -> None:
 
     from raytrain._compat import ray_train
 
-    for method in ("_create_default_callbacks", "_initialize_and_run_controller",
-                   "_register_sigint_handler"):  # fmt: skip
+    for method in (
+        "_create_default_callbacks",
+        "_initialize_and_run_controller",
+        "_register_sigint_handler",
+    ):
         assert callable(getattr(TorchTrainer, method)), method
     params = inspect.signature(ray_train.TrainController.__init__).parameters
     assert {"scaling_policy", "failure_policy"} <= set(params)
-    for hook in ("after_controller_start", "_maybe_send_resource_request",
-                 "before_controller_shutdown"):  # fmt: skip
+    for hook in (
+        "after_controller_start",
+        "_maybe_send_resource_request",
+        "before_controller_shutdown",
+    ):
         assert callable(getattr(ray_train.FixedScalingPolicy, hook)), hook
     assert callable(ray_train.WorkerGroupCallback.after_worker_group_start)
     assert {"RAISE", "RETRY"} <= {d.name for d in ray_train.FailureDecision}
@@ -260,10 +272,13 @@ def test_a_trimmed_trainer_drops_only_the_helpers_a_local_run_never_uses() -> No
 
     def trainer(trimmed: bool, ends_with_run: bool = True) -> Any:
         return ray_train.ControllerTrainer(
-            train_loop_per_worker=loop, scaling_config=ScalingConfig(num_workers=1),
-            policy=FailurePolicy(0), trimmed=trimmed, ends_with_run=ends_with_run,
+            train_loop_per_worker=loop,
+            scaling_config=ScalingConfig(num_workers=1),
+            policy=FailurePolicy(0),
+            trimmed=trimmed,
+            ends_with_run=ends_with_run,
             group_callbacks=[ray_train.OnWorkerGroupStart(loop)],
-        )  # fmt: skip
+        )
 
     stock = [type(c) for c in trainer(False)._create_default_callbacks()]
     trimmed = [type(c) for c in trainer(True)._create_default_callbacks()]

@@ -20,8 +20,11 @@ def _data(**fields):
 
 
 def _node(node_id: str, gpus: float = 0, alive: bool = True) -> dict:
-    return {"NodeID": node_id, "Alive": alive,
-            "Resources": {"CPU": 8.0, **({"GPU": gpus} if gpus else {})}}  # fmt: skip
+    return {
+        "NodeID": node_id,
+        "Alive": alive,
+        "Resources": {"CPU": 8.0, **({"GPU": gpus} if gpus else {})},
+    }
 
 
 NODES = [_node("gpu-a", 8), _node("cpu-b"), _node("cpu-a"), _node("cpu-dead", alive=False)]
@@ -47,9 +50,12 @@ def test_the_spec_says_otherwise() -> None:
 
 @pytest.mark.parametrize(
     ("selector", "says"),
-    [({"bad key": "x"}, "not a node label's name"), ({"role": "in()"}, "not a label value"),
-     ({"role": "a b"}, "not a label value")],
-)  # fmt: skip
+    [
+        ({"bad key": "x"}, "not a node label's name"),
+        ({"role": "in()"}, "not a label value"),
+        ({"role": "a b"}, "not a label value"),
+    ],
+)
 def test_a_bad_selector_is_named(selector, says) -> None:
     with pytest.raises(SpecError) as caught:
         _data(preprocess_on=selector)

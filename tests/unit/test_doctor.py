@@ -8,14 +8,26 @@ from raytrain.tracking.doctor import describe, diagnose, step_parts
 
 
 def _status(**fields) -> RunStatus:
-    base = {"name": "r", "state": "finished", "started_at": 0.0, "updated_at": 100.0,
-            "driver": "h:1"}  # fmt: skip
+    base = {
+        "name": "r",
+        "state": "finished",
+        "started_at": 0.0,
+        "updated_at": 100.0,
+        "driver": "h:1",
+    }
     return RunStatus.model_validate({**base, **fields})
 
 
 def _step(**parts: float) -> dict[str, float]:
-    step = {"data_wait": 1.0, "forward": 3.0, "backward": 4.0, "comm_wait": 1.0,
-            "optimizer": 1.0, "hooks": 0.5, **parts}  # fmt: skip
+    step = {
+        "data_wait": 1.0,
+        "forward": 3.0,
+        "backward": 4.0,
+        "comm_wait": 1.0,
+        "optimizer": 1.0,
+        "hooks": 0.5,
+        **parts,
+    }
     return {**{k: v / 1000 for k, v in step.items()}, "step": sum(step.values()) / 1000}
 
 
@@ -48,15 +60,23 @@ def test_what_bounds_the_step_first_match_wins() -> None:
 
 def test_a_straggler_explains_the_wait_and_startup_and_restarts_are_counted() -> None:
     tags = {"raytrain.straggler": "rank 1 on n1: 4.0x the other ranks' median busy time"}
-    status = _status(first_report_at=40.0, restarts=[
-        Restart(at=50.0, step=20, reason="RuntimeError: boom", lost_steps=7),
-        Restart(at=70.0, step=60, reason="PreemptedError: preempted", lost_steps=3)])  # fmt: skip
+    status = _status(
+        first_report_at=40.0,
+        restarts=[
+            Restart(at=50.0, step=20, reason="RuntimeError: boom", lost_steps=7),
+            Restart(at=70.0, step=60, reason="PreemptedError: preempted", lost_steps=3),
+        ],
+    )
     kinds = [f.kind for f in diagnose(_step(comm_wait=8.0), status, tags)]
     assert kinds == ["compute-bound", "straggler", "startup-heavy", "restarts"]
     lines = describe(diagnose(_step(), status, {}), "r")
-    assert "  startup-heavy: 40.0 s of the attempt's 100.0 s passed before the first report " \
-        "(40%)" in lines  # fmt: skip
-    assert any(line.startswith("  2 restart(s) made the run train at least 10 step(s) again")
-               for line in lines)  # fmt: skip
+    assert (
+        "  startup-heavy: 40.0 s of the attempt's 100.0 s passed before the first report "
+        "(40%)" in lines
+    )
+    assert any(
+        line.startswith("  2 restart(s) made the run train at least 10 step(s) again")
+        for line in lines
+    )
     assert diagnose({}, _status(first_report_at=10.0), {}) == []  # short startup, no timeline
     assert describe([], "r") == ["r: no step timeline or status record to read yet"]

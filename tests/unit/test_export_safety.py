@@ -69,8 +69,10 @@ def _one_line(err: str) -> str:
 
 
 def test_a_lightning_checkpoint_exports(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    folder = _checkpoint(tmp_path / "checkpoint_1", {"state_dict": _state(), "epoch": 3,
-                                                     "hyper_parameters": {"lr": 0.1}})  # fmt: skip
+    folder = _checkpoint(
+        tmp_path / "checkpoint_1",
+        {"state_dict": _state(), "epoch": 3, "hyper_parameters": {"lr": 0.1}},
+    )
     for source in (folder, folder / "checkpoint.ckpt"):  # the folder, or the file in it
         out = tmp_path / "out" / "model.pt"
         code, _ = _export(capsys, source, out)
@@ -196,8 +198,9 @@ def _rewrite_shards(metadata: Path, **fields: Any) -> None:
     import dataclasses
 
     loaded = pickle.loads(metadata.read_bytes())
-    loaded.storage_data = {k: dataclasses.replace(v, **fields)
-                           for k, v in loaded.storage_data.items()}  # fmt: skip
+    loaded.storage_data = {
+        k: dataclasses.replace(v, **fields) for k, v in loaded.storage_data.items()
+    }
     metadata.write_bytes(pickle.dumps(loaded))
 
 
@@ -296,10 +299,16 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
 
 @pytest.mark.parametrize(
     "case",
-    ["random bytes", "a text file", "a folder without checkpoint.ckpt",
-     "a checkpoint without state_dict", "a checkpoint that is a list", "a truncated checkpoint",
-     "a missing path"],
-)  # fmt: skip
+    [
+        "random bytes",
+        "a text file",
+        "a folder without checkpoint.ckpt",
+        "a checkpoint without state_dict",
+        "a checkpoint that is a list",
+        "a truncated checkpoint",
+        "a missing path",
+    ],
+)
 def test_export_of_what_is_not_a_checkpoint_is_one_line_exit_2(
     case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -346,8 +355,14 @@ def test_export_never_writes_into_the_checkpoint_or_over_a_special_file(
     os.mkfifo(fifo)
     link = tmp_path / "link.pt"
     link.symlink_to(ckpt)
-    cases = [(folder, ckpt), (ckpt, ckpt), (folder, folder / "model.pt"),
-             (ckpt, folder / "model.pt"), (folder, link), (folder, fifo)]  # fmt: skip
+    cases = [
+        (folder, ckpt),
+        (ckpt, ckpt),
+        (folder, folder / "model.pt"),
+        (ckpt, folder / "model.pt"),
+        (folder, link),
+        (folder, fifo),
+    ]
     for source, out in cases:
         code, err = _export(capsys, source, out)
         assert code == EXIT_BAD_INPUT, (source, out)
@@ -369,9 +384,14 @@ def test_a_resume_checks_the_checkpoint_then_lightning_restores_it_weights_only(
     loader = torch.utils.data.DataLoader(rows, batch_size=16)
 
     def trainer(steps: int) -> pl.Trainer:
-        return pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False,
-                          accelerator="cpu")  # fmt: skip
+        return pl.Trainer(
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+        )
 
     first = trainer(2)
     first.fit(DigitsCNN(lr=0.01), loader)
@@ -384,8 +404,9 @@ def test_a_resume_checks_the_checkpoint_then_lightning_restores_it_weights_only(
     assert second.global_step == 3
 
     marker = tmp_path / "marker"
-    evil = _checkpoint(tmp_path / "evil", {**torch.load(path, weights_only=True),
-                                           "x": Payload(marker)})  # fmt: skip
+    evil = _checkpoint(
+        tmp_path / "evil", {**torch.load(path, weights_only=True), "x": Payload(marker)}
+    )
     with pytest.raises(StorageError, match="refused"):
         _safe_load().verify_checkpoint(str(evil / "checkpoint.ckpt"))
     assert not marker.exists()

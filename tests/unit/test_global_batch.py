@@ -28,8 +28,13 @@ def test_the_accumulation_is_the_nearest_to_the_target_and_exact_where_it_divide
 
 def test_a_spec_keeps_the_global_batch_of_its_most_workers(tmp_path: Path) -> None:
     scaling = {"num_workers": [1, 4], "keep_global_batch": True}
-    spec = digits_spec(tmp_path, tmp_path, scaling=scaling,
-                       trainer={"accumulate_grad_batches": 2}, data={"batch_size": 8})  # fmt: skip
+    spec = digits_spec(
+        tmp_path,
+        tmp_path,
+        scaling=scaling,
+        trainer={"accumulate_grad_batches": 2},
+        data={"batch_size": 8},
+    )
     job = JobSpec.model_validate(spec)
     plans = {w: global_batch(job, w) for w in (1, 2, 3, 4)}
     assert {w: p.accumulate for w, p in plans.items()} == {1: 8, 2: 4, 3: 3, 4: 2}
@@ -37,8 +42,9 @@ def test_a_spec_keeps_the_global_batch_of_its_most_workers(tmp_path: Path) -> No
     assert [w for w, p in plans.items() if not p.exact] == [3]
     assert "nearest" in plans[3].describe() and "global batch 72" in plans[3].describe()
     # without it, the spec's accumulation on any worker count
-    job = job.model_copy(update={"scaling": job.scaling.model_copy(
-        update={"keep_global_batch": False})})  # fmt: skip
+    job = job.model_copy(
+        update={"scaling": job.scaling.model_copy(update={"keep_global_batch": False})}
+    )
     assert global_batch(job, 1).accumulate == 2 and global_batch(job, 1).samples == 16
 
 
@@ -61,8 +67,9 @@ def test_keep_global_batch_is_bounded_on_the_fewest_workers(tmp_path: Path) -> N
         with pytest.raises(SpecError) as caught:
             parse_spec(spec(low, high, accumulate))
         (line,) = caught.value.problems
-        assert line.startswith(f"scaling.num_workers: [{low}, {high}] with "
-                               "scaling.keep_global_batch: global batch "), line  # fmt: skip
+        assert line.startswith(
+            f"scaling.num_workers: [{low}, {high}] with scaling.keep_global_batch: global batch "
+        ), line
         assert f"more than the limit of {MAX_ACCUMULATION} batches a step" in line, line
     no_keep = spec(1, 10_000)
     no_keep["scaling"]["keep_global_batch"] = False  # the global batch follows the workers
@@ -90,8 +97,9 @@ class _Loader:
         self._start = state["position"]
 
 
-def _fit(accumulate: int, callbacks: list[Any], ckpt: str | None = None, save_at: str | None = None
-         ) -> list[tuple[int, int]]:  # fmt: skip
+def _fit(
+    accumulate: int, callbacks: list[Any], ckpt: str | None = None, save_at: str | None = None
+) -> list[tuple[int, int]]:
     """(epoch, batch) of every batch trained, each with the optimizer step it went into."""
     import lightning.pytorch as pl
 
@@ -119,10 +127,15 @@ def _fit(accumulate: int, callbacks: list[Any], ckpt: str | None = None, save_at
                 trainer.save_checkpoint(save_at)  # mid-epoch, after 3 batches
 
     trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-        accumulate_grad_batches=accumulate, callbacks=[Track(), *callbacks],
-    )  # fmt: skip
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accumulate_grad_batches=accumulate,
+        callbacks=[Track(), *callbacks],
+    )
     trainer.fit(Model(), loader, ckpt_path=ckpt, weights_only=False)
     return steps
 

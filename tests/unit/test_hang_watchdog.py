@@ -64,19 +64,36 @@ def test_a_collective_is_a_torch_distributed_call_or_ddps_backward() -> None:
     assert collective_of("forward", ["/x/models.py"], 2) is None
 
 
-def _watchdog(tmp_path: Path, clock: Clock, sent: list[dict[str, Any]], exits: list[int],
-              rank: int = 1, limits: HangLimits = LIMITS) -> HangWatchdog:  # fmt: skip
-    return HangWatchdog(limits=limits, run_dir=str(tmp_path / "run"), options=None, rank=rank,
-                        node="10.0.0.2", publish=sent.append, clock=clock, wall=clock,
-                        exit=exits.append, thread=False, grace_s=0)  # fmt: skip
+def _watchdog(
+    tmp_path: Path,
+    clock: Clock,
+    sent: list[dict[str, Any]],
+    exits: list[int],
+    rank: int = 1,
+    limits: HangLimits = LIMITS,
+) -> HangWatchdog:
+    return HangWatchdog(
+        limits=limits,
+        run_dir=str(tmp_path / "run"),
+        options=None,
+        rank=rank,
+        node="10.0.0.2",
+        publish=sent.append,
+        clock=clock,
+        wall=clock,
+        exit=exits.append,
+        thread=False,
+        grace_s=0,
+    )
 
 
 def _trainer(world_size: int = 1) -> Any:
     strategy = SimpleNamespace(broadcast=lambda value, src: value)
     progress = SimpleNamespace(is_last_batch=False, current=SimpleNamespace(ready=1))
     loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
-    return SimpleNamespace(world_size=world_size, global_step=0, strategy=strategy,
-                           fit_loop=loop, val_check_batch=1000)  # fmt: skip
+    return SimpleNamespace(
+        world_size=world_size, global_step=0, strategy=strategy, fit_loop=loop, val_check_batch=1000
+    )
 
 
 def _batch(dog: HangWatchdog, trainer: Any, clock: Clock, seconds: float) -> None:
@@ -176,24 +193,42 @@ def test_the_driver_says_each_report_logs_its_stacks_and_keeps_the_summary(
     logged, tags, noted = [], [], []  # type: ignore[var-annotated]
     out = tmp_path / "stderr"
     with out.open("w") as stream:
-        hangs = Hangs(lambda p: Path(p).read_text() if Path(p).exists() else None,
-                      lambda text, name: logged.append((name, text)), tags.append,
-                      on_hang=noted.append, stream=stream)  # fmt: skip
+        hangs = Hangs(
+            lambda p: Path(p).read_text() if Path(p).exists() else None,
+            lambda text, name: logged.append((name, text)),
+            tags.append,
+            on_hang=noted.append,
+            stream=stream,
+        )
 
         def report(rank: int, collective: str | None, attempt: str = "a1") -> dict[str, Any]:
             where = stacks if rank == 1 else tmp_path / "missing.txt"
-            return {HANG_KEY: dict(
-                rank=rank, world_size=2, node="n", pid=1, step=7, phase="forward", idle_s=61.0,
-                allowed_s=60.0, collective=collective, attempt=attempt, stacks=str(where),
-                at=float(rank))}  # fmt: skip
+            return {
+                HANG_KEY: dict(
+                    rank=rank,
+                    world_size=2,
+                    node="n",
+                    pid=1,
+                    step=7,
+                    phase="forward",
+                    idle_s=61.0,
+                    allowed_s=60.0,
+                    collective=collective,
+                    attempt=attempt,
+                    stacks=str(where),
+                    at=float(rank),
+                )
+            }
 
         hangs(report(1, None))
         alone = "not in a collective: rank 1 in forward; 1 rank(s) sent no stacks"
         assert noted[-1].endswith(alone)
         hangs(report(0, "the gradients' all-reduce (backward)"))
         hangs(report(1, None, attempt="a2"))  # a later attempt's hang starts over
-    assert noted[1] == ("hang at step 7: no batch finished for 61 s; not in a collective: "
-                        "rank 1 in forward; waiting in a collective: rank 0")  # fmt: skip
+    assert noted[1] == (
+        "hang at step 7: no batch finished for 61 s; not in a collective: "
+        "rank 1 in forward; waiting in a collective: rank 0"
+    )
     assert hangs.summaries == [noted[1], noted[2]] and tags[-1] == {"raytrain.hang": noted[2]}
     assert logged == [("hangs/a1/rank1.txt", "the stacks"), ("hangs/a2/rank1.txt", "the stacks")]
     lines = out.read_text().splitlines()

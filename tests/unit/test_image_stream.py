@@ -18,9 +18,17 @@ from tests.image_folders import IMAGES, first_steps, ids_of, write_images
 def streams(root: Path, world: int, workers: int = 0, **kwargs) -> list[ImageStream]:
     fs = pafs.LocalFileSystem()
     images = list_images(str(root), fs, str(root))
-    return [ImageStream(ImageFiles(images, fs, None, None, **kwargs), 8, rank=r,
-                        world_size=world, shuffle_seed=3, num_workers=workers)
-            for r in range(world)]  # fmt: skip
+    return [
+        ImageStream(
+            ImageFiles(images, fs, None, None, **kwargs),
+            8,
+            rank=r,
+            world_size=world,
+            shuffle_seed=3,
+            num_workers=workers,
+        )
+        for r in range(world)
+    ]
 
 
 def test_the_listing_is_sorted_with_class_labels_and_names_bad_folders(tmp_path: Path) -> None:
@@ -88,8 +96,7 @@ def test_decoding_resizes_converts_and_transforms_in_the_pool(tmp_path: Path) ->
     write_images(tmp_path, n=4, classes=1)
     data = (tmp_path / "class-0" / "0003.png").read_bytes()
     assert decode(data).shape == (6, 5) and decode(data, (3, 4), "RGB").shape == (3, 4, 3)
-    (s,) = streams(tmp_path, 1, workers=2,
-                   transform="tests.unit.test_image_stream:resize_and_flip")  # fmt: skip
+    (s,) = streams(tmp_path, 1, workers=2, transform="tests.unit.test_image_stream:resize_and_flip")
     batch = next(iter(s))
     assert batch["image"].shape == (4, 6, 5)
     assert sorted(batch["image"][:, 0, 4].tolist()) == [0, 0, 0, 0]  # id // 256, flipped
@@ -118,8 +125,9 @@ def test_a_flat_folder_takes_its_labels_from_a_labels_file(tmp_path: Path) -> No
         png.rename(flat / png.name)
     fs = pafs.LocalFileSystem()
     names = tmp_path / "names.csv"
-    names.write_text("path,label\n" + "".join(f"{i:04d}.png,{'cat' if i % 2 else 'dog'}\n"
-                                              for i in range(6)))  # fmt: skip
+    names.write_text(
+        "path,label\n" + "".join(f"{i:04d}.png,{'cat' if i % 2 else 'dog'}\n" for i in range(6))
+    )
     images = list_images("flat", fs, str(flat), labels=read_labels(str(names)))
     assert images.classes == ("cat", "dog") and images.labels == (1, 0, 1, 0, 1, 0)
     numbers = tmp_path / "numbers.csv"
@@ -162,8 +170,11 @@ def test_images_of_different_shapes_in_a_batch_are_named_with_the_fix(tmp_path: 
     write_images(tmp_path, n=4, classes=1)
     Image.new("RGB", (5, 6)).save(tmp_path / "class-0" / "0002.png")  # RGB among grey
     (s,) = streams(tmp_path, 1)
-    with pytest.raises(BadDataError, match=r"differ in shape within a batch: .* is \(6, 5\), "
-                       r".*0002\.png is \(6, 5, 3\); set the source's image_size"):  # fmt: skip
+    with pytest.raises(
+        BadDataError,
+        match=r"differ in shape within a batch: .* is \(6, 5\), "
+        r".*0002\.png is \(6, 5, 3\); set the source's image_size",
+    ):
         list(s)
 
 
@@ -175,8 +186,12 @@ def test_a_transform_that_raises_is_named_with_its_image(tmp_path: Path) -> None
     from raytrain.errors import BadDataError
 
     write_images(tmp_path, n=2, classes=1)
-    (s,) = streams(tmp_path, 1, workers=1,
-                   transform="tests.unit.test_image_stream:broken_transform")  # fmt: skip
-    with pytest.raises(BadDataError, match=r"^data\.transform tests\.unit\.test_image_stream:"
-                       r"broken_transform failed on .*\.png: AttributeError"):  # fmt: skip
+    (s,) = streams(
+        tmp_path, 1, workers=1, transform="tests.unit.test_image_stream:broken_transform"
+    )
+    with pytest.raises(
+        BadDataError,
+        match=r"^data\.transform tests\.unit\.test_image_stream:"
+        r"broken_transform failed on .*\.png: AttributeError",
+    ):
         list(s)

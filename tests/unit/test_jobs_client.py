@@ -25,8 +25,7 @@ CLOSED = "http://127.0.0.1:9"
 
 @pytest.fixture
 def no_ray_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN",
-                 "RAY_AUTH_TOKEN_PATH"):  # fmt: skip
+    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(connection, "DEFAULT_TOKEN_FILE", tmp_path / "no-such-token")
     return tmp_path
@@ -69,10 +68,18 @@ def test_the_token_comes_from_the_argument_the_variable_then_the_files(
 
 
 def test_the_entrypoint_is_raytrains_cli_with_quoted_overrides() -> None:
-    command = jobs_client.entrypoint("jobs/a b.yaml", ["tracking.mlflow.tags={k: 'v w'}"],
-                                     ["--fresh"])  # fmt: skip
-    assert shlex.split(command) == ["python", "-m", "raytrain", "run", "jobs/a b.yaml",
-                                    "tracking.mlflow.tags={k: 'v w'}", "--fresh"]  # fmt: skip
+    command = jobs_client.entrypoint(
+        "jobs/a b.yaml", ["tracking.mlflow.tags={k: 'v w'}"], ["--fresh"]
+    )
+    assert shlex.split(command) == [
+        "python",
+        "-m",
+        "raytrain",
+        "run",
+        "jobs/a b.yaml",
+        "tracking.mlflow.tags={k: 'v w'}",
+        "--fresh",
+    ]
 
 
 def test_a_sweep_is_submitted_as_raytrain_tune() -> None:
@@ -87,8 +94,10 @@ def test_status_lines_of_a_sweep_are_its_trials() -> None:
         "raytrain: sweep s: 2 sample(s)\nraytrain: trial s-000 finished after 1 epoch(s): "
         "val_acc 0.9 (lr=0.01)\nother\nraytrain: trial s-001 stopped after 1 epoch(s)\n"
     )
-    assert sweep_lines(logs) == ["s-000 finished after 1 epoch(s): val_acc 0.9 (lr=0.01)",
-                                 "s-001 stopped after 1 epoch(s)"]  # fmt: skip
+    assert sweep_lines(logs) == [
+        "s-000 finished after 1 epoch(s): val_acc 0.9 (lr=0.01)",
+        "s-001 stopped after 1 epoch(s)",
+    ]
 
 
 def _spec(tmp_path: Path, digits_dir: Path) -> Path:
@@ -102,25 +111,98 @@ def test_bad_input_is_refused_before_anything_is_sent(
 ) -> None:
     spec = _spec(no_ray_env, digits_dir)
     cases = [
-        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(no_ray_env / "x")],
-         "--working-dir .*: not a directory"),
-        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(digits_dir)],
-         "the spec is outside the working directory"),
-        (["submit", str(spec), "trainer.max_epochs=0", "--address", CLOSED,
-          "--working-dir", str(spec.parent)], "trainer.max_epochs"),
-        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
-          "--env", "RAY_AUTH_TOKEN=abc"], "--env RAY_AUTH_TOKEN"),
-        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
-          "--env", "A=1", "--env", "NOEQUALS"], "--env #2: expected KEY=VALUE"),
+        (
+            ["submit", str(spec), "--address", CLOSED, "--working-dir", str(no_ray_env / "x")],
+            "--working-dir .*: not a directory",
+        ),
+        (
+            ["submit", str(spec), "--address", CLOSED, "--working-dir", str(digits_dir)],
+            "the spec is outside the working directory",
+        ),
+        (
+            [
+                "submit",
+                str(spec),
+                "trainer.max_epochs=0",
+                "--address",
+                CLOSED,
+                "--working-dir",
+                str(spec.parent),
+            ],
+            "trainer.max_epochs",
+        ),
+        (
+            [
+                "submit",
+                str(spec),
+                "--address",
+                CLOSED,
+                "--working-dir",
+                str(spec.parent),
+                "--env",
+                "RAY_AUTH_TOKEN=abc",
+            ],
+            "--env RAY_AUTH_TOKEN",
+        ),
+        (
+            [
+                "submit",
+                str(spec),
+                "--address",
+                CLOSED,
+                "--working-dir",
+                str(spec.parent),
+                "--env",
+                "A=1",
+                "--env",
+                "NOEQUALS",
+            ],
+            "--env #2: expected KEY=VALUE",
+        ),
         (["status", "raysubmit_x"], "no cluster address"),
-        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
-          "--max-resubmits", "2"], "--max-resubmits: only with --supervise"),
-        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
-          "--head-wait", "5", "--max-resubmits", "0"],
-         "--max-resubmits and --head-wait: only with --supervise"),
-        (["submit", str(spec), "--address", CLOSED, "--working-dir", str(spec.parent),
-          "--supervise", "--head-wait", "inf"], "--head-wait inf: must be more than 0"),
-    ]  # fmt: skip
+        (
+            [
+                "submit",
+                str(spec),
+                "--address",
+                CLOSED,
+                "--working-dir",
+                str(spec.parent),
+                "--max-resubmits",
+                "2",
+            ],
+            "--max-resubmits: only with --supervise",
+        ),
+        (
+            [
+                "submit",
+                str(spec),
+                "--address",
+                CLOSED,
+                "--working-dir",
+                str(spec.parent),
+                "--head-wait",
+                "5",
+                "--max-resubmits",
+                "0",
+            ],
+            "--max-resubmits and --head-wait: only with --supervise",
+        ),
+        (
+            [
+                "submit",
+                str(spec),
+                "--address",
+                CLOSED,
+                "--working-dir",
+                str(spec.parent),
+                "--supervise",
+                "--head-wait",
+                "inf",
+            ],
+            "--head-wait inf: must be more than 0",
+        ),
+    ]
     for argv, message in cases:
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
@@ -141,8 +223,9 @@ def test_an_address_where_no_job_server_answers_is_named(
 def test_credentials_in_env_and_paths_lost_with_the_job_are_warned_about() -> None:
     from raytrain.spec import load_spec
 
-    job = load_spec({"name": "w", "model": {"class_path": "m:M"},
-                     "data": {"train": {"uri": "s3://b/train"}}})  # fmt: skip
+    job = load_spec(
+        {"name": "w", "model": {"class_path": "m:M"}, "data": {"train": {"uri": "s3://b/train"}}}
+    )
     notes = jobs_client._warnings(job, {"MLFLOW_TRACKING_PASSWORD": "x", "LOG_LEVEL": "info"})
     assert any(n.startswith("--env MLFLOW_TRACKING_PASSWORD:") for n in notes)
     assert not any("LOG_LEVEL" in n for n in notes)
@@ -197,9 +280,16 @@ class FakeJobServer(ThreadingHTTPServer):
 
 
 def _job(submission_id: str, **fields: Any) -> dict[str, Any]:
-    return {"type": "SUBMISSION", "job_id": None, "submission_id": submission_id,
-            "status": "RUNNING", "entrypoint": "python -m raytrain run spec.yaml",
-            "message": None, "metadata": {}, **fields}  # fmt: skip
+    return {
+        "type": "SUBMISSION",
+        "job_id": None,
+        "submission_id": submission_id,
+        "status": "RUNNING",
+        "entrypoint": "python -m raytrain run spec.yaml",
+        "message": None,
+        "metadata": {},
+        **fields,
+    }
 
 
 @pytest.fixture
@@ -215,11 +305,27 @@ def test_a_job_id_that_is_not_one_is_refused_before_any_request(
     """``logs ../../api/version`` once sent the token to GET /api/version; ``?``/``#``
     injected a query; an empty id hit the list; a 100k-character id pasted a 414 page."""
     address = ["--address", job_server.address]
-    for bad in ("../../api/version", "../../../api/x", "a?b=1", "a#b", "", ".", "..",
-                "x" * 100_000, "a/b", "a b", "-x", "é"):  # fmt: skip
+    for bad in (
+        "../../api/version",
+        "../../../api/x",
+        "a?b=1",
+        "a#b",
+        "",
+        ".",
+        "..",
+        "x" * 100_000,
+        "a/b",
+        "a b",
+        "-x",
+        "é",
+    ):
         for command in ("logs", "stop", "status"):
-            assert cli.main([command, bad, *address] if bad != "-x" else
-                            [command, *address, "--", bad]) == 2, (command, bad)  # fmt: skip
+            assert (
+                cli.main(
+                    [command, bad, *address] if bad != "-x" else [command, *address, "--", bad]
+                )
+                == 2
+            ), (command, bad)
             err = capsys.readouterr().err
             assert err.startswith("error: JOB_ID ") and err.count("\n") == 1, err
             assert len(err) < 400
@@ -229,8 +335,12 @@ def test_a_job_id_that_is_not_one_is_refused_before_any_request(
     server = jobs_client.JobServer(job_server.address)
     with pytest.raises(JobsError, match=re.escape("job id '../x'")):
         jobs_client.JobHandle("../x", server)  # e.g. a hostile server's submission answer
-    for good in ("raysubmit_4LamXRuQpYdSMg7J", "02000000", "my-run.2024_01",
-                 jobs_client._again_id("x" * connection.JOB_ID_MAX_CHARS)):  # fmt: skip
+    for good in (
+        "raysubmit_4LamXRuQpYdSMg7J",
+        "02000000",
+        "my-run.2024_01",
+        jobs_client._again_id("x" * connection.JOB_ID_MAX_CHARS),
+    ):
         connection.check_job_id(good)
 
 
@@ -267,16 +377,20 @@ def test_what_a_job_server_says_is_printed_escaped(
     ("metadata", "key"),
     [
         ({"raytrain_run_dir": "/runs/r", "raytrain_storage": "{not json"}, "raytrain_storage"),
-        ({"raytrain_run_dir": "/runs/r", "raytrain_storage": '{"max_attempts": "x"}'},
-         "raytrain_storage.max_attempts"),
-        ({"raytrain_run_dir": "/runs/r", "raytrain_storage": '{"extra": 1}'},
-         "raytrain_storage.extra"),
+        (
+            {"raytrain_run_dir": "/runs/r", "raytrain_storage": '{"max_attempts": "x"}'},
+            "raytrain_storage.max_attempts",
+        ),
+        (
+            {"raytrain_run_dir": "/runs/r", "raytrain_storage": '{"extra": 1}'},
+            "raytrain_storage.extra",
+        ),
         ({"raytrain_run_dir": "../../etc"}, "raytrain_run_dir"),
         ({"raytrain_run_dir": "/etc/.."}, "raytrain_run_dir"),
         ({"raytrain_run_dir": "s3://user:secret@bucket/r"}, "raytrain_run_dir"),
         ({"raytrain_sweep": "yes"}, "raytrain_sweep"),
     ],
-)  # fmt: skip
+)
 def test_malformed_job_metadata_is_one_line_in_status_and_none_for_the_supervisor(
     job_server: FakeJobServer, capsys: pytest.CaptureFixture[str], metadata: dict, key: str
 ) -> None:

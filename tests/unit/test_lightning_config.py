@@ -26,19 +26,36 @@ def _backbone_config(tmp_path: Path, **backbone_args: Any) -> dict[str, Any]:
     activation nested in it (two levels of class_path)."""
     return {
         "name": "backbone",
-        "model": {"class_path": f"{EXAMPLES}.LitClassifier", "init_args": {
-            "learning_rate": 0.01,
-            "backbone": {"class_path": f"{EXAMPLES}.Backbone", "init_args": {
-                "hidden_dim": 16, "activation": {"class_path": "torch.nn.Tanh"},
-                **backbone_args}}}},
-        "data": {"class_path": "lightning.pytorch.demos.mnist_datamodule.MNISTDataModule",
-                 "init_args": {"data_dir": str(tmp_path / "mnist"), "num_workers": 0}},
-        "trainer": {"max_epochs": 1, "callbacks": [
-            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-             "init_args": {"monitor": "valid_loss_epoch", "mode": "min"}},
-            {"class_path": "EarlyStopping", "init_args": {"monitor": "valid_loss_epoch"}}]},
+        "model": {
+            "class_path": f"{EXAMPLES}.LitClassifier",
+            "init_args": {
+                "learning_rate": 0.01,
+                "backbone": {
+                    "class_path": f"{EXAMPLES}.Backbone",
+                    "init_args": {
+                        "hidden_dim": 16,
+                        "activation": {"class_path": "torch.nn.Tanh"},
+                        **backbone_args,
+                    },
+                },
+            },
+        },
+        "data": {
+            "class_path": "lightning.pytorch.demos.mnist_datamodule.MNISTDataModule",
+            "init_args": {"data_dir": str(tmp_path / "mnist"), "num_workers": 0},
+        },
+        "trainer": {
+            "max_epochs": 1,
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {"monitor": "valid_loss_epoch", "mode": "min"},
+                },
+                {"class_path": "EarlyStopping", "init_args": {"monitor": "valid_loss_epoch"}},
+            ],
+        },
         "checkpoint": {"storage": str(tmp_path / "runs")},
-    }  # fmt: skip
+    }
 
 
 def _cli(tmp_path: Path, config: dict[str, Any], *args: str) -> tuple[int, str, str]:
@@ -68,13 +85,16 @@ def test_a_wrong_nested_key_is_refused_before_ray_naming_its_path(tmp_path: Path
     rc, _, err = _cli(tmp_path, _backbone_config(tmp_path, hiden_dim=64), "validate")
     assert rc == 2
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert errors == ["error: model.init_args.backbone.init_args.hiden_dim: Option 'hiden_dim' "
-                      "is not accepted"], err  # fmt: skip
+    assert errors == [
+        "error: model.init_args.backbone.init_args.hiden_dim: Option 'hiden_dim' is not accepted"
+    ], err
     assert "Traceback" not in err
     # a wrong type two levels down: jsonargparse's reason, after the full path
     config = _backbone_config(tmp_path)
     config["model"]["init_args"]["backbone"]["init_args"]["activation"] = {
-        "class_path": "torch.nn.Linear", "init_args": {"in_features": "x"}}  # fmt: skip
+        "class_path": "torch.nn.Linear",
+        "init_args": {"in_features": "x"},
+    }
     (problem,) = config_problems(load_spec(config))
     assert problem.startswith("model.init_args.backbone.init_args.activation"), problem
 
@@ -105,19 +125,22 @@ def test_model_checkpoint_becomes_raytrains_checkpoint_settings(
 ) -> None:
     config = _backbone_config(tmp_path)
     config["trainer"]["callbacks"][0]["init_args"].update(
-        save_top_k=2, every_n_train_steps=5, save_last=True)  # fmt: skip
+        save_top_k=2, every_n_train_steps=5, save_last=True
+    )
     spec = load_spec(config)
     assert (spec.checkpoint.monitor, spec.checkpoint.mode) == ("valid_loss_epoch", "min")
     assert (spec.checkpoint.keep, spec.checkpoint.every_n_steps) == (2, 5)
     assert [c.class_path for c in spec.trainer.callbacks] == [
-        "lightning.pytorch.callbacks:EarlyStopping"]  # fmt: skip
+        "lightning.pytorch.callbacks:EarlyStopping"
+    ]
     err = capsys.readouterr().err
     assert err.count("ModelCheckpoint becomes raytrain's checkpoint settings") == 1
     assert "warning" not in err
     # the spec's checkpoint section wins, and says so; what has no counterpart is named
     config["checkpoint"]["keep"] = 4
     config["trainer"]["callbacks"][0]["init_args"].update(
-        dirpath="/elsewhere", filename="{epoch}-{valid_loss_epoch:.2f}")  # fmt: skip
+        dirpath="/elsewhere", filename="{epoch}-{valid_loss_epoch:.2f}"
+    )
     spec = load_spec(config)
     assert spec.checkpoint.keep == 4
     err = capsys.readouterr().err
@@ -172,8 +195,10 @@ def _shipped_configs() -> list[tuple[str, dict[str, Any]]]:
     name a model."""
     import re
 
-    out = [(str(p.relative_to(ROOT)), yaml.safe_load(p.read_text()))
-           for p in sorted((ROOT / "jobs").glob("*.yaml"))]  # fmt: skip
+    out = [
+        (str(p.relative_to(ROOT)), yaml.safe_load(p.read_text()))
+        for p in sorted((ROOT / "jobs").glob("*.yaml"))
+    ]
     blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     for index, block in enumerate(blocks):
         tree = yaml.safe_load(block)
@@ -253,8 +278,12 @@ def test_user_code_that_exits_is_an_error_not_a_silent_pass(tmp_path: Path) -> N
 def test_validate_prints_the_resolved_spec_with_credentials_masked(tmp_path: Path) -> None:
     """``validate`` printed the spec as written: a tracking URI's password, a tag's token."""
     config = _backbone_config(tmp_path)
-    config["tracking"] = {"mlflow": {"tracking_uri": "https://alice:s3cr3tpw@mlflow.example",
-                                     "tags": {"api_key": "tok-abcdef123456"}}}  # fmt: skip
+    config["tracking"] = {
+        "mlflow": {
+            "tracking_uri": "https://alice:s3cr3tpw@mlflow.example",
+            "tags": {"api_key": "tok-abcdef123456"},
+        }
+    }
     rc, out, _ = _cli(tmp_path, config, "validate")
     assert rc == 0 and "tracking_uri:" in out
     assert "s3cr3tpw" not in out and "tok-abcdef123456" not in out
@@ -265,8 +294,9 @@ def test_more_than_100_callbacks_are_refused_before_jsonargparse_parses_them(
 ) -> None:
     """Each is parsed by jsonargparse: 3,000 ran for over a minute without a word."""
     config = _backbone_config(tmp_path)
-    config["trainer"]["callbacks"] = [{"class_path": "EarlyStopping",
-                                       "init_args": {"monitor": "m"}}] * 101  # fmt: skip
+    config["trainer"]["callbacks"] = [
+        {"class_path": "EarlyStopping", "init_args": {"monitor": "m"}}
+    ] * 101
     rc, _, err = _cli(tmp_path, config, "validate")
     assert rc == 2 and err.startswith("error: trainer.callbacks: ") and "100" in err, err
 
@@ -324,15 +354,17 @@ def test_arguments_only_a_constructor_refuses_are_refused_before_ray_naming_the_
     config = _backbone_config(tmp_path)
     config["optimizer"] = {"class_path": "torch.optim.Adam", "init_args": {"lr": -1}}
     (problem,) = config_problems(load_spec(config))
-    assert problem.startswith("optimizer.init_args: torch.optim.Adam refused them: ValueError: "
-                              "Invalid learning rate"), problem  # fmt: skip
+    assert problem.startswith(
+        "optimizer.init_args: torch.optim.Adam refused them: ValueError: Invalid learning rate"
+    ), problem
 
     config["optimizer"]["init_args"]["lr"] = 0.1
     steps = {"step_size": 1, "gamma": 0.5, "last_epoch": 3}  # resuming: needs initial_lr
     config["lr_scheduler"] = {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": steps}
     (problem,) = config_problems(load_spec(config))
-    assert problem.startswith("lr_scheduler.init_args: torch.optim.lr_scheduler.StepLR refused"
-                              " them: KeyError"), problem  # fmt: skip
+    assert problem.startswith(
+        "lr_scheduler.init_args: torch.optim.lr_scheduler.StepLR refused them: KeyError"
+    ), problem
 
     del config["lr_scheduler"]
     config["trainer"]["callbacks"][1]["init_args"]["mode"] = "maxx"
@@ -368,7 +400,8 @@ def test_a_callback_after_a_model_checkpoint_is_named_by_the_index_the_user_wrot
     every entry after it moved down by one, and its problems named the entry before it
     (the ModelCheckpoint itself) instead of it."""
     assert as_written("trainer.callbacks.0: a; trainer.callbacks.2.init_args: b", 1) == (
-        "trainer.callbacks.0: a; trainer.callbacks.3.init_args: b")  # fmt: skip
+        "trainer.callbacks.0: a; trainer.callbacks.3.init_args: b"
+    )
     assert as_written("trainer.callbacks.1: a", None) == "trainer.callbacks.1: a"
     assert as_written("trainer.callbacks.1: a", 0) == "trainer.callbacks.2: a"
 
@@ -386,9 +419,15 @@ def test_a_callback_after_a_model_checkpoint_is_named_by_the_index_the_user_wrot
 def test_dict_kwargs_reach_a_constructors_kwargs(tmp_path: Path) -> None:
     """LightningCLI's ``dict_kwargs``: a ``**kwargs`` constructor's extra arguments, given
     as written; in ``init_args`` the same key is refused (not in the signature)."""
-    config = {"name": "kw", "model": {"class_path": f"{EXAMPLES}.ExtraArgsModel",
-                                      "init_args": {"width": 3}, "dict_kwargs": {"depth": 4}},
-              "checkpoint": {"storage": str(tmp_path / "runs")}}  # fmt: skip
+    config = {
+        "name": "kw",
+        "model": {
+            "class_path": f"{EXAMPLES}.ExtraArgsModel",
+            "init_args": {"width": 3},
+            "dict_kwargs": {"depth": 4},
+        },
+        "checkpoint": {"storage": str(tmp_path / "runs")},
+    }
     assert config_problems(load_spec(config)) == []
     built = instantiate(load_spec(config))
     assert (built.model.width, built.model.extra) == (3, {"depth": 4})

@@ -24,8 +24,15 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _record(pid: int) -> ClusterRecord:
-    return ClusterRecord(pid=pid, address="127.0.0.1:6379", num_cpus=4, num_gpus=0, warm=7,
-                         embedded_env={"RAY_AUTH_MODE": "token"}, started_at=0.0)  # fmt: skip
+    return ClusterRecord(
+        pid=pid,
+        address="127.0.0.1:6379",
+        num_cpus=4,
+        num_gpus=0,
+        warm=7,
+        embedded_env={"RAY_AUTH_MODE": "token"},
+        started_at=0.0,
+    )
 
 
 def _dead_pid() -> int:
@@ -80,10 +87,14 @@ def test_down_and_status_with_nothing_up(home: Path, capsys: pytest.CaptureFixtu
     assert "no cluster is up" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flags, named", [
-    (["--num-cpus", "0"], "--num-cpus 0"), (["--num-gpus", "-1"], "--num-gpus -1"),
-    (["--warm", "-2"], "--warm -2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--num-cpus", "0"], "--num-cpus 0"),
+        (["--num-gpus", "-1"], "--num-gpus -1"),
+        (["--warm", "-2"], "--warm -2"),
+    ],
+)
 def test_bad_up_flags_are_refused_by_name(
     home: Path, capsys: pytest.CaptureFixture, flags: list[str], named: str
 ) -> None:

@@ -173,8 +173,9 @@ def test_memory_every_n_steps_is_a_count_auto_or_off_under_every_strategy() -> N
     # every strategy keeps it: under FSDP and model parallelism each rank its shard
     for name in ("fsdp", "model_parallel"):
         for value in ("1", "auto"):
-            spec = load_spec(base, [f"checkpoint.memory_every_n_steps={value}",
-                                    f"strategy.name={name}"])  # fmt: skip
+            spec = load_spec(
+                base, [f"checkpoint.memory_every_n_steps={value}", f"strategy.name={name}"]
+            )
             assert keeps_memory_state(spec) and not strategy_problems(spec)
     for bad in ("0", "true", "often", "99999999999999999999999"):
         with pytest.raises(SpecError) as excinfo:
@@ -187,8 +188,12 @@ def test_memory_every_n_steps_is_a_count_auto_or_off_under_every_strategy() -> N
 def test_a_snapshot_is_a_copy_that_training_on_cannot_change() -> None:
     weight = torch.ones(3)
     steps = [1, 2]
-    state = {"state_dict": OrderedDict(w=weight), "loops": {"steps": steps},
-             "pair": (torch.zeros(1), "x"), "epoch": 2}  # fmt: skip
+    state = {
+        "state_dict": OrderedDict(w=weight),
+        "loops": {"steps": steps},
+        "pair": (torch.zeros(1), "x"),
+        "epoch": 2,
+    }
     skeleton, buffer = pack(state)
     weight.add_(1.0)  # the next step
     steps.append(3)
@@ -202,12 +207,22 @@ def test_a_state_sent_whole_is_packed_and_unpacked_to_the_same_tensors() -> None
     """DDP's keep sends one buffer of the tensors' bytes beside a small torch file of the
     rest: a restore unpacks the same values, dtypes and containers, and reads the rest as a
     checkpoint is read (``weights_only``: a pickled payload is refused)."""
-    adam = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(2, 3)}},
-            "param_groups": [{"lr": 0.1, "params": [0]}]}  # fmt: skip
-    weights = OrderedDict(w=torch.randn(4, 5).t(), half=torch.ones(3).bfloat16(),
-                          empty=torch.zeros(0, 2), count=torch.tensor(7))  # fmt: skip
-    state = {"state_dict": weights, "optimizer_states": [adam], "epoch": 2,
-             "loops": {"fit_loop": {"rows": (1, 2)}}}  # fmt: skip
+    adam = {
+        "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(2, 3)}},
+        "param_groups": [{"lr": 0.1, "params": [0]}],
+    }
+    weights = OrderedDict(
+        w=torch.randn(4, 5).t(),
+        half=torch.ones(3).bfloat16(),
+        empty=torch.zeros(0, 2),
+        count=torch.tensor(7),
+    )
+    state = {
+        "state_dict": weights,
+        "optimizer_states": [adam],
+        "epoch": 2,
+        "loops": {"fit_loop": {"rows": (1, 2)}},
+    }
     files = packed_files(*pack(state))
     assert set(files) == {"packed/state", "packed/data"}
     assert len(files["packed/state"]) < 4096  # the tensors are not in it
@@ -221,8 +236,9 @@ def test_a_state_sent_whole_is_packed_and_unpacked_to_the_same_tensors() -> None
         restored = back["state_dict"][key]
         assert restored.dtype == tensor.dtype and torch.equal(restored, tensor), key
         assert restored.shape == tensor.shape
-    assert torch.equal(back["optimizer_states"][0]["state"][0]["exp_avg"],
-                       adam["state"][0]["exp_avg"])  # fmt: skip
+    assert torch.equal(
+        back["optimizer_states"][0]["state"][0]["exp_avg"], adam["state"][0]["exp_avg"]
+    )
     # what a restore writes is a checkpoint file torch.load(weights_only=True) reads
     loaded = torch.load(io.BytesIO(serialised(back)), weights_only=True)
     assert torch.equal(loaded["state_dict"]["half"], weights["half"])
@@ -239,8 +255,9 @@ class _GatheringModel(pl.LightningModule):
 
 
 class _UserCallback(pl.Callback):
-    def on_save_checkpoint(self, trainer: pl.Trainer, module: pl.LightningModule,
-                           checkpoint: dict) -> None:  # fmt: skip
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, module: pl.LightningModule, checkpoint: dict
+    ) -> None:
         checkpoint["mine"] = 1
 
 
@@ -252,11 +269,15 @@ def test_auto_keeps_nothing_where_rank_0_could_not_dump_its_state_alone() -> Non
     plain, adam = pl.LightningModule(), torch.optim.Adam([torch.nn.Parameter(torch.ones(2))])
     # Lightning's own classes and raytrain's (its checkpoint callback has the hook)
     own = [pl.callbacks.EarlyStopping("val_loss"), pl.callbacks.EMAWeightAveraging()]
-    assert collective_hazards(plain, [*own, CheckpointCallback.__new__(CheckpointCallback)],
-                              [adam]) == []  # fmt: skip
+    assert (
+        collective_hazards(plain, [*own, CheckpointCallback.__new__(CheckpointCallback)], [adam])
+        == []
+    )
     found = collective_hazards(_GatheringModel(), [_UserCallback()], [adam])
-    assert found == ["the model _GatheringModel has its own on_save_checkpoint",
-                     "the callback _UserCallback has its own on_save_checkpoint"]  # fmt: skip
+    assert found == [
+        "the model _GatheringModel has its own on_save_checkpoint",
+        "the callback _UserCallback has its own on_save_checkpoint",
+    ]
     zero = ZeroRedundancyOptimizer.__new__(ZeroRedundancyOptimizer)  # no process group here
     (reason,) = collective_hazards(plain, [], [zero])
     assert "ZeroRedundancyOptimizer gathers its state" in reason

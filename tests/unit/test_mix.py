@@ -19,23 +19,27 @@ from raytrain.data.parquet_stream import WindowReader, row_groups
 BIG, SMALL = 230, 41  # rows of the two sources: ids 0.. and 1000..
 
 
-@pytest.mark.parametrize(("weights", "total"), [([0.8, 0.2], 271), ([1, 1, 1], 100),
-                                                ([0.5, 0.3, 0.2], 7), ([3], 5)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("weights", "total"), [([0.8, 0.2], 271), ([1, 1, 1], 100), ([0.5, 0.3, 0.2], 7), ([3], 5)]
+)
 def test_quotas_sum_to_the_total_each_within_a_row_of_its_share(weights, total) -> None:
     got = quotas(weights, total)
     assert sum(got) == total
     assert all(abs(q - w / sum(weights) * total) < 1 for q, w in zip(got, weights, strict=True))
 
 
-@pytest.mark.parametrize(("weights", "total"), [([1e308, 1e308], 2874), ([1e308, 1e307], 11),
-                                                ([5e-324, 5e-324], 9)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("weights", "total"), [([1e308, 1e308], 2874), ([1e308, 1e307], 11), ([5e-324, 5e-324], 9)]
+)
 def test_quotas_hold_their_invariant_at_the_ends_of_the_floats(weights, total) -> None:
     """Weights whose sum overflows once gave [1, 1] for a 2,874-row epoch: scaled by the
     largest first, they split it exactly."""
     got = quotas(weights, total)
     assert sum(got) == total
-    assert all(abs(q - w / max(weights) / sum(x / max(weights) for x in weights) * total) < 1
-               for q, w in zip(got, weights, strict=True))  # fmt: skip
+    assert all(
+        abs(q - w / max(weights) / sum(x / max(weights) for x in weights) * total) < 1
+        for q, w in zip(got, weights, strict=True)
+    )
 
 
 @pytest.mark.parametrize("weights", [[], [float("inf"), 1.0], [float("nan")], [0.0, 1.0]])
@@ -48,15 +52,24 @@ def _mix(tmp_path: Path, world: int, rank: int, epoch_rows: int | None = None) -
     folder = tmp_path / "big"
     if not folder.exists():
         folder.mkdir()
-        pq.write_table(pa.table({"id": pa.array(range(BIG), pa.int64())}),
-                       folder / "part-0.parquet", row_group_size=30)  # fmt: skip
+        pq.write_table(
+            pa.table({"id": pa.array(range(BIG), pa.int64())}),
+            folder / "part-0.parquet",
+            row_group_size=30,
+        )
     small = pa.table({"id": pa.array(range(1000, 1000 + SMALL), pa.int64())})
     found = row_groups(str(folder), pafs.LocalFileSystem(), str(folder))
-    mix = MixedSet(names=("big", "small"), weights=(0.8, 0.2),
-                   parts=(found, CachedSet([], SMALL)), rows=(BIG, SMALL),
-                   epoch_rows=epoch_rows or BIG + SMALL)  # fmt: skip
-    sources = [StreamedRows(WindowReader(found, pafs.LocalFileSystem(), ["id"]), 11, 64),
-               CachedRows(small, 12)]  # fmt: skip
+    mix = MixedSet(
+        names=("big", "small"),
+        weights=(0.8, 0.2),
+        parts=(found, CachedSet([], SMALL)),
+        rows=(BIG, SMALL),
+        epoch_rows=epoch_rows or BIG + SMALL,
+    )
+    sources = [
+        StreamedRows(WindowReader(found, pafs.LocalFileSystem(), ["id"]), 11, 64),
+        CachedRows(small, 12),
+    ]
     return MixedStream(mix, sources, 8, rank=rank, world_size=world, shuffle_seed=3)
 
 
@@ -111,8 +124,10 @@ def test_a_restored_mix_trains_exactly_the_rows_an_uninterrupted_one_does(
     assert Counter(trained + rest) == whole  # the same rows, each as often
     # the counts: epoch 0's quotas plus what was trained of epoch 1 at the save
     big_q, small_q = streams[0].quotas
-    assert seen_then == {"big": big_q + sum(i < 1000 for i in trained),
-                         "small": small_q + sum(i >= 1000 for i in trained)}  # fmt: skip
+    assert seen_then == {
+        "big": big_q + sum(i < 1000 for i in trained),
+        "small": small_q + sum(i >= 1000 for i in trained),
+    }
     for s in resumed:
         s.position = len(s)
     assert resumed[0].rows_seen() == {"big": 2 * big_q, "small": 2 * small_q}
@@ -135,18 +150,28 @@ def _mix_spec(tmp_path: Path, sources: list[dict]) -> dict:
 
 @pytest.mark.parametrize(
     ("source", "says"),
-    [({"uri": "/d/a", "weight": float("inf")}, "data.train.0.weight: "),
-     ({"uri": "/d/part=1", "weight": 1.0}, "data.train.0.uri: its end names the source's "
-      "metrics while `name` is unset: 'part=1' cannot name"),
-     ({"uri": "/d/..", "weight": 1.0}, "data.train.0.uri: its end names the source's "
-      "metrics while `name` is unset: '..' cannot name"),
-     ({"uri": "/d/.hidden/", "weight": 1.0}, "data.train.0.uri: its end names"),
-     ({"uri": "/d/a", "weight": 1.0, "name": ".."}, "data.train.0.name: '..' "
-      "cannot name files, metrics or labels"),
-     ({"uri": "/d/a", "weight": 1.0, "name": "."}, "data.train.0.name: '.' "),
-     ({"uri": "/d/a", "weight": 1.0, "name": "a/../b"}, "data.train.0.name:"),
-     ({"uri": "/d/a", "weight": 1.0, "format": "csv"}, "a mix reads Parquet sources only")],
-)  # fmt: skip
+    [
+        ({"uri": "/d/a", "weight": float("inf")}, "data.train.0.weight: "),
+        (
+            {"uri": "/d/part=1", "weight": 1.0},
+            "data.train.0.uri: its end names the source's "
+            "metrics while `name` is unset: 'part=1' cannot name",
+        ),
+        (
+            {"uri": "/d/..", "weight": 1.0},
+            "data.train.0.uri: its end names the source's "
+            "metrics while `name` is unset: '..' cannot name",
+        ),
+        ({"uri": "/d/.hidden/", "weight": 1.0}, "data.train.0.uri: its end names"),
+        (
+            {"uri": "/d/a", "weight": 1.0, "name": ".."},
+            "data.train.0.name: '..' cannot name files, metrics or labels",
+        ),
+        ({"uri": "/d/a", "weight": 1.0, "name": "."}, "data.train.0.name: '.' "),
+        ({"uri": "/d/a", "weight": 1.0, "name": "a/../b"}, "data.train.0.name:"),
+        ({"uri": "/d/a", "weight": 1.0, "format": "csv"}, "a mix reads Parquet sources only"),
+    ],
+)
 def test_a_bad_mix_source_is_named(tmp_path: Path, source: dict, says: str) -> None:
     """A source's name becomes the metric key ``data/rows/NAME``: ``..`` once made MLflow
     refuse every metric batch of the run."""
@@ -168,13 +193,21 @@ def test_a_uri_ending_in_dots_may_run_under_a_name(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("weights", "epoch_rows", "says"),
-    [([1e308, 1e308], None, "data.train.1.weight: the sources' weights sum past the largest "
-      "float"),
-     ([1.0, 1.0], 10**15, "data.epoch_rows: 1000000000000000 rows: every rank "
-      "would hold 9.31e+05 GiB of the epoch's labels"),
-     ([1.0] * 300, 2**29, "data.epoch_rows: 536870912 rows: every rank would "
-      "hold 2 GiB")],
-)  # fmt: skip
+    [
+        (
+            [1e308, 1e308],
+            None,
+            "data.train.1.weight: the sources' weights sum past the largest float",
+        ),
+        (
+            [1.0, 1.0],
+            10**15,
+            "data.epoch_rows: 1000000000000000 rows: every rank "
+            "would hold 9.31e+05 GiB of the epoch's labels",
+        ),
+        ([1.0] * 300, 2**29, "data.epoch_rows: 536870912 rows: every rank would hold 2 GiB"),
+    ],
+)
 def test_weights_and_epochs_past_their_bounds_are_refused(
     tmp_path: Path, weights: list[float], epoch_rows: int | None, says: str
 ) -> None:
@@ -198,13 +231,15 @@ def test_sources_whose_columns_differ_are_refused_before_the_run(tmp_path: Path)
 
     for name, label in (("a", pa.int64()), ("b", pa.int32())):
         (tmp_path / name).mkdir()
-        pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64()),
-                                 "label": pa.array([0, 1], label)}),
-                       tmp_path / name / "part-0.parquet")  # fmt: skip
+        pq.write_table(
+            pa.table({"id": pa.array([1, 2], pa.int64()), "label": pa.array([0, 1], label)}),
+            tmp_path / name / "part-0.parquet",
+        )
     sources = [{"uri": str(tmp_path / n), "weight": 1.0} for n in ("a", "b")]
     (problem,) = check_data(parse_spec(_mix_spec(tmp_path, sources)))
-    assert problem == ("data.train.1.uri: its columns differ from data.train.0's: "
-                       "label int32 against label int64")  # fmt: skip
+    assert problem == (
+        "data.train.1.uri: its columns differ from data.train.0's: label int32 against label int64"
+    )
     sources[1]["uri"] = str(tmp_path / "a")
     sources[1]["name"] = "a2"
     assert check_data(parse_spec(_mix_spec(tmp_path, sources))) == []

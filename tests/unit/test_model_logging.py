@@ -56,8 +56,9 @@ def test_a_model_without_example_input_array_is_logged_and_registered(
 
     from raytrain.tracking.mlflow_tracker import MlflowTracker
 
-    job = _job(digits_dir, tmp_path, store, "tests.integration.models:PlainCNN",
-               register_as="plain")  # fmt: skip
+    job = _job(
+        digits_dir, tmp_path, store, "tests.integration.models:PlainCNN", register_as="plain"
+    )
     uri = job.tracking.mlflow.tracking_uri
     tracker, _ = MlflowTracker.open(job, uri)
     model = PlainCNN().eval()
@@ -129,8 +130,13 @@ def test_register_as_that_fails_ends_the_run_with_exit_1(
     folder.mkdir()
     torch.save({"state_dict": WideLinear(features=3).state_dict()}, folder / "checkpoint.ckpt")
     for register_as in (None, "digits"):
-        job = _job(digits_dir, tmp_path / str(register_as), store,
-                   "raytrain.models.digits:DigitsCNN", register_as=register_as)  # fmt: skip
+        job = _job(
+            digits_dir,
+            tmp_path / str(register_as),
+            store,
+            "raytrain.models.digits:DigitsCNN",
+            register_as=register_as,
+        )
         record = RunRecord(job, None)
         record.start()
         assert record.model.log(str(folder)) is None

@@ -40,8 +40,14 @@ def test_the_ranks_of_a_tensor_parallel_group_read_one_replicas_rows() -> None:
     spec = load_spec("jobs/tinygpt-tp.yaml", ["scaling.num_workers=6"])
     # Lightning's mesh is (data_parallel, tensor_parallel), row-major: ranks 0, 1 are one
     # replica's tensor-parallel group
-    assert [data_rank(spec, r, 6) for r in range(6)] == [(0, 3), (0, 3), (1, 3), (1, 3),
-                                                         (2, 3), (2, 3)]  # fmt: skip
+    assert [data_rank(spec, r, 6) for r in range(6)] == [
+        (0, 3),
+        (0, 3),
+        (1, 3),
+        (1, 3),
+        (2, 3),
+        (2, 3),
+    ]
     ddp = load_spec("jobs/digits.yaml")
     assert [data_rank(ddp, r, 2) for r in range(2)] == [(0, 2), (1, 2)]
 
@@ -151,8 +157,10 @@ def test_a_set_ray_data_would_stream_is_refused_under_tensor_parallelism(
     csv = digits_spec(digits_dir, tmp_path)
     csv["data"]["train"] = {"uri": str(tmp_path / "train.csv"), "format": "csv"}
     # preprocessed on CPU nodes: the one path through Ray Data's streaming_split
-    csv["data"] |= {"preprocess": "tests.integration.models:images_to_pixels",
-                    "preprocess_on": {"raytrain.io/role": "data"}}  # fmt: skip
+    csv["data"] |= {
+        "preprocess": "tests.integration.models:images_to_pixels",
+        "preprocess_on": {"raytrain.io/role": "data"},
+    }
     csv["model"] = {"class_path": "raytrain.models.tinygpt:TinyGPT"}
     csv["strategy"] = {"name": "model_parallel", "model_parallel": {"tensor_parallel_size": 2}}
     spec = parse_spec(csv)
@@ -265,8 +273,9 @@ def test_a_replica_not_a_worker_is_what_batches_and_throughput_count() -> None:
     spec = load_spec("jobs/tinygpt-tp.yaml", ["scaling.keep_global_batch=true"])
     batching = global_batch(spec, 1)  # 2 workers, tp 2: one replica
     assert (batching.accumulate, batching.samples) == (1, 64)
-    reporter = MetricsReporter(log_every_n_steps=1, schedule=CheckpointSchedule(None, None),
-                               readers_per_row=2)  # fmt: skip
+    reporter = MetricsReporter(
+        log_every_n_steps=1, schedule=CheckpointSchedule(None, None), readers_per_row=2
+    )
     import time
 
     reporter._samples = 64  # one step's rows on each rank of the group: the same 64
@@ -325,10 +334,14 @@ def test_a_tensor_group_across_nodes_is_told_by_a_nodes_first_worker() -> None:
             node_of = [n for n, size in enumerate(sizes) for _ in range(size)]
             local = [r - node_of.index(node_of[r]) for r in range(world)]
             for tp in (t for t in range(1, world + 1) if world % t == 0):
-                spanning = {r // tp for r in range(world)
-                            if len(set(node_of[r - r % tp : r - r % tp + tp])) > 1}  # fmt: skip
-                flagged = {r // tp for r in range(world)
-                           if tensor_group_spans_nodes(r, local[r], tp)}  # fmt: skip
+                spanning = {
+                    r // tp
+                    for r in range(world)
+                    if len(set(node_of[r - r % tp : r - r % tp + tp])) > 1
+                }
+                flagged = {
+                    r // tp for r in range(world) if tensor_group_spans_nodes(r, local[r], tp)
+                }
                 assert flagged == spanning, (sizes, tp)
 
 
@@ -340,8 +353,11 @@ def test_the_first_worker_of_a_node_inside_a_group_warns_naming_it(
     from raytrain.worker.strategy import _warn_if_tensor_group_spans_nodes
 
     def context(rank: int, local: int, per_node: int) -> SimpleNamespace:
-        return SimpleNamespace(get_world_rank=lambda: rank, get_local_rank=lambda: local,
-                               get_local_world_size=lambda: per_node)  # fmt: skip
+        return SimpleNamespace(
+            get_world_rank=lambda: rank,
+            get_local_rank=lambda: local,
+            get_local_world_size=lambda: per_node,
+        )
 
     _warn_if_tensor_group_spans_nodes(context(4, 0, 2), tp=4)  # nodes of 2 start at 0, 2, 4
     _warn_if_tensor_group_spans_nodes(context(2, 0, 2), tp=4)

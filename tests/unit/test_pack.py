@@ -70,9 +70,20 @@ def test_packed_images_are_read_per_rank_every_image_once_and_exact_on_restore(
 
     def ranks(world: int) -> list[PackedImageStream]:
         decoder = ImageFiles(None, fs, None, None)
-        return [PackedImageStream(found, fs, decoder, 8, rank=r, world_size=world,  # type: ignore[arg-type]
-                                  shuffle_seed=2, window_rows=16, num_workers=1 - r)
-                for r in range(world)]  # fmt: skip
+        return [
+            PackedImageStream(
+                found,
+                fs,
+                decoder,
+                8,
+                rank=r,
+                world_size=world,  # type: ignore[arg-type]
+                shuffle_seed=2,
+                window_rows=16,
+                num_workers=1 - r,
+            )
+            for r in range(world)
+        ]
 
     two = ranks(2)
     batches = [b for s in two for b in s]
@@ -89,8 +100,9 @@ def test_packed_csv_rows_are_the_sources(tmp_path: Path) -> None:
     for f in range(3):
         lines = "".join(f"{i},{i / 4}\n" for i in range(f * 50, f * 50 + 50))
         (tmp_path / "src" / f"part-{f}.csv").write_text("id,x\n" + lines)
-    done = pack(str(tmp_path / "src"), str(tmp_path / "dest"), "csv", shard_mb=0.0005,
-                out=io.StringIO())  # fmt: skip
+    done = pack(
+        str(tmp_path / "src"), str(tmp_path / "dest"), "csv", shard_mb=0.0005, out=io.StringIO()
+    )
     table = pq.read_table(tmp_path / "dest")
     assert done.files == 3 and done.rows == 150 and done.shards > 1
     assert sorted(table.column("id").to_pylist()) == list(range(150))
@@ -110,16 +122,30 @@ def test_bad_input_to_pack_exits_2_naming_it(
         "inside": ["pack", str(tmp_path / "src"), str(tmp_path / "src" / "packed")],
         "no such file": ["pack", str(tmp_path / "nothing"), str(tmp_path / "out")],
         "more than 0": ["pack", str(tmp_path / "src"), str(tmp_path / "o2"), "--shard-mb", "0"],
-        "a number of MB": ["pack", str(tmp_path / "src"), str(tmp_path / "o2"),
-                           "--shard-mb", "inf"],
+        "a number of MB": [
+            "pack",
+            str(tmp_path / "src"),
+            str(tmp_path / "o2"),
+            "--shard-mb",
+            "inf",
+        ],
         "holds other files (part-1.parquet) and no pack's": [
-            "pack", str(tmp_path / "src"), str(tmp_path / "theirs")],
+            "pack",
+            str(tmp_path / "src"),
+            str(tmp_path / "theirs"),
+        ],
         "a-file is a file: name a folder": [
-            "pack", str(tmp_path / "src"), str(tmp_path / "a-file")],
+            "pack",
+            str(tmp_path / "src"),
+            str(tmp_path / "a-file"),
+        ],
         "is a file: pack a folder of images": [
-            "pack", str(tmp_path / "src" / "class-0" / "0000.png"), str(tmp_path / "o3")],
+            "pack",
+            str(tmp_path / "src" / "class-0" / "0000.png"),
+            str(tmp_path / "o3"),
+        ],
         "DEST: empty": ["pack", str(tmp_path / "src"), " "],
-    }  # fmt: skip
+    }
     for says, argv in cases.items():
         assert main(argv) == 2, says
         err = capsys.readouterr().err
@@ -142,14 +168,24 @@ def test_truncated_images_are_found_or_skipped_and_a_changed_source_is_packed_ag
         pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=0.0003, out=io.StringIO())
     with pytest.raises(BadImages, match="an unfinished pack"):  # what it wrote is not read
         packed_manifest(pafs.LocalFileSystem(), str(tmp_path / "dest"))
-    done = pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=0.0003,
-                out=io.StringIO(), skip_bad=True)  # fmt: skip
+    done = pack(
+        str(tmp_path / "src"),
+        str(tmp_path / "dest"),
+        shard_mb=0.0003,
+        out=io.StringIO(),
+        skip_bad=True,
+    )
     assert done.bad_files == 1 and done.rows == 8 and done.shards >= 2
     # a file rewritten in place (its path and size the same, its time not): its shard only
     # is written again
     last = sorted((tmp_path / "src").rglob("*.png"))[-1]
     os.utime(last, ns=(1, 1))
-    again = pack(str(tmp_path / "src"), str(tmp_path / "dest"), shard_mb=0.0003,
-                 out=io.StringIO(), skip_bad=True)  # fmt: skip
+    again = pack(
+        str(tmp_path / "src"),
+        str(tmp_path / "dest"),
+        shard_mb=0.0003,
+        out=io.StringIO(),
+        skip_bad=True,
+    )
     assert again.rows == 8 and again.skipped == done.shards - 1
     assert packed_manifest(pafs.LocalFileSystem(), str(tmp_path / "dest"))["complete"]

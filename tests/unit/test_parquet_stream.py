@@ -24,16 +24,22 @@ def _files(tmp_path: Path) -> Path:
     folder = tmp_path / "train"
     folder.mkdir()
     for i, (lo, hi) in enumerate([(0, 100), (100, 133), (133, ROWS)]):
-        table = pa.table({"id": pa.array(range(lo, hi), pa.int64()),
-                          "x": pa.array([float(v) for v in range(lo, hi)])})  # fmt: skip
+        table = pa.table(
+            {
+                "id": pa.array(range(lo, hi), pa.int64()),
+                "x": pa.array([float(v) for v in range(lo, hi)]),
+            }
+        )
         pq.write_table(table, folder / f"part-{i}.parquet", row_group_size=40)
     return folder
 
 
 def _streams(folder: Path, world: int, **kwargs) -> list[ParquetStream]:
     found = row_groups(str(folder), pafs.LocalFileSystem(), str(folder))
-    return [ParquetStream(found, pafs.LocalFileSystem(), ["id"], 16, rank=r, world_size=world,
-                          **kwargs) for r in range(world)]  # fmt: skip
+    return [
+        ParquetStream(found, pafs.LocalFileSystem(), ["id"], 16, rank=r, world_size=world, **kwargs)
+        for r in range(world)
+    ]
 
 
 def _ids(batches) -> list[list[int]]:
@@ -208,10 +214,20 @@ def double_x(batch: dict) -> dict:
 
 def test_a_preprocess_runs_on_each_batch_and_the_set_stays_exact(tmp_path: Path) -> None:
     found = row_groups("x", pafs.LocalFileSystem(), str(_files(tmp_path)))
-    ranks = [ParquetStream(found, pafs.LocalFileSystem(), ["id", "x"], 16, rank=r, world_size=2,
-                           shuffle_seed=1, window_rows=64,
-                           preprocess="tests.unit.test_parquet_stream:double_x")
-             for r in range(2)]  # fmt: skip
+    ranks = [
+        ParquetStream(
+            found,
+            pafs.LocalFileSystem(),
+            ["id", "x"],
+            16,
+            rank=r,
+            world_size=2,
+            shuffle_seed=1,
+            window_rows=64,
+            preprocess="tests.unit.test_parquet_stream:double_x",
+        )
+        for r in range(2)
+    ]
     batches = [b for s in ranks for b in s]
     assert all((b["x2"] == b["x"] * 2).all() and b["x2"].dtype == b["x"].dtype for b in batches)
     assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(ROWS))

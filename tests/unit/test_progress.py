@@ -17,8 +17,16 @@ def test_line_shows_epoch_step_metrics_and_eta() -> None:
     out = io.StringIO()
     line = ProgressLine(max_epochs=4, max_steps=-1, stream=out)
     line({"kind": "step", "step": 5, "epoch": 0, "train_loss": 2.0, "samples_per_s": 100.0})
-    line({"kind": "epoch", "step": 10, "epoch": 0, "train_loss": 1.5, "val_acc": 0.5,
-          "samples_per_s": 120.0})  # fmt: skip
+    line(
+        {
+            "kind": "epoch",
+            "step": 10,
+            "epoch": 0,
+            "train_loss": 1.5,
+            "val_acc": 0.5,
+            "samples_per_s": 120.0,
+        }
+    )
     lines = out.getvalue().splitlines()
     assert len(lines) == 2  # not a tty: the first line, then every epoch end
     last = lines[-1]

@@ -43,12 +43,28 @@ def test_rank_0s_reports_timelines_and_hangs_set_the_gauges() -> None:
     metrics, made = _metrics()
     assert set(made) == set(GAUGES) and all(g.description for g in made.values())
     assert all(re.fullmatch(r"raytrain_[a-z_]+", name) for name in made)
-    first: dict[str, Any] = {"step": 10, "epoch": 0, "kind": "step", "train_loss": 0.5,
-                             "samples_per_s": 900.0, "world_size": 2, "_worker_started_at": 1.0,
-                             "system/cpu_percent": 80.0, "lr-Adam": 1e-3}  # fmt: skip
+    first: dict[str, Any] = {
+        "step": 10,
+        "epoch": 0,
+        "kind": "step",
+        "train_loss": 0.5,
+        "samples_per_s": 900.0,
+        "world_size": 2,
+        "_worker_started_at": 1.0,
+        "system/cpu_percent": 80.0,
+        "lr-Adam": 1e-3,
+    }
     metrics.report(first)
-    metrics.report({"step": 23, "epoch": 0, "kind": "epoch", "val_acc": 0.93,
-                    "checkpoint_blocked_s": 0.2, "flag": True})  # fmt: skip
+    metrics.report(
+        {
+            "step": 23,
+            "epoch": 0,
+            "kind": "epoch",
+            "val_acc": 0.93,
+            "checkpoint_blocked_s": 0.2,
+            "flag": True,
+        }
+    )
     metrics.report({"_failure": "a worker died"})  # a notice: no gauge moves
     metrics.report({"step": 24, "epoch": 1, "kind": "step", "_worker_started_at": 9.0})
     assert _values(made["raytrain_step"]) == {("0", "digits"): 24.0}
@@ -59,10 +75,19 @@ def test_rank_0s_reports_timelines_and_hangs_set_the_gauges() -> None:
     assert _values(made["raytrain_restarts"]) == {("0", "digits"): 1.0}  # two groups
     # other numbers by name; no system samples, flags, private keys or the world size
     assert _values(made["raytrain_metric"]) == {
-        ("lr-Adam", "0", "digits"): 1e-3, ("val_acc", "0", "digits"): 0.93}  # fmt: skip
+        ("lr-Adam", "0", "digits"): 1e-3,
+        ("val_acc", "0", "digits"): 0.93,
+    }
 
-    metrics.timeline({TIMELINE_KEY: {"busy": [0.05, 0.06, 0.055], "comm_wait": [0.01, 0.02, 0.012]},
-                      "rank": 1, "node": "n", "step": 10, "world_size": 2})  # fmt: skip
+    metrics.timeline(
+        {
+            TIMELINE_KEY: {"busy": [0.05, 0.06, 0.055], "comm_wait": [0.01, 0.02, 0.012]},
+            "rank": 1,
+            "node": "n",
+            "step": 10,
+            "world_size": 2,
+        }
+    )
     parts = _values(made["raytrain_step_part_seconds"])
     assert parts[("busy", "1", "digits", "p90")] == 0.06 and len(parts) == 6
     for _ in range(2):

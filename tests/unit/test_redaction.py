@@ -18,21 +18,59 @@ from raytrain.tracking.mlflow_tracker import redacted_params
 from tests.conftest import digits_spec
 
 SECRET_NAMES = [
-    "password", "passwd", "secret", "secret_key", "private_key", "hf_token", "auth_token",
-    "access_token", "token", "api_key", "apiKey", "access_key", "credentials",
-    "connection_string", "sas", "model.init_args.hf_token", "MLFLOW_TRACKING_PASSWORD",
-    "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "HF_TOKEN",
-    "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING",
-    "DATABASE_URL", "GCP_PRIVATE_KEY", "GOOGLE_SERVICE_ACCOUNT_JSON", "MY_SERVICE_ACCOUNT",
+    "password",
+    "passwd",
+    "secret",
+    "secret_key",
+    "private_key",
+    "hf_token",
+    "auth_token",
+    "access_token",
+    "token",
+    "api_key",
+    "apiKey",
+    "access_key",
+    "credentials",
+    "connection_string",
+    "sas",
+    "model.init_args.hf_token",
+    "MLFLOW_TRACKING_PASSWORD",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SESSION_TOKEN",
+    "HF_TOKEN",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "DATABASE_URL",
+    "GCP_PRIVATE_KEY",
+    "GOOGLE_SERVICE_ACCOUNT_JSON",
+    "MY_SERVICE_ACCOUNT",
     # run together in one word
-    "accesstoken", "privatekey", "secretkey", "authtoken", "clientsecret", "hftoken",
+    "accesstoken",
+    "privatekey",
+    "secretkey",
+    "authtoken",
+    "clientsecret",
+    "hftoken",
     "model.init_args.apitoken",
-]  # fmt: skip
+]
 # Names near those that hold no credential: a tokenizer's tokens, counts, plain keys.
 PLAIN_NAMES = [
-    "max_tokens", "num_tokens", "pad_token", "eos_token", "token_dim", "key", "primary_key",
-    "lr", "monitor", "MLFLOW_TRACKING_URI", "LOG_LEVEL", "RAY_AUTH_TOKEN_PATH", "keep",
-]  # fmt: skip
+    "max_tokens",
+    "num_tokens",
+    "pad_token",
+    "eos_token",
+    "token_dim",
+    "key",
+    "primary_key",
+    "lr",
+    "monitor",
+    "MLFLOW_TRACKING_URI",
+    "LOG_LEVEL",
+    "RAY_AUTH_TOKEN_PATH",
+    "keep",
+]
 
 
 @pytest.mark.parametrize("name", SECRET_NAMES)
@@ -57,22 +95,30 @@ def test_names_that_do_not(name: str) -> None:
         ("http://host:8080/p?e=a@b", "http://host:8080/p?e=a@b"),
         ("abfs://box@acct.dfs.core.windows.net/x", "abfs://box@acct.dfs.core.windows.net/x"),
         # query parameters that carry a credential
-        ("https://a.blob.core.windows.net/c/f?sv=2022-11-02&se=2030&sig=abc%2Bd&sp=r",
-         f"https://a.blob.core.windows.net/c/f?sv=2022-11-02&se=2030&sig={REDACTED}&sp=r"),
-        ("https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4&X-Amz-Credential=AKID%2F2025"
-         "&X-Amz-Security-Token=FQoG&X-Amz-Signature=beef&X-Amz-Expires=60",
-         f"https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4&X-Amz-Credential={REDACTED}"
-         f"&X-Amz-Security-Token={REDACTED}&X-Amz-Signature={REDACTED}&X-Amz-Expires=60"),
+        (
+            "https://a.blob.core.windows.net/c/f?sv=2022-11-02&se=2030&sig=abc%2Bd&sp=r",
+            f"https://a.blob.core.windows.net/c/f?sv=2022-11-02&se=2030&sig={REDACTED}&sp=r",
+        ),
+        (
+            "https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4&X-Amz-Credential=AKID%2F2025"
+            "&X-Amz-Security-Token=FQoG&X-Amz-Signature=beef&X-Amz-Expires=60",
+            f"https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4&X-Amz-Credential={REDACTED}"
+            f"&X-Amz-Security-Token={REDACTED}&X-Amz-Signature={REDACTED}&X-Amz-Expires=60",
+        ),
         ("postgresql://h/db?user=u&password=pw", f"postgresql://h/db?user=u&password={REDACTED}"),
         ("http://h/?token=abc&page=2", f"http://h/?token={REDACTED}&page=2"),
         ("http://h/?access_token=abc", f"http://h/?access_token={REDACTED}"),
         ("https://h/x?key=AIzaSy", f"https://h/x?key={REDACTED}"),
         ("sort key=name", "sort key=name"),  # a plain "key" outside a URL query
         # connection strings and assignments in a message
-        ("DefaultEndpointsProtocol=https;AccountName=a;AccountKey=ab+/==;EndpointSuffix=x",
-         f"DefaultEndpointsProtocol=https;AccountName=a;AccountKey={REDACTED};EndpointSuffix=x"),
-        ("override 'model.init_args.password=hunter2': bad",
-         f"override 'model.init_args.password={REDACTED}': bad"),
+        (
+            "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=ab+/==;EndpointSuffix=x",
+            f"DefaultEndpointsProtocol=https;AccountName=a;AccountKey={REDACTED};EndpointSuffix=x",
+        ),
+        (
+            "override 'model.init_args.password=hunter2': bad",
+            f"override 'model.init_args.password={REDACTED}': bad",
+        ),
         # values shaped like a credential, whatever holds them
         ("key AKIAABCDEFGHIJKLMNOP here", f"key {REDACTED} here"),
         ("hf_" + "a1B2" * 9, REDACTED),
@@ -94,15 +140,19 @@ def test_names_that_do_not(name: str) -> None:
         ("for bucket 'u:pw1@bucket': failed", f"for bucket '{REDACTED}@bucket': failed"),
         ("field: error: 3", "field: error: 3"),  # a field's error is not user info
     ],
-)  # fmt: skip
+)
 def test_credentials_inside_text_are_masked(text: str, expected: str) -> None:
     assert redact(text) == expected
     assert redact(expected) == expected  # masking twice changes nothing
 
 
 def test_a_secret_field_keeps_its_name_and_loses_its_value() -> None:
-    flat = {"model.init_args.password": 1234, "model.init_args.lr": 0.1, "x.hf_token": None,
-            "model.init_args.urls": ["http://u:p@h/", "http://h2/"]}  # fmt: skip
+    flat = {
+        "model.init_args.password": 1234,
+        "model.init_args.lr": 0.1,
+        "x.hf_token": None,
+        "model.init_args.urls": ["http://u:p@h/", "http://h2/"],
+    }
     assert redact_flat(flat) == {
         "model.init_args.password": REDACTED,
         "model.init_args.lr": 0.1,
@@ -113,8 +163,18 @@ def test_a_secret_field_keeps_its_name_and_loses_its_value() -> None:
 
 # Each secret below must appear nowhere raytrain writes.
 HF = "hf_" + "Q" * 34
-SECRETS = ["hunter2", HF, "SKEY-123", "PRIVKEY-456", "SASSIG789", "AMZTOKEN", "AMZSIG",
-           "QUERYPW", "USERPW", "ss@"]  # fmt: skip
+SECRETS = [
+    "hunter2",
+    HF,
+    "SKEY-123",
+    "PRIVKEY-456",
+    "SASSIG789",
+    "AMZTOKEN",
+    "AMZSIG",
+    "QUERYPW",
+    "USERPW",
+    "ss@",
+]
 
 
 def _secret_spec(tmp_path: Path, digits_dir: Path) -> dict:
@@ -200,16 +260,18 @@ def test_a_tracking_error_shows_the_uri_once_redacted(
     _no_secret(message)
     assert "alice" not in message
     assert message.count("127.0.0.1:9") == 1, message
-    assert message.startswith(f"tracking.mlflow.tracking_uri: cannot open an MLflow run at "
-                              f"http://{REDACTED}@127.0.0.1:9/")  # fmt: skip
+    assert message.startswith(
+        f"tracking.mlflow.tracking_uri: cannot open an MLflow run at http://{REDACTED}@127.0.0.1:9/"
+    )
 
 
 def test_a_refused_resume_masks_credential_values(tmp_path: Path, digits_dir: Path) -> None:
     spec = parse_spec(_secret_spec(tmp_path, digits_dir))
     state = runstate.new_state(spec)
     new_db = "model.init_args.db=postgresql://db/x?password=QUERYPW2"
-    changed = load_spec(spec, ["model.init_args.lr=0.1", "model.init_args.password=hunter3",
-                               new_db])  # fmt: skip
+    changed = load_spec(
+        spec, ["model.init_args.lr=0.1", "model.init_args.password=hunter3", new_db]
+    )
     with pytest.raises(RunStateError) as excinfo:
         runstate.check_resumable(state, changed)
     message = str(excinfo.value)

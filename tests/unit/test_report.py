@@ -73,14 +73,24 @@ def test_output_paths_are_checked_before_anything_is_fetched(
 
 
 def test_a_run_name_that_looks_like_mathtext_is_plotted_as_text() -> None:
-    png = plot({"loss": [Curve("$\\foo$ (abc12345)", "loss", [1, 2], [1.0, 0.5])],
-                "metrics": [Curve("$x^$ (abc12345)", "val_$\\frac{$", [1], [0.5])]})  # fmt: skip
+    png = plot(
+        {
+            "loss": [Curve("$\\foo$ (abc12345)", "loss", [1, 2], [1.0, 0.5])],
+            "metrics": [Curve("$x^$ (abc12345)", "val_$\\frac{$", [1], [0.5])],
+        }
+    )
     assert png.startswith(b"\x89PNG")
 
 
 def _record_with_run(root: Path) -> None:
-    status = RunStatus(name="r", state="finished", started_at=1.0, updated_at=2.0,
-                       driver="h:1", mlflow_run_id="0123456789abcdef")  # fmt: skip
+    status = RunStatus(
+        name="r",
+        state="finished",
+        started_at=1.0,
+        updated_at=2.0,
+        driver="h:1",
+        mlflow_run_id="0123456789abcdef",
+    )
     (root / "r").mkdir()
     (root / "r" / STATUS_FILE).write_text(status.to_json())
 
@@ -91,10 +101,14 @@ def test_a_tracking_server_that_is_not_there_is_exit_1_and_named(
     _record_with_run(tmp_path)
     settings = {name: os.environ.get(name) for name in READ_SETTINGS}
     uri = f"http://user:hunter2@127.0.0.1:{closed_port}"
-    expected = (f"error: cannot reach the tracking server at http://***@127.0.0.1:{closed_port}"
-                " (the connection was refused)")  # fmt: skip
-    for argv in (["report", "abc", "--tracking-uri", uri, "--out", str(tmp_path / "r.png")],
-                 ["doctor", "r", "--storage", str(tmp_path), "--tracking-uri", uri]):  # fmt: skip
+    expected = (
+        f"error: cannot reach the tracking server at http://***@127.0.0.1:{closed_port}"
+        " (the connection was refused)"
+    )
+    for argv in (
+        ["report", "abc", "--tracking-uri", uri, "--out", str(tmp_path / "r.png")],
+        ["doctor", "r", "--storage", str(tmp_path), "--tracking-uri", uri],
+    ):
         assert cli.main(argv) == 1, argv
         assert _one_error(capsys).startswith(expected)
     assert not (tmp_path / "r.png").exists()
@@ -110,5 +124,7 @@ def test_a_tracking_server_that_never_answers_is_given_up_on(
     uri = f"http://127.0.0.1:{silent_port}"
     argv = ["doctor", "r", "--storage", str(tmp_path), "--tracking-uri", uri]
     assert cli.main(argv) == 1
-    assert _one_error(capsys) == (f"error: cannot reach the tracking server at {uri} (no answer "
-                                  "within 5 s); is it up, and is this its address?")  # fmt: skip
+    assert _one_error(capsys) == (
+        f"error: cannot reach the tracking server at {uri} (no answer "
+        "within 5 s); is it up, and is this its address?"
+    )

@@ -16,6 +16,7 @@ def test_no_key_raytrain_adds_to_reports_reaches_the_final_metrics() -> None:
     own += [layout.MONITOR_MISSING, HANG_KEY, ROLLBACK_KEY, "kind"]
     assert {layout.FAILURE_KEY, layout.CHECKPOINT_KEY, layout.SCORE_KEY} <= set(own)
     latest = {key: "x" for key in own} | {"val_acc": 0.97, "step": 230, "system/cpu": 1.0}
-    job = JobSpec.model_validate({"name": "r", "model": {"class_path": "m:M"},
-                                  "data": {"train": {"uri": "d"}}})  # fmt: skip
+    job = JobSpec.model_validate(
+        {"name": "r", "model": {"class_path": "m:M"}, "data": {"train": {"uri": "d"}}}
+    )
     assert final_metrics(None, latest, job) == {"val_acc": 0.97, "step": 230, "system/cpu": 1.0}

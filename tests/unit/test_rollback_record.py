@@ -30,8 +30,16 @@ def test_a_flat_window_takes_a_deviation_of_a_hundredth_of_its_median() -> None:
 
 def test_the_record_round_trips_and_describes_a_rollback(tmp_path: Path) -> None:
     assert read_rollbacks(str(tmp_path)) == []
-    spike = Rollback(step=51, epoch=0, batch=50, loss=812.5, median=0.31, z=4321.0, window=10,
-                     position={"epoch": 0, "steps": 51, "left": [[408, 719]]})  # fmt: skip
+    spike = Rollback(
+        step=51,
+        epoch=0,
+        batch=50,
+        loss=812.5,
+        median=0.31,
+        z=4321.0,
+        window=10,
+        position={"epoch": 0, "steps": 51, "left": [[408, 719]]},
+    )
     write_rollbacks(str(tmp_path), [spike])
     done = spike.restored(40, 176, "a note")
     write_rollbacks(str(tmp_path), [done])

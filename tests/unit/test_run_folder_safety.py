@@ -124,8 +124,13 @@ def test_a_forced_takeover_deletes_no_upload_of_the_run_it_displaced(
 
 def _holder(**fields: Any) -> lease.Holder:
     now = time.time()
-    base = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": now,
-            "heartbeat_at": now, "token": "other"}  # fmt: skip
+    base = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_at": now,
+        "heartbeat_at": now,
+        "token": "other",
+    }
     return lease.Holder(**{**base, **fields})
 
 
@@ -137,8 +142,9 @@ def _write_lease(run: Path, holder: lease.Holder) -> None:
 @pytest.fixture
 def other_process() -> Any:
     """A live process that is not this one: the holder of another run's lease."""
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                            stdin=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     yield proc
     proc.stdin.close()
     proc.wait(timeout=30)
@@ -301,8 +307,17 @@ def test_the_driver_warns_and_tags_the_run_when_the_monitor_is_missing(
     from raytrain.spec import parse_spec
     from tests.conftest import digits_spec
 
-    job = parse_spec(digits_spec(tmp_path, tmp_path, checkpoint={
-        "storage": str(tmp_path / "runs"), "monitor": "val_accuracy", "mode": "max"}))  # fmt: skip
+    job = parse_spec(
+        digits_spec(
+            tmp_path,
+            tmp_path,
+            checkpoint={
+                "storage": str(tmp_path / "runs"),
+                "monitor": "val_accuracy",
+                "mode": "max",
+            },
+        )
+    )
     record = RunRecord(job, None)
     tracker = _Tracker()
     record._opening = Background(lambda: tracker)
@@ -329,8 +344,9 @@ def test_an_unscored_checkpoint_survives_ray_s_snapshot_as_a_number() -> None:
         metrics: dict
 
     for mode in ("max", "min"):
-        reporter = MetricsReporter(log_every_n_steps=1, schedule=CheckpointSchedule(None, 2),
-                                   monitor="val_acc", mode=mode)  # fmt: skip
+        reporter = MetricsReporter(
+            log_every_n_steps=1, schedule=CheckpointSchedule(None, 2), monitor="val_acc", mode=mode
+        )
         before_validation = reporter._ranking({"train_loss": 1.0}, {"train_loss": 1.0})
         nan = reporter._ranking({"val_acc": float("nan")}, {"val_acc": float("nan")})
         for ranked in (before_validation, nan):
@@ -358,9 +374,12 @@ def test_a_snapshot_with_null_scores_is_repaired_before_ray_restores_it(tmp_path
     def result(name: str, score: Any) -> dict[str, Any]:
         return {"checkpoint_dir_name": name, "metrics": {"step": 4, SCORE_KEY: score}}
 
-    tree = {"checkpoint_results": [result(OLD, None), result(LATEST, 0.7)],
-            "latest_checkpoint_result": result(NEWER, None),
-            "pending_training_results": [result(NEWER, None)], "ray_version": "2.60.0"}  # fmt: skip
+    tree = {
+        "checkpoint_results": [result(OLD, None), result(LATEST, 0.7)],
+        "latest_checkpoint_result": result(NEWER, None),
+        "pending_training_results": [result(NEWER, None)],
+        "ray_version": "2.60.0",
+    }
     (run / SNAPSHOT_FILE).write_text(json.dumps(tree))
     assert repair_snapshot_scores(str(run), "max") == 2  # OLD, NEWER
     fixed = json.loads((run / SNAPSHOT_FILE).read_text())

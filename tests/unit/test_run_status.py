@@ -39,10 +39,13 @@ def _record(tmp_path: Path, **trainer: Any) -> tuple[StatusRecord, Clock, list[R
     spec = digits_spec(tmp_path, tmp_path, trainer={"max_epochs": 4, **trainer})
     clock, written, committed = Clock(), [], [None]
     record = StatusRecord(
-        load_spec(spec), attempt=2, clock=clock,
+        load_spec(spec),
+        attempt=2,
+        clock=clock,
         write=lambda text: written.append(RunStatus.model_validate_json(text)),
-        committed=lambda: committed[0], mlflow_run=lambda: "run-1",
-    )  # fmt: skip
+        committed=lambda: committed[0],
+        mlflow_run=lambda: "run-1",
+    )
     return record, clock, written, committed
 
 
@@ -139,7 +142,8 @@ def test_a_hang_is_the_reason_of_the_restart_after_it_and_of_no_later_one(
     record({FAILURE_KEY: "ActorDiedError: the worker died"})
     record(_report(14, _worker_started_at=3.0))
     assert written[-1].restarts[-1].reason == (
-        "hang at step 13: ... (ActorDiedError: the worker died)")  # fmt: skip
+        "hang at step 13: ... (ActorDiedError: the worker died)"
+    )
     assert "  last hang: hang at step 13: ..." in describe(written[-1], now=clock.now)
 
 
@@ -166,8 +170,11 @@ def test_read_status_round_trips_and_names_a_record_it_cannot_read(tmp_path: Pat
     status = RunStatus(name="r", state="training", started_at=1.0, updated_at=2.0, driver="h:1")
     (tmp_path / STATUS_FILE).write_text(status.to_json())
     assert read_status(str(tmp_path)) == status
-    for bad in ("{", json.dumps({**status.model_dump(), "state": "dancing"}),
-                json.dumps({**status.model_dump(), "extra": 1})):  # fmt: skip
+    for bad in (
+        "{",
+        json.dumps({**status.model_dump(), "state": "dancing"}),
+        json.dumps({**status.model_dump(), "extra": 1}),
+    ):
         (tmp_path / STATUS_FILE).write_text(bad)
         with pytest.raises(RunStateError, match=f"{STATUS_FILE}: the run's status record"):
             read_status(str(tmp_path))
@@ -182,8 +189,12 @@ def test_a_record_that_is_not_a_file_or_too_large_or_not_utf8_is_refused_unread(
     from raytrain import storage
     from raytrain.errors import StorageError
 
-    cases = {"fifo": "is a FIFO", "zero": "is a device", "folder": "is a folder",
-             "latin1": "not UTF-8 text (byte 13 is not)"}  # fmt: skip
+    cases = {
+        "fifo": "is a FIFO",
+        "zero": "is a device",
+        "folder": "is a folder",
+        "latin1": "not UTF-8 text (byte 13 is not)",
+    }
     for name in cases:
         (tmp_path / name).mkdir()
     os.mkfifo(tmp_path / "fifo" / STATUS_FILE)
@@ -222,10 +233,19 @@ def test_a_run_name_with_storage_stays_under_the_storage(
 
 def test_describe_shows_progress_eta_and_a_driver_that_stopped_writing() -> None:
     status = RunStatus(
-        name="r", state="training", started_at=0.0, updated_at=100.0, driver="h:1",
-        step=20, total_steps=100, epoch=1, max_epochs=4, samples_per_s=300.0, eta_s=80.0,
+        name="r",
+        state="training",
+        started_at=0.0,
+        updated_at=100.0,
+        driver="h:1",
+        step=20,
+        total_steps=100,
+        epoch=1,
+        max_epochs=4,
+        samples_per_s=300.0,
+        eta_s=80.0,
         val_metrics={"val_acc": 0.91},
-    )  # fmt: skip
+    )
     lines = describe(status, now=110.0)
     assert lines[0] == "r: training (record 0:10 old)"
     assert "  progress: step 20/100 (20.0%), epoch 2/4" in lines

@@ -81,9 +81,14 @@ def test_top_level_names(pkg: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "defined"),
-    [("Own", True), ("Inherits", True), ("Assigned", True), ("Without", False),
-     ("Unknowable", None)],
-)  # fmt: skip
+    [
+        ("Own", True),
+        ("Inherits", True),
+        ("Assigned", True),
+        ("Without", False),
+        ("Unknowable", None),
+    ],
+)
 def test_a_method_is_found_on_the_class_or_its_bases_short_of_lightnings(
     pkg: Path, name: str, defined: bool | None
 ) -> None:

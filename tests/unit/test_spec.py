@@ -142,19 +142,28 @@ def test_flatten_keeps_lists_and_empty_maps_as_leaves() -> None:
 
 def test_storage_endpoints_never_carry_credentials() -> None:
     with pytest.raises(SpecError) as excinfo:
-        load_spec("jobs/digits.yaml", ["storage.s3.endpoint_url=http://key:secret@minio:9000",
-                        "storage.azure.endpoint_url=minio:9000"])  # fmt: skip
+        load_spec(
+            "jobs/digits.yaml",
+            [
+                "storage.s3.endpoint_url=http://key:secret@minio:9000",
+                "storage.azure.endpoint_url=minio:9000",
+            ],
+        )
     problems = excinfo.value.problems
-    assert any(p.startswith("storage.s3.endpoint_url: credentials do not belong")
-               for p in problems)  # fmt: skip
-    assert any(p.startswith("storage.azure.endpoint_url: expected http(s)://")
-               for p in problems)  # fmt: skip
+    assert any(p.startswith("storage.s3.endpoint_url: credentials do not belong") for p in problems)
+    assert any(p.startswith("storage.azure.endpoint_url: expected http(s)://") for p in problems)
     assert "secret" not in str(excinfo.value)  # a refused credential is not echoed
 
 
 def test_storage_options_and_image_size() -> None:
-    spec = load_spec("jobs/digits.yaml", ["storage.s3.endpoint_url=http://127.0.0.1:9000/",
-                           "storage.s3.region=eu-west-1", "data.cache=never"])  # fmt: skip
+    spec = load_spec(
+        "jobs/digits.yaml",
+        [
+            "storage.s3.endpoint_url=http://127.0.0.1:9000/",
+            "storage.s3.region=eu-west-1",
+            "data.cache=never",
+        ],
+    )
     assert spec.storage.s3.endpoint_url == "http://127.0.0.1:9000"
     assert spec.storage.max_attempts == 3
     # where the stores are may change between attempts without making another experiment

@@ -24,17 +24,28 @@ def _cli_config(**changes: Any) -> dict[str, Any]:
         "model": {"class_path": f"{BORING}.BoringModel"},
         "data": {"class_path": f"{BORING}.BoringDataModule", "init_args": None},
         "trainer": {
-            "accelerator": "auto", "devices": "auto", "strategy": "auto", "num_nodes": 1,
-            "precision": None, "max_epochs": 3, "val_check_interval": 0.5,
-            "enable_checkpointing": None, "logger": None, "default_root_dir": None,
-            "callbacks": [{"class_path": "lightning.pytorch.callbacks.EarlyStopping",
-                           "init_args": {"monitor": "val_loss", "patience": 1}},
-                          "LearningRateMonitor"],
+            "accelerator": "auto",
+            "devices": "auto",
+            "strategy": "auto",
+            "num_nodes": 1,
+            "precision": None,
+            "max_epochs": 3,
+            "val_check_interval": 0.5,
+            "enable_checkpointing": None,
+            "logger": None,
+            "default_root_dir": None,
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.EarlyStopping",
+                    "init_args": {"monitor": "val_loss", "patience": 1},
+                },
+                "LearningRateMonitor",
+            ],
         },
         "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1}},
         "lr_scheduler": {"class_path": "StepLR", "init_args": {"step_size": 1}},
         "ckpt_path": None,
-    }  # fmt: skip
+    }
     for key, value in changes.items():
         section, _, field = key.partition("__")
         if field:
@@ -104,13 +115,17 @@ def test_accelerator_and_strategy_map_onto_raytrains_fields(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     ("key", "value", "instead"),
-    [("devices", 4, "scaling.num_workers"), ("num_nodes", 2, "scaling.num_workers"),
-     ("strategy", "deepspeed", "strategy.name"), ("plugins", ["x"], "trainer.precision"),
-     ("enable_checkpointing", False, "checkpoint.*"),
-     ("default_root_dir", "/tmp/x", "checkpoint.storage"),
-     ("use_distributed_sampler", False, "raytrain shards every dataset"),
-     ("accelerator", "tpu", "scaling.use_gpu")],
-)  # fmt: skip
+    [
+        ("devices", 4, "scaling.num_workers"),
+        ("num_nodes", 2, "scaling.num_workers"),
+        ("strategy", "deepspeed", "strategy.name"),
+        ("plugins", ["x"], "trainer.precision"),
+        ("enable_checkpointing", False, "checkpoint.*"),
+        ("default_root_dir", "/tmp/x", "checkpoint.storage"),
+        ("use_distributed_sampler", False, "raytrain shards every dataset"),
+        ("accelerator", "tpu", "scaling.use_gpu"),
+    ],
+)
 def test_trainer_arguments_raytrain_owns_are_refused_naming_the_field_to_use(
     tmp_path: Path, key: str, value: Any, instead: str
 ) -> None:

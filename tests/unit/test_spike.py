@@ -64,9 +64,15 @@ def _fit_with(guard: SpikeGuard, losses: list[float]) -> None:
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, callbacks=[guard],
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        callbacks=[guard],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Model(), torch.utils.data.DataLoader(torch.ones(len(losses), 1), batch_size=1))
 
 
@@ -88,8 +94,10 @@ def test_a_spike_is_recorded_then_stops_the_attempt_and_a_spent_budget_stops_the
         _fit_with(SpikeGuard(spec, str(tmp_path), None, lambda: None), losses)
     assert len(read_rollbacks(str(tmp_path))) == 1
     # a rise the window's own noise makes usual is no spike
-    _fit_with(SpikeGuard(spec, str(tmp_path / "calm"), None, lambda: None),
-              [1.0, 1.5, 0.5, 1.2, 0.8, 1.6, 0.9])  # fmt: skip
+    _fit_with(
+        SpikeGuard(spec, str(tmp_path / "calm"), None, lambda: None),
+        [1.0, 1.5, 0.5, 1.2, 0.8, 1.6, 0.9],
+    )
 
 
 # -- the skip, on real Trainers: 64 rows in order, 2 a batch; row 30's batch spikes ----------
@@ -125,8 +133,13 @@ def _loader(kind: str) -> Any:
     return ShardBatches(_Shard(), BATCH)
 
 
-def _train(loader: Any, callbacks: list[Any], trained: list[tuple[int, int]], spike_epoch: int,
-           ckpt: str | None = None) -> None:  # fmt: skip
+def _train(
+    loader: Any,
+    callbacks: list[Any],
+    trained: list[tuple[int, int]],
+    spike_epoch: int,
+    ckpt: str | None = None,
+) -> None:
     """Two epochs; every row trained goes into ``trained`` as (epoch, row); the batch of row
     ``POISON`` spikes in ``spike_epoch``."""
 
@@ -146,9 +159,16 @@ def _train(loader: Any, callbacks: list[Any], trained: list[tuple[int, int]], sp
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, logger=False, callbacks=callbacks,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0)  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(Model(), loader, ckpt_path=ckpt, weights_only=False)
 
 
@@ -171,9 +191,14 @@ class _Save(pl.Callback):
 @pytest.mark.parametrize(
     ("spike_epoch", "saved_at"),
     [(0, 4), (1, None), (1, 20), (0, "none"), (1, "none")],
-    ids=["same-epoch", "epoch-end-then-next", "mid-epoch-then-next", "no-checkpoint",
-         "no-checkpoint-next-epoch"],
-)  # fmt: skip
+    ids=[
+        "same-epoch",
+        "epoch-end-then-next",
+        "mid-epoch-then-next",
+        "no-checkpoint",
+        "no-checkpoint-next-epoch",
+    ],
+)
 def test_a_restore_skips_exactly_to_the_spike_and_never_trains_it(
     kind: str, spike_epoch: int, saved_at: int | str | None, tmp_path: Path
 ) -> None:
@@ -184,9 +209,12 @@ def test_a_restore_skips_exactly_to_the_spike_and_never_trains_it(
     ckpt = None if saved_at == "none" else str(tmp_path / "saved.ckpt")
 
     def callbacks(loader: Any, extra: list[Any]) -> list[Any]:
-        return [SpikeGuard(spec, str(tmp_path), None, lambda: loader), *extra,
-                LoaderPosition(lambda: loader),
-                RollbackSkip(str(tmp_path), None, lambda: loader, None)]  # fmt: skip
+        return [
+            SpikeGuard(spec, str(tmp_path), None, lambda: loader),
+            *extra,
+            LoaderPosition(lambda: loader),
+            RollbackSkip(str(tmp_path), None, lambda: loader, None),
+        ]
 
     loader = _loader(kind)
     saver = [] if ckpt is None else [_Save(ckpt, saved_at)]  # type: ignore[arg-type]

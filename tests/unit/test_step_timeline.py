@@ -22,8 +22,18 @@ class Clock:
         return self.now
 
 
-def _batch(timeline: StepTimeline, clock: Clock, trainer: Any, *, data: float, fwd: float,
-           grads: float, wait: float, opt: float, hooks: float) -> None:  # fmt: skip
+def _batch(
+    timeline: StepTimeline,
+    clock: Clock,
+    trainer: Any,
+    *,
+    data: float,
+    fwd: float,
+    grads: float,
+    wait: float,
+    opt: float,
+    hooks: float,
+) -> None:
     """One batch through the hooks in Lightning's order, each part taking its seconds."""
     clock.now += data
     timeline.on_train_batch_start(trainer, None, None, 0)
@@ -43,8 +53,9 @@ def _batch(timeline: StepTimeline, clock: Clock, trainer: Any, *, data: float, f
 
 def test_a_batch_is_split_into_its_parts_and_a_window_is_sent_every_n_steps() -> None:
     clock, sent = Clock(), []
-    timeline = StepTimeline(every_n_steps=2, publish=sent.append, rank=1, node="10.0.0.2",
-                            clock=clock)  # fmt: skip
+    timeline = StepTimeline(
+        every_n_steps=2, publish=sent.append, rank=1, node="10.0.0.2", clock=clock
+    )
     timeline.comm_measured = True
     trainer = SimpleNamespace(global_step=0, world_size=2)
     parts = {"data": 0.5, "fwd": 1.0, "grads": 2.0, "wait": 4.0, "opt": 0.25, "hooks": 0.125}
@@ -53,11 +64,23 @@ def test_a_batch_is_split_into_its_parts_and_a_window_is_sent_every_n_steps() ->
     _batch(timeline, clock, trainer, **parts)
     (event,) = sent
     assert (event["rank"], event["node"], event["step"], event["world_size"]) == (
-        1, "10.0.0.2", 2, 2)  # fmt: skip
+        1,
+        "10.0.0.2",
+        2,
+        2,
+    )
     got = {part: pair[0] for part, pair in event[TIMELINE_KEY].items()}
     # the first batch had no data wait (nothing before it); the second waited 0.5 s
-    assert got == {"data_wait": 0.25, "forward": 1.0, "backward": 2.0, "comm_wait": 4.0,
-                   "optimizer": 0.25, "hooks": 0.125, "busy": 3.5, "step": 7.625}  # fmt: skip
+    assert got == {
+        "data_wait": 0.25,
+        "forward": 1.0,
+        "backward": 2.0,
+        "comm_wait": 4.0,
+        "optimizer": 0.25,
+        "hooks": 0.125,
+        "busy": 3.5,
+        "step": 7.625,
+    }
     assert event[TIMELINE_KEY]["data_wait"][1:] == [0.5, 0.25]  # its p90 and mean
 
 
@@ -114,7 +137,8 @@ def test_validation_is_not_a_wait_for_data_and_unmeasured_comm_is_not_sent() -> 
 
 def test_summarize_gives_the_median_and_the_nearest_rank_p90() -> None:
     assert summarize({"step": [float(v) for v in range(1, 11)], "none": []}) == {
-        "step": [5.5, 9.0, 5.5]}  # fmt: skip
+        "step": [5.5, 9.0, 5.5]
+    }
 
 
 def test_a_straggler_is_a_rank_slow_in_every_one_of_the_last_windows() -> None:
@@ -134,13 +158,22 @@ def test_timelines_log_each_rank_name_the_straggler_once_and_clear_it() -> None:
 
     def window(step: int, busy: dict[int, float]) -> None:
         for rank, value in busy.items():
-            timelines({TIMELINE_KEY: {"busy": [value, value]}, "rank": rank, "node": f"n{rank}",
-                       "step": step, "world_size": len(busy)})  # fmt: skip
+            timelines(
+                {
+                    TIMELINE_KEY: {"busy": [value, value]},
+                    "rank": rank,
+                    "node": f"n{rank}",
+                    "step": step,
+                    "world_size": len(busy),
+                }
+            )
 
     for step in (5, 10):
         window(step, {0: 0.01, 1: 0.04})
-    assert told == [] and logged[0] == ({"timeline/rank0/busy_p50_s": 0.01,
-                                         "timeline/rank0/busy_p90_s": 0.01}, 5)  # fmt: skip
+    assert told == [] and logged[0] == (
+        {"timeline/rank0/busy_p50_s": 0.01, "timeline/rank0/busy_p90_s": 0.01},
+        5,
+    )
     window(15, {0: 0.01, 1: 0.04})
     window(20, {0: 0.01, 1: 0.05})
     assert [t.rank for t in told] == [1, 1] and told[-1].factor == pytest.approx(5.0)

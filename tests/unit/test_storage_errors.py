@@ -154,10 +154,12 @@ def test_a_status_code_is_not_read_out_of_a_port_number() -> None:
     """The port a test's server had (40111) once made an unreachable endpoint read as
     rejected credentials ("401" inside it); a status is a number of its own."""
     for port in (40111, 40312, 14010):
-        error = OSError(f"When listing objects under key 'runs' in bucket 'b': AWS Error "
-                        f"NETWORK_CONNECTION during ListObjectsV2 operation: curlCode: 7, "
-                        f"Could not connect to server; Details: Failed to connect to "
-                        f"127.0.0.1 port {port} after 0 ms")  # fmt: skip
+        error = OSError(
+            f"When listing objects under key 'runs' in bucket 'b': AWS Error "
+            f"NETWORK_CONNECTION during ListObjectsV2 operation: curlCode: 7, "
+            f"Could not connect to server; Details: Failed to connect to "
+            f"127.0.0.1 port {port} after 0 ms"
+        )
         assert storage.cause(error) == UNREACHABLE
     assert storage.cause(OSError("HTTP status 401 returned")) == storage.cause(
         OSError("Unauthorized")
@@ -229,5 +231,6 @@ def test_a_record_in_a_store_that_cannot_be_reached_or_refuses_is_one_line(
         assert cli.main(["status", "r", "--storage", "s3://bucket/runs"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1, err
-        assert err.startswith("error: s3://bucket/runs/r/raytrain-status.json: cannot read it: "
-                              f"{cause}")  # fmt: skip
+        assert err.startswith(
+            f"error: s3://bucket/runs/r/raytrain-status.json: cannot read it: {cause}"
+        )

@@ -22,22 +22,48 @@ CLOSED = "http://127.0.0.1:9"  # loopback, nothing listens: connecting fails at 
 REMOTE = "http://head.invalid:8265"  # another machine (.invalid never resolves)
 
 SECRET_FILES = [
-    ".env", ".env.production", ".envrc", "id_rsa", "id_ed25519.pub", "hf_token",
-    "secrets/auth.token", "secrets/token.json", "keys/server.pem", "tls.key",
-    "credentials.json", "mlflow.db", "data/cache.db", ".aws/credentials", ".ssh/config",
-    ".config/gcloud/application_default_credentials.json", "sub/.netrc",
-]  # fmt: skip
+    ".env",
+    ".env.production",
+    ".envrc",
+    "id_rsa",
+    "id_ed25519.pub",
+    "hf_token",
+    "secrets/auth.token",
+    "secrets/token.json",
+    "keys/server.pem",
+    "tls.key",
+    "credentials.json",
+    "mlflow.db",
+    "data/cache.db",
+    ".aws/credentials",
+    ".ssh/config",
+    ".config/gcloud/application_default_credentials.json",
+    "sub/.netrc",
+]
 KEPT_FILES = [
-    "train.py", "tokenizer.json", "tokenizers/vocab.txt", "credentials.py", "token_utils.py",
-    "id_to_label.json", "data/train.parquet", "README.md", ".config/app.yaml", "spec.yaml",
-]  # fmt: skip
+    "train.py",
+    "tokenizer.json",
+    "tokenizers/vocab.txt",
+    "credentials.py",
+    "token_utils.py",
+    "id_to_label.json",
+    "data/train.parquet",
+    "README.md",
+    ".config/app.yaml",
+    "spec.yaml",
+]
 CONTENT = "CONTENT-THAT-MUST-NOT-PRINT"
 
 
 @pytest.fixture
 def no_ray_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN",
-                 "RAY_AUTH_TOKEN_PATH", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"):  # fmt: skip
+    for name in (
+        "RAY_ADDRESS",
+        "RAY_API_SERVER_ADDRESS",
+        "RAY_AUTH_TOKEN",
+        "RAY_AUTH_TOKEN_PATH",
+        "RAY_RUNTIME_ENV_IGNORE_GITIGNORE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(connection, "DEFAULT_TOKEN_FILE", tmp_path / "no-such-token")
     return tmp_path
@@ -128,8 +154,13 @@ def test_a_link_out_of_the_working_dir_is_refused_by_name(
     assert CONTENT not in err
 
 
-COMMANDS = [["submit", "SPEC", "--working-dir", "WD"], ["status", "raysubmit_x"],
-            ["logs", "raysubmit_x"], ["stop", "raysubmit_x"], ["list"]]  # fmt: skip
+COMMANDS = [
+    ["submit", "SPEC", "--working-dir", "WD"],
+    ["status", "raysubmit_x"],
+    ["logs", "raysubmit_x"],
+    ["stop", "raysubmit_x"],
+    ["list"],
+]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
@@ -201,13 +232,20 @@ def test_a_link_into_an_ignored_folder_is_walked_as_ray_uploads_it(tmp_path: Pat
 @pytest.mark.parametrize(
     "address",
     [
-        "http://127.0.0.1.evil.example:8265", "http://localhost@evil.example:8265",
-        "http://localhost:8265@evil.example", "http://localhost\\@evil.example",
-        "http://evil.example#@localhost", "http://evil.example:8265?x=@localhost",
-        "HTTP://evil.example:8265", "Http://evil.example", "evil.example:8265",
-        " evil.example:8265 ", "0.0.0.0:8265", "http://127.0.0.1:8265\t@evil.example",
+        "http://127.0.0.1.evil.example:8265",
+        "http://localhost@evil.example:8265",
+        "http://localhost:8265@evil.example",
+        "http://localhost\\@evil.example",
+        "http://evil.example#@localhost",
+        "http://evil.example:8265?x=@localhost",
+        "HTTP://evil.example:8265",
+        "Http://evil.example",
+        "evil.example:8265",
+        " evil.example:8265 ",
+        "0.0.0.0:8265",
+        "http://127.0.0.1:8265\t@evil.example",
     ],
-)  # fmt: skip
+)
 def test_a_token_is_refused_to_every_spelling_of_a_remote_http_host(address: str) -> None:
     """The scheme is case-insensitive (HTTP:// was refused as not an http URL at all), and
     user info, fragments and look-alike names never make a remote host loopback."""
@@ -246,22 +284,33 @@ def test_a_401_after_sending_a_token_says_the_token_was_refused() -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("AZURE_STORAGE_ACCOUNT_KEY", "k"), ("AZURE_STORAGE_KEY", "k"),
+        ("AZURE_STORAGE_ACCOUNT_KEY", "k"),
+        ("AZURE_STORAGE_KEY", "k"),
         ("AZURE_STORAGE_CONNECTION_STRING", "DefaultEndpointsProtocol=https;AccountKey=k"),
-        ("DATABASE_URL", "postgresql://db/x"), ("GCP_PRIVATE_KEY", "k"),
-        ("MY_SERVICE_ACCOUNT_JSON", "{}"), ("GOOGLE_SERVICE_ACCOUNT", "x"),
+        ("DATABASE_URL", "postgresql://db/x"),
+        ("GCP_PRIVATE_KEY", "k"),
+        ("MY_SERVICE_ACCOUNT_JSON", "{}"),
+        ("GOOGLE_SERVICE_ACCOUNT", "x"),
         ("MLFLOW_TRACKING_URI", "https://alice:pw@mlflow.example.com"),
-        ("MLFLOW_TRACKING_PASSWORD", "x"), ("HF_TOKEN", "x"), ("DBPASSWORD", "x"),
-        ("AWS_SECRET_ACCESS_KEY", "x"), ("DATA_URL", "https://a.blob.core.windows.net/c?sig=x"),
-        ("DB_PASS", "x"), ("SMTP_PASS", "x"), ("KAGGLE_KEY", "x"), ("ACCESSTOKEN", "x"),
-        ("REDIS_URL", "redis://:pw@cache:6379"), ("API_HEADERS", "Authorization: Basic dTpw"),
+        ("MLFLOW_TRACKING_PASSWORD", "x"),
+        ("HF_TOKEN", "x"),
+        ("DBPASSWORD", "x"),
+        ("AWS_SECRET_ACCESS_KEY", "x"),
+        ("DATA_URL", "https://a.blob.core.windows.net/c?sig=x"),
+        ("DB_PASS", "x"),
+        ("SMTP_PASS", "x"),
+        ("KAGGLE_KEY", "x"),
+        ("ACCESSTOKEN", "x"),
+        ("REDIS_URL", "redis://:pw@cache:6379"),
+        ("API_HEADERS", "Authorization: Basic dTpw"),
     ],
-)  # fmt: skip
+)
 def test_credentials_in_env_are_warned_about(name: str, value: str) -> None:
     from raytrain.spec import load_spec
 
-    job = load_spec({"name": "w", "model": {"class_path": "m:M"},
-                     "data": {"train": {"uri": "s3://b/train"}}})  # fmt: skip
+    job = load_spec(
+        {"name": "w", "model": {"class_path": "m:M"}, "data": {"train": {"uri": "s3://b/train"}}}
+    )
     notes = jobs_client._warnings(job, {name: value, "LOG_LEVEL": "info"})
     assert any(n.startswith(f"--env {name}:") for n in notes), notes
     assert not any("LOG_LEVEL" in n for n in notes)
@@ -271,26 +320,37 @@ def test_credentials_in_env_are_warned_about(name: str, value: str) -> None:
 def test_credentials_in_overrides_and_the_spec_are_warned_about() -> None:
     from raytrain.spec import load_spec
 
-    overrides = ["model.init_args.hf_token=abc", "model.init_args.lr=0.1",
-                 "model.init_args.mirror=https://u:pw@hub.example.com"]  # fmt: skip
-    job = load_spec({"name": "w", "model": {"class_path": "m:M"},
-                     "data": {"train": {"uri": "s3://b/train"}}}, overrides)  # fmt: skip
+    overrides = [
+        "model.init_args.hf_token=abc",
+        "model.init_args.lr=0.1",
+        "model.init_args.mirror=https://u:pw@hub.example.com",
+    ]
+    job = load_spec(
+        {"name": "w", "model": {"class_path": "m:M"}, "data": {"train": {"uri": "s3://b/train"}}},
+        overrides,
+    )
     notes = jobs_client._warnings(job, {}, overrides)
     assert any(n.startswith("override model.init_args.hf_token:") for n in notes), notes
     assert any(n.startswith("override model.init_args.mirror:") for n in notes), notes
     assert not any("init_args.lr" in n for n in notes)
-    assert any(n.startswith("model.init_args.hf_token, model.init_args.mirror: credential-like")
-               for n in notes), notes  # fmt: skip
+    assert any(
+        n.startswith("model.init_args.hf_token, model.init_args.mirror: credential-like")
+        for n in notes
+    ), notes
     assert not any("abc" in n or "pw@" in n for n in notes)
 
 
 def test_plain_env_is_not_warned_about() -> None:
     from raytrain.spec import load_spec
 
-    job = load_spec({"name": "w", "model": {"class_path": "m:M"},
-                     "data": {"train": {"uri": "s3://b/train"}}})  # fmt: skip
-    env = {"MLFLOW_TRACKING_URI": "https://mlflow.example.com", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "4"}  # fmt: skip
+    job = load_spec(
+        {"name": "w", "model": {"class_path": "m:M"}, "data": {"train": {"uri": "s3://b/train"}}}
+    )
+    env = {
+        "MLFLOW_TRACKING_URI": "https://mlflow.example.com",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "4",
+    }
     assert not any(n.startswith("--env") for n in jobs_client._warnings(job, env))
 
 

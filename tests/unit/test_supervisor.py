@@ -102,8 +102,14 @@ def test_classify_resubmits_only_what_the_cluster_lost(
 
 
 def test_a_user_code_verdict_says_so_with_the_drivers_error() -> None:
-    end = JobEnd("FAILED", CMD_ERROR, 1, record_state="failed", record_failure="workers",
-                 record_error="training failed on rank 0: ValueError: boom")  # fmt: skip
+    end = JobEnd(
+        "FAILED",
+        CMD_ERROR,
+        1,
+        record_state="failed",
+        record_failure="workers",
+        record_error="training failed on rank 0: ValueError: boom",
+    )
     assert classify(end).reason.startswith("user code")
     assert "ValueError: boom" in classify(end).reason
 
@@ -131,7 +137,8 @@ def test_the_driver_records_the_kind_of_its_failure() -> None:
     assert failure_kind(TrainingFailed([died, preempted])) == "infrastructure"
     # one rank's own exception makes it the user's code, whatever else died with it
     assert failure_kind(TrainingFailed([died, "training failed on rank 0: KeyError: 'x'"])) == (
-        "workers")  # fmt: skip
+        "workers"
+    )
     spent = "training failed on rank 0: LossSpikeLimitError: the loss spiked again"
     assert failure_kind(TrainingFailed(spent)) == "spike_limit"
     assert failure_kind(SpecError("model: no such class")) == "bad_input"
@@ -146,8 +153,10 @@ def test_the_policy_backs_off_doubling_to_a_cap_within_its_budget() -> None:
     assert not ResubmitPolicy(max_resubmits=0).allows(0)
 
 
-@pytest.mark.parametrize(("kwargs", "flag"), [({"max_resubmits": -1}, "--max-resubmits -1"),
-                                               ({"head_wait_s": 0}, "--head-wait 0")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "flag"),
+    [({"max_resubmits": -1}, "--max-resubmits -1"), ({"head_wait_s": 0}, "--head-wait 0")],
+)
 def test_a_bad_budget_is_bad_input_naming_its_flag(kwargs: dict[str, Any], flag: str) -> None:
     with pytest.raises(SupervisionError, match=flag) as caught:
         ResubmitPolicy(**kwargs)
@@ -157,8 +166,17 @@ def test_a_bad_budget_is_bad_input_naming_its_flag(kwargs: dict[str, Any], flag:
 def test_the_cli_refuses_a_negative_budget_without_a_traceback(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(["submit", "spec.yaml", "--address", "http://127.0.0.1:1", "--supervise",
-                 "--max-resubmits", "-1"])  # fmt: skip
+    code = main(
+        [
+            "submit",
+            "spec.yaml",
+            "--address",
+            "http://127.0.0.1:1",
+            "--supervise",
+            "--max-resubmits",
+            "-1",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "--max-resubmits -1: must be 0 or more" in err
     assert "Traceback" not in err
@@ -187,8 +205,13 @@ class FakeJob:
 
 
 def details(status: str, code: int | None = None, error_type: str | None = None) -> Any:
-    return SimpleNamespace(status=SimpleNamespace(value=status), driver_exit_code=code,
-                           error_type=error_type, message="", start_time=None)  # fmt: skip
+    return SimpleNamespace(
+        status=SimpleNamespace(value=status),
+        driver_exit_code=code,
+        error_type=error_type,
+        message="",
+        start_time=None,
+    )
 
 
 class Clock:
@@ -212,8 +235,7 @@ def _supervisor(submissions: list[Any], policy: ResubmitPolicy, clock: Clock, sa
             raise item
         return item
 
-    return Supervisor(submit, policy, poll_s=1, sleep=clock.sleep, clock=clock,
-                      say=said.append)  # fmt: skip
+    return Supervisor(submit, policy, poll_s=1, sleep=clock.sleep, clock=clock, say=said.append)
 
 
 def test_a_job_lost_with_its_head_is_resubmitted_once_the_head_answers() -> None:
@@ -225,8 +247,10 @@ def test_a_job_lost_with_its_head_is_resubmitted_once_the_head_answers() -> None
     story = sup.run(first)  # type: ignore[arg-type]
     assert story.job_ids == ["a", "b"] and story.resubmits == 1
     resubmitted = [line for line in said if line.startswith("resubmitted")]
-    assert resubmitted == ["resubmitted job a as b (1 of 3): the head does not know the job: "
-                           "it was restarted without it"]  # fmt: skip
+    assert resubmitted == [
+        "resubmitted job a as b (1 of 3): the head does not know the job: "
+        "it was restarted without it"
+    ]
 
 
 def test_a_failure_in_user_code_is_not_resubmitted() -> None:

@@ -59,8 +59,14 @@ def test_a_distribution_with_bad_bounds_is_refused_naming_it(
 def test_the_sections_own_checks(digits_dir: Path, tmp_path: Path) -> None:
     fifo = _problems(_sweep(digits_dir, tmp_path, scheduler={"name": "fifo", "max_t": 3}))
     assert any("max_t: only for name: asha" in p for p in fifo), fifo
-    optuna = _problems(_sweep(digits_dir, tmp_path, search_alg="optuna",
-                              search_space={"data.batch_size": {"grid": [16, 32]}}))  # fmt: skip
+    optuna = _problems(
+        _sweep(
+            digits_dir,
+            tmp_path,
+            search_alg="optuna",
+            search_space={"data.batch_size": {"grid": [16, 32]}},
+        )
+    )
     assert any("search_alg: optuna" in p and "grid" in p for p in optuna), optuna
     missing = _problems({**_sweep(digits_dir, tmp_path), "tune": {"search_space": SPACE}})
     required = {f"tune.{k}: required field is missing" for k in ("metric", "mode")}
@@ -91,8 +97,11 @@ def test_every_value_a_trial_can_get_is_checked_against_the_spec(
 
 
 def test_a_space_the_spec_takes_has_no_problems(digits_dir: Path, tmp_path: Path) -> None:
-    space = {**SPACE, "data.batch_size": {"grid": [16, 64]},
-             "trainer.max_epochs": {"randint": [1, 4]}}  # fmt: skip
+    space = {
+        **SPACE,
+        "data.batch_size": {"grid": [16, 64]},
+        "trainer.max_epochs": {"randint": [1, 4]},
+    }
     assert check_space(load_spec(_sweep(digits_dir, tmp_path, search_space=space))) == []
 
 
@@ -100,37 +109,73 @@ def test_a_space_the_spec_takes_has_no_problems(digits_dir: Path, tmp_path: Path
     ("tune", "expected"),
     [
         # Ray Tune's own rules for ASHA (its scheduler asserts them, after Ray started)
-        ({"scheduler": {"name": "asha", "grace_period": 3, "max_t": 2}},
-         "tune.scheduler: grace_period (3) is above max_t (2)"),
-        ({"scheduler": {"name": "asha", "grace_period": 3}},  # max_t: trainer.max_epochs, 2
-         "tune.scheduler.grace_period: 3 is above max_t (2, trainer.max_epochs)"),
-        ({"scheduler": {"name": "asha", "max_t": 5}},
-         "tune.scheduler.max_t: 5 is above trainer.max_epochs (2)"),
-        ({"scheduler": {"name": "asha", "reduction_factor": 1.0000001}},
-         "tune.scheduler.reduction_factor: 1.0000001 is below 1.5: each rung"),
-        ({"scheduler": {"name": "asha", "time_attr": "step", "max_t": 10**9,
-                        "reduction_factor": 1.5}},
-         "tune.scheduler.max_t: 1000000000 is above trainer.max_steps"),
+        (
+            {"scheduler": {"name": "asha", "grace_period": 3, "max_t": 2}},
+            "tune.scheduler: grace_period (3) is above max_t (2)",
+        ),
+        (
+            {"scheduler": {"name": "asha", "grace_period": 3}},  # max_t: trainer.max_epochs, 2
+            "tune.scheduler.grace_period: 3 is above max_t (2, trainer.max_epochs)",
+        ),
+        (
+            {"scheduler": {"name": "asha", "max_t": 5}},
+            "tune.scheduler.max_t: 5 is above trainer.max_epochs (2)",
+        ),
+        (
+            {"scheduler": {"name": "asha", "reduction_factor": 1.0000001}},
+            "tune.scheduler.reduction_factor: 1.0000001 is below 1.5: each rung",
+        ),
+        (
+            {
+                "scheduler": {
+                    "name": "asha",
+                    "time_attr": "step",
+                    "max_t": 10**9,
+                    "reduction_factor": 1.5,
+                }
+            },
+            "tune.scheduler.max_t: 1000000000 is above trainer.max_steps",
+        ),
         # ranges Tune can draw from, listed values a trial can train with
-        ({"search_space": {"model.init_args.lr": {"uniform": [-1e308, 1e308]}}},
-         "uniform: [-1e+308, 1e+308] is wider than a float holds"),
-        ({"search_space": {"trainer.seed": {"randint": [0, 2**64]}}},
-         "randint: [0, 18446744073709551616] is outside the 64-bit integers"),
-        ({"search_space": {"model.init_args.lr": {"choice": [0.1, float("nan")]}}},
-         "tune.search_space.model.init_args.lr: choice: nan is not a finite"),
-        ({"search_space": {"model.init_args": {"grid": [{"lr": [1, float("-inf")]}]}}},
-         "grid: {'lr': [1, -inf]} holds -inf, which is not a finite number"),
+        (
+            {"search_space": {"model.init_args.lr": {"uniform": [-1e308, 1e308]}}},
+            "uniform: [-1e+308, 1e+308] is wider than a float holds",
+        ),
+        (
+            {"search_space": {"trainer.seed": {"randint": [0, 2**64]}}},
+            "randint: [0, 18446744073709551616] is outside the 64-bit integers",
+        ),
+        (
+            {"search_space": {"model.init_args.lr": {"choice": [0.1, float("nan")]}}},
+            "tune.search_space.model.init_args.lr: choice: nan is not a finite",
+        ),
+        (
+            {"search_space": {"model.init_args": {"grid": [{"lr": [1, float("-inf")]}]}}},
+            "grid: {'lr': [1, -inf]} holds -inf, which is not a finite number",
+        ),
         # the trials a sweep runs, and the values it lists, counted with the grids
-        ({"num_samples": 2, "search_space": {"a": {"grid": list(range(100))},
-                                             "b": {"grid": list(range(100))}}},
-         "tune: num_samples: 2 x the grids' 100 x 100 combinations is 20,000"),
-        ({"search_space": {"a": {"choice": list(range(6000))},
-                           "b": {"choice": list(range(6000))}}},
-         "tune: search_space lists 12,000 values in all, more than the limit"),
-        ({"search_space": {"a": {"choice": list(range(10_001))}}},
-         "choice: 10,001 values, more than the limit of 10,000"),
+        (
+            {
+                "num_samples": 2,
+                "search_space": {"a": {"grid": list(range(100))}, "b": {"grid": list(range(100))}},
+            },
+            "tune: num_samples: 2 x the grids' 100 x 100 combinations is 20,000",
+        ),
+        (
+            {
+                "search_space": {
+                    "a": {"choice": list(range(6000))},
+                    "b": {"choice": list(range(6000))},
+                }
+            },
+            "tune: search_space lists 12,000 values in all, more than the limit",
+        ),
+        (
+            {"search_space": {"a": {"choice": list(range(10_001))}}},
+            "choice: 10,001 values, more than the limit of 10,000",
+        ),
     ],
-)  # fmt: skip
+)
 def test_sweep_settings_ray_tune_refuses_are_refused_before_ray(
     digits_dir: Path, tmp_path: Path, tune: dict[str, Any], expected: str
 ) -> None:
@@ -152,12 +197,17 @@ def test_asha_settings_within_the_trainers_limits_pass(digits_dir: Path, tmp_pat
     for scheduler in fits:
         assert check_space(load_spec(_sweep(digits_dir, tmp_path, scheduler=scheduler))) == []
     # max_t up to the largest max_epochs a trial can get, when the sweep samples it
-    sampled = _sweep(digits_dir, tmp_path, scheduler={"name": "asha", "max_t": 6},
-                     search_space={"trainer.max_epochs": {"randint": [1, 7]}})  # fmt: skip
+    sampled = _sweep(
+        digits_dir,
+        tmp_path,
+        scheduler={"name": "asha", "max_t": 6},
+        search_space={"trainer.max_epochs": {"randint": [1, 7]}},
+    )
     assert check_space(load_spec(sampled)) == []
     # Ray's own count of rungs is the one checked: 1 to 2**31 steps at 2 is 32 rungs
-    many = _sweep(digits_dir, tmp_path, scheduler={"name": "asha", "time_attr": "step",
-                                                   "reduction_factor": 2})  # fmt: skip
+    many = _sweep(
+        digits_dir, tmp_path, scheduler={"name": "asha", "time_attr": "step", "reduction_factor": 2}
+    )
     many["trainer"]["max_steps"] = 2**31
     assert check_space(load_spec(many)) == []
     many["trainer"]["max_steps"] = 2**32
@@ -171,23 +221,37 @@ def test_rung_count_is_rays(digits_dir: Path, tmp_path: Path) -> None:
     chosen = load_spec(_sweep(digits_dir, tmp_path, scheduler={"name": "asha"})).tune
     assert chosen is not None
     for grace, max_t, factor in [(1, 4, 2), (1, 100, 1.5), (3, 1000, 3), (7, 7, 4)]:
-        schedule = chosen.scheduler.model_copy(update={"grace_period": grace,
-                                                       "reduction_factor": factor})  # fmt: skip
+        schedule = chosen.scheduler.model_copy(
+            update={"grace_period": grace, "reduction_factor": factor}
+        )
         assert schedule.rungs(max_t) == len(_Bracket(grace, max_t, factor, 0)._rungs)
 
 
 @pytest.mark.parametrize(
     "key",
-    ["name", "tune", "tune.metric", "checkpoint", "checkpoint.storage", "checkpoint.keep",
-     "tracking", "tracking.mlflow", "tracking.mlflow.tracking_uri",
-     "tracking.mlflow.experiment", "tracking.mlflow.tags", "tracking.mlflow.tags.team"],
-)  # fmt: skip
+    [
+        "name",
+        "tune",
+        "tune.metric",
+        "checkpoint",
+        "checkpoint.storage",
+        "checkpoint.keep",
+        "tracking",
+        "tracking.mlflow",
+        "tracking.mlflow.tracking_uri",
+        "tracking.mlflow.experiment",
+        "tracking.mlflow.tags",
+        "tracking.mlflow.tags.team",
+    ],
+)
 def test_a_field_every_trial_sets_is_refused_naming_it(
     digits_dir: Path, tmp_path: Path, key: str
 ) -> None:
     problems = _problems(_sweep(digits_dir, tmp_path, search_space={key: {"choice": ["x"]}}))
-    assert any(p.startswith("tune.search_space: ") and f"{key!r}: a sweep may not sample it"
-               in p for p in problems), problems  # fmt: skip
+    assert any(
+        p.startswith("tune.search_space: ") and f"{key!r}: a sweep may not sample it" in p
+        for p in problems
+    ), problems
 
 
 def test_the_refused_fields_are_the_ones_a_trial_sets(digits_dir: Path, tmp_path: Path) -> None:
@@ -213,8 +277,10 @@ def test_each_value_is_checked_in_microseconds_not_a_spec_parse_each(
     sizes = [*range(1, 9_999), 2.0, 0]  # ints, a float, and 0 (refused) last
     tree = _sweep(digits_dir, tmp_path, search_space={"data.batch_size": {"choice": sizes}})
     (line,) = check_space(load_spec(tree))
-    expected = ("tune.search_space.data.batch_size: 0 is not a value the spec takes: "
-                "data.batch_size: Input should be greater than")  # fmt: skip
+    expected = (
+        "tune.search_space.data.batch_size: 0 is not a value the spec takes: "
+        "data.batch_size: Input should be greater than"
+    )
     assert line.startswith(expected), line
     assert len(parses) == 2  # 1 (an int) and 2.0 (a float)
 
@@ -222,18 +288,29 @@ def test_each_value_is_checked_in_microseconds_not_a_spec_parse_each(
 @pytest.mark.parametrize(
     ("key", "value"),
     [
-        ("trainer.max_epochs", 0), ("trainer.max_epochs", True), ("trainer.max_epochs", 3),
-        ("trainer.precision", "bogus"), ("trainer.precision", "bf16-mixed"),
-        ("trainer.gradient_clip_val", float("nan")), ("trainer.epochs", 2),
-        ("data.train.uri", "file://host/x"), ("data.train.uri", "/data/y"),
-        ("data.val", None), ("data.val.uri", "/v"), ("data.columns", []),
-        ("scaling.num_workers", [1, 2]), ("scaling.num_workers", 0),
-        ("scaling.resources_per_worker.CPU", -1), ("model.class_path.x", 1),
-        ("model.init_args.lr", 0.5), ("model.init_args", {"lr": "x"}),
+        ("trainer.max_epochs", 0),
+        ("trainer.max_epochs", True),
+        ("trainer.max_epochs", 3),
+        ("trainer.precision", "bogus"),
+        ("trainer.precision", "bf16-mixed"),
+        ("trainer.gradient_clip_val", float("nan")),
+        ("trainer.epochs", 2),
+        ("data.train.uri", "file://host/x"),
+        ("data.train.uri", "/data/y"),
+        ("data.val", None),
+        ("data.val.uri", "/v"),
+        ("data.columns", []),
+        ("scaling.num_workers", [1, 2]),
+        ("scaling.num_workers", 0),
+        ("scaling.resources_per_worker.CPU", -1),
+        ("model.class_path.x", 1),
+        ("model.init_args.lr", 0.5),
+        ("model.init_args", {"lr": "x"}),
         ("lr_scheduler", {"class_path": "torch.optim.lr_scheduler.StepLR"}),  # no optimizer
-        ("storage.s3.endpoint_url", "http://user:pw@h:9000"), ("ckpt_path", "file://h/c"),
+        ("storage.s3.endpoint_url", "http://user:pw@h:9000"),
+        ("ckpt_path", "file://h/c"),
     ],
-)  # fmt: skip
+)
 def test_checking_the_section_finds_what_parsing_the_whole_spec_finds(
     digits_dir: Path, tmp_path: Path, key: str, value: Any
 ) -> None:
@@ -257,8 +334,11 @@ def test_listed_values_reach_tune_as_indices_and_trials_as_values(
     from raytrain.sweep.space import listed_values, param_space, values_of
 
     signed = "s3://b/train?X-Amz-Signature=0123abcd"
-    space = {"data.train.uri": {"choice": [signed, "/data/b"]},
-             "data.batch_size": {"grid": [8, 16]}, **SPACE}  # fmt: skip
+    space = {
+        "data.train.uri": {"choice": [signed, "/data/b"]},
+        "data.batch_size": {"grid": [8, 16]},
+        **SPACE,
+    }
     sweep = load_spec(_sweep(digits_dir, tmp_path, search_space=space)).tune
     assert sweep is not None
     samplers = param_space(sweep)
@@ -267,14 +347,25 @@ def test_listed_values_reach_tune_as_indices_and_trials_as_values(
     assert signed not in repr(samplers)
     config = {"data.train.uri": 0, "data.batch_size": 1, "model.init_args.lr": 0.01}
     assert values_of(config, listed_values(sweep)) == {
-        "data.train.uri": signed, "data.batch_size": 16, "model.init_args.lr": 0.01}  # fmt: skip
+        "data.train.uri": signed,
+        "data.batch_size": 16,
+        "model.init_args.lr": 0.01,
+    }
 
 
 def _plan(tmp_path: Path, base: dict[str, Any]) -> TrialPlan:
-    return TrialPlan(base=base, sweep="lr-sweep", trials_storage=str(tmp_path / "trials"),
-                     tracking_uri="sqlite:///x.db", experiment="digits", parent_run_id="p123",
-                     metric="val_acc", mode="max", time_attr="epoch",
-                     cwd=str(tmp_path))  # fmt: skip
+    return TrialPlan(
+        base=base,
+        sweep="lr-sweep",
+        trials_storage=str(tmp_path / "trials"),
+        tracking_uri="sqlite:///x.db",
+        experiment="digits",
+        parent_run_id="p123",
+        metric="val_acc",
+        mode="max",
+        time_attr="epoch",
+        cwd=str(tmp_path),
+    )
 
 
 def test_a_trial_is_the_spec_with_its_values_its_folder_and_its_parent_run(
@@ -318,8 +409,9 @@ def test_a_metric_no_trial_reports_stops_the_trial_naming_what_is_reported() -> 
         reporter({"step": 23, "epoch": 0, MONITOR_MISSING: ["val_acc", "val_loss"]})
     error = caught.value.error
     assert isinstance(error, SpecError)
-    assert str(error) == ("tune.metric: 'val_accuracy' is not reported by the trials (they "
-                          "report: val_acc, val_loss)")  # fmt: skip
+    assert str(error) == (
+        "tune.metric: 'val_accuracy' is not reported by the trials (they report: val_acc, val_loss)"
+    )
 
 
 def test_a_report_after_the_scheduler_stopped_the_trial_ends_the_run() -> None:
@@ -351,20 +443,42 @@ def test_the_driver_closes_each_unfinished_trials_run_with_how_it_ended(
     ids = {name: client.create_run(experiment).info.run_id for name in ("done", "asha", "bad")}
     client.set_terminated(ids["done"], "FINISHED")
     rows = [
-        TrialRow(name="done", status="finished", values={}, metrics={"val_acc": 0.9},
-                 epochs=3, mlflow_run_id=ids["done"]),
-        TrialRow(name="asha", status="stopped", values={}, metrics={"val_acc": 0.4},
-                 epochs=1, mlflow_run_id=ids["asha"]),
-        TrialRow(name="bad", status="error", values={}, metrics={}, epochs=0,
-                 mlflow_run_id=ids["bad"], error="ValueError: lr"),
+        TrialRow(
+            name="done",
+            status="finished",
+            values={},
+            metrics={"val_acc": 0.9},
+            epochs=3,
+            mlflow_run_id=ids["done"],
+        ),
+        TrialRow(
+            name="asha",
+            status="stopped",
+            values={},
+            metrics={"val_acc": 0.4},
+            epochs=1,
+            mlflow_run_id=ids["asha"],
+        ),
+        TrialRow(
+            name="bad",
+            status="error",
+            values={},
+            metrics={},
+            epochs=0,
+            mlflow_run_id=ids["bad"],
+            error="ValueError: lr",
+        ),
         TrialRow(name="never", status="error", values={}, metrics={}, epochs=0),
-    ]  # fmt: skip
+    ]
     sweep = load_spec(_sweep(digits_dir, tmp_path, scheduler={"name": "asha"})).tune
     assert sweep is not None
     _close_trials(rows, uri, sweep)
     runs = {name: client.get_run(run_id) for name, run_id in ids.items()}
     assert {name: run.info.status for name, run in runs.items()} == {
-        "done": "FINISHED", "asha": "FINISHED", "bad": "FAILED"}  # fmt: skip
+        "done": "FINISHED",
+        "asha": "FINISHED",
+        "bad": "FAILED",
+    }
     assert runs["asha"].data.tags["raytrain.stopped"].startswith("asha: stopped after 1 epoch")
     assert "val_acc 0.4" in runs["asha"].data.tags["raytrain.stopped"]
     assert "ValueError: lr" in runs["bad"].data.tags["raytrain.error"]
@@ -381,7 +495,11 @@ def test_the_best_trial_is_by_metric_and_mode_and_trials_without_it_rank_last() 
     assert best_of(rows, "val_loss", "min").name == "c"
     assert best_of(rows, "val_loss", "max").name == "d"
     assert [r.name for r in sorted(rows, key=lambda r: rank_key(r, "val_loss", "min"))] == [
-        "c", "a", "d", "b"]  # fmt: skip
+        "c",
+        "a",
+        "d",
+        "b",
+    ]
     assert best_of([_row("x", None)], "val_loss", "min") is None
 
 
@@ -392,11 +510,22 @@ def test_trials_of_equal_score_are_listed_in_one_order_by_the_summary_and_the_re
     from raytrain.tracking.report import sweep_table
 
     rows = [_row("t-002", 0.5), _row("t-000", 0.2), _row("t-001", 0.5), _row("t-003", None)]
-    result = SweepResult(name="t", metric="val_loss", mode="min", best=None, best_spec_path=None,
-                         best_checkpoint_uri=None, trials=rows, mlflow_run_id="0",
-                         tracking_uri="", sweep_dir="")  # fmt: skip
-    runs = [{"name": r.name, "status": "FINISHED", "run_id": "0" * 8, "tags": {},
-             "metrics": r.metrics} for r in reversed(rows)]  # fmt: skip
+    result = SweepResult(
+        name="t",
+        metric="val_loss",
+        mode="min",
+        best=None,
+        best_spec_path=None,
+        best_checkpoint_uri=None,
+        trials=rows,
+        mlflow_run_id="0",
+        tracking_uri="",
+        sweep_dir="",
+    )
+    runs = [
+        {"name": r.name, "status": "FINISHED", "run_id": "0" * 8, "tags": {}, "metrics": r.metrics}
+        for r in reversed(rows)
+    ]
     _, report = sweep_table(runs, "val_loss", "min")
     order = ["t-000", "t-001", "t-002", "t-003"]
     assert [row["trial"] for row in result.table()] == order
@@ -415,8 +544,9 @@ def test_optunas_tpe_draws_every_trial_inside_the_space_and_repeats_with_its_see
         "trainer.accumulate_grad_batches": {"randint": [1, 4]},
         "data.batch_size": {"choice": [16, 32]},
     }
-    sweep = load_spec(_sweep(digits_dir, tmp_path, search_alg="optuna", search_space=space,
-                             seed=7)).tune  # fmt: skip
+    sweep = load_spec(
+        _sweep(digits_dir, tmp_path, search_alg="optuna", search_space=space, seed=7)
+    ).tune
     assert sweep is not None
 
     def draws() -> list[dict[str, Any]]:
@@ -440,8 +570,11 @@ def test_optunas_tpe_draws_every_trial_inside_the_space_and_repeats_with_its_see
 
 # --- a sweep's folder: its own kind, under a lease (issue 33) ---
 
-SMALL = {"search_space": {"data.batch_size": {"choice": [16, 32]}}, "metric": "val_acc",
-         "mode": "max"}  # fmt: skip
+SMALL = {
+    "search_space": {"data.batch_size": {"choice": [16, 32]}},
+    "metric": "val_acc",
+    "mode": "max",
+}
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -449,9 +582,11 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def test_a_sweep_and_a_run_of_one_name_never_share_a_folder_nor_delete_it(
-    digits_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    digits_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     """`raytrain tune copy.yaml --fresh` of a sweep named as a run deleted the run's folder
     (checkpoints and all); `raytrain run` of a sweep's name wrote into the sweep's. Both
     are refused before Ray, exit 2, naming the folder and what it holds; nothing changes."""
@@ -472,18 +607,26 @@ def test_a_sweep_and_a_run_of_one_name_never_share_a_folder_nor_delete_it(
     run_yaml = write_spec(tmp_path / "run.yaml", {**run_tree, "name": "digits-sweep"})
     before = _files(tmp_path)
     cases = [
-        (["tune", str(sweep_yaml)], runstate.run_dir(run_job), "a run (raytrain-run.json), not "
-         "a sweep: a sweep"),
-        (["run", str(run_yaml)], sweep_dir(sweep_job), "a sweep (raytrain-sweep.json), not a "
-         "run: a run"),
-    ]  # fmt: skip
+        (
+            ["tune", str(sweep_yaml)],
+            runstate.run_dir(run_job),
+            "a run (raytrain-run.json), not a sweep: a sweep",
+        ),
+        (
+            ["run", str(run_yaml)],
+            sweep_dir(sweep_job),
+            "a sweep (raytrain-sweep.json), not a run: a run",
+        ),
+    ]
     for argv, folder, holds in cases:
         for flags in (["--fresh"], []):
             assert main([*argv, *flags]) == 2, (argv, flags)
             err = capsys.readouterr().err
-            assert err == (f"error: name: {folder} holds {holds} of this name and "
-                           "checkpoint.storage would write into it, and --fresh would delete "
-                           "it; choose another name or checkpoint.storage\n")  # fmt: skip
+            assert err == (
+                f"error: name: {folder} holds {holds} of this name and "
+                "checkpoint.storage would write into it, and --fresh would delete "
+                "it; choose another name or checkpoint.storage\n"
+            )
     assert _files(tmp_path) == before
 
 
@@ -504,8 +647,9 @@ def test_a_sweeps_own_folder_is_what_fresh_deletes_saying_so(
     run_folder.delete_own(folder, job.storage, "sweep", held)
     assert sorted(p.name for p in Path(folder).iterdir()) == [LEASE_FILE]  # held still
     held.release()
-    assert capsys.readouterr().err == (f"raytrain: --fresh: deleted {folder}, the sweep's "
-                                       "folder (with its raytrain-sweep.json)\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        f"raytrain: --fresh: deleted {folder}, the sweep's folder (with its raytrain-sweep.json)\n"
+    )
 
 
 def test_a_sweep_holds_a_runs_lease_and_stops_when_another_takes_it(tmp_path: Path) -> None:
@@ -521,8 +665,10 @@ def test_a_sweep_holds_a_runs_lease_and_stops_when_another_takes_it(tmp_path: Pa
     folder = str(tmp_path / "runs" / "lr-sweep")
     first = Lease(folder, kind="sweep").acquire()
     first.on_lost = lambda holder: LOST_LEASES.add(folder)
-    for attempt in (lambda: check_free(folder, kind="sweep"),
-                    lambda: Lease(folder, kind="sweep").acquire()):  # fmt: skip
+    for attempt in (
+        lambda: check_free(folder, kind="sweep"),
+        lambda: Lease(folder, kind="sweep").acquire(),
+    ):
         with pytest.raises(RunStateError, match=r"in use by another sweep: pid \d+ .*--force"):
             attempt()
     kept = pickle.loads(pickle.dumps(MetricGate(folder)))
@@ -542,9 +688,16 @@ def test_the_sweep_plot_draws_dollar_signs_as_written(tmp_path: Path) -> None:
     sweep's end would fail on it otherwise, after every trial ran."""
     from raytrain.sweep.plot import plot_sweep
 
-    rows = [TrialRow(name=f"t-{i}", status="finished", values={"model.init_args.act": v},
-                     metrics={r"$\foo$": 0.5 + i / 10}, epochs=1)
-            for i, v in enumerate([r"$\bar$", "relu"])]  # fmt: skip
+    rows = [
+        TrialRow(
+            name=f"t-{i}",
+            status="finished",
+            values={"model.init_args.act": v},
+            metrics={r"$\foo$": 0.5 + i / 10},
+            epochs=1,
+        )
+        for i, v in enumerate([r"$\bar$", "relu"])
+    ]
     out = tmp_path / "sweep.png"
     assert plot_sweep(rows, r"$\foo$", "max", str(out)) == ["model.init_args.act"]
     assert out.read_bytes().startswith(b"\x89PNG")

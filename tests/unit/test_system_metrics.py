@@ -14,8 +14,9 @@ import torch
 
 from raytrain.worker.system_metrics import PREFIX, SystemMetrics
 
-STEP_TIME, DATA_WAIT, CPU = (f"{PREFIX}{k}" for k in ("step_time_s", "data_wait_fraction",
-                                                      "cpu_percent"))  # fmt: skip
+STEP_TIME, DATA_WAIT, CPU = (
+    f"{PREFIX}{k}" for k in ("step_time_s", "data_wait_fraction", "cpu_percent")
+)
 
 
 class Clock:

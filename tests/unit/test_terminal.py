@@ -15,13 +15,18 @@ from raytrain.tracking.report import text_table
 
 # A window title (OSC 0, BEL-ended), a screen clear, a cursor move up, a carriage return
 # over the line, an OSC 8 link (ST-ended), a C1 CSI, DEL, a bidi override, a NUL.
-HOSTILE = ("\x1b]0;pwned\x07\x1b[2J\x1b[1A\rfake\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\"
-           "\x9b31m\x7f\u202e\x00")  # fmt: skip
+HOSTILE = (
+    "\x1b]0;pwned\x07\x1b[2J\x1b[1A\rfake\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\"
+    "\x9b31m\x7f\u202e\x00"
+)
 
 
 def _no_controls(text: str, keep: str = "") -> None:
-    bad = [c for c in text if (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or c == "\u202e")
-           and c not in keep]  # fmt: skip
+    bad = [
+        c
+        for c in text
+        if (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or c == "\u202e") and c not in keep
+    ]
     assert not bad, (bad, text)
 
 
@@ -60,11 +65,19 @@ def test_the_report_table_escapes_cells_and_aligns_what_is_shown() -> None:
 
 def _hostile_record(root: Path) -> None:
     status = RunStatus(
-        name=f"r{HOSTILE}", state="failed", started_at=1.0, updated_at=2.0,
-        driver=f"h{HOSTILE}:1", restarts=[Restart(at=1.0, step=1, reason=HOSTILE)],
-        error=f"boom{HOSTILE}\nerror: a faked line", val_metrics={f"val{HOSTILE}": 0.5},
-        stopped=HOSTILE, hang=HOSTILE, straggler=HOSTILE, mlflow_run_id=None,
-    )  # fmt: skip
+        name=f"r{HOSTILE}",
+        state="failed",
+        started_at=1.0,
+        updated_at=2.0,
+        driver=f"h{HOSTILE}:1",
+        restarts=[Restart(at=1.0, step=1, reason=HOSTILE)],
+        error=f"boom{HOSTILE}\nerror: a faked line",
+        val_metrics={f"val{HOSTILE}": 0.5},
+        stopped=HOSTILE,
+        hang=HOSTILE,
+        straggler=HOSTILE,
+        mlflow_run_id=None,
+    )
     (root / "r").mkdir(parents=True)
     (root / "r" / STATUS_FILE).write_text(status.to_json())
 

@@ -43,8 +43,10 @@ def write(folder: Path, fmt: str) -> Path:
 def streams(folder: Path, fmt: str, world: int, **kwargs) -> list[ParquetStream]:
     fs = pafs.LocalFileSystem()
     found = plan_text(str(folder), fs, str(folder), fmt)
-    return [ParquetStream(found, fs, ["id", "x"], 16, rank=r, world_size=world, **kwargs)
-            for r in range(world)]  # fmt: skip
+    return [
+        ParquetStream(found, fs, ["id", "x"], 16, rank=r, world_size=world, **kwargs)
+        for r in range(world)
+    ]
 
 
 def ids(stream: ParquetStream) -> list[list[int]]:
@@ -94,8 +96,11 @@ def test_a_csv_row_with_the_wrong_field_count_is_named_with_its_file(tmp_path: P
     folder = write(tmp_path / "t", "csv")
     bad = folder / "part-1.csv"
     bad.write_text(bad.read_text().replace("\n120,120\n", "\n120,120,7\n"))
-    with pytest.raises(BadRows, match=r"part-1\.csv, line 22: CSV parse error: "
-                       r"Expected 2 columns, got 3: 120,120,7"):  # fmt: skip
+    with pytest.raises(
+        BadRows,
+        match=r"part-1\.csv, line 22: CSV parse error: "
+        r"Expected 2 columns, got 3: 120,120,7",
+    ):
         plan_text("t", pafs.LocalFileSystem(), str(folder), "csv")
 
 

@@ -16,14 +16,16 @@ from raytrain.tracking.mlflow_tracker import MlflowTracker, redacted_params
 
 
 def test_params_lose_credentials_and_keep_everything_else() -> None:
-    params = redacted_params({
-        "tracking.mlflow.tracking_uri": "https://alice:s3cret@mlflow.example.com/",
-        "model.init_args.password": "hunter2",
-        "model.init_args.api_key": "k-123",
-        "model.init_args.max_tokens": 512,
-        "model.init_args.lr": 0.002,
-        "data.train.uri": "s3://bucket/train",
-    })  # fmt: skip
+    params = redacted_params(
+        {
+            "tracking.mlflow.tracking_uri": "https://alice:s3cret@mlflow.example.com/",
+            "model.init_args.password": "hunter2",
+            "model.init_args.api_key": "k-123",
+            "model.init_args.max_tokens": 512,
+            "model.init_args.lr": 0.002,
+            "data.train.uri": "s3://bucket/train",
+        }
+    )
     assert params == {
         "tracking.mlflow.tracking_uri": f"https://{REDACTED}@mlflow.example.com/",
         "model.init_args.password": REDACTED,
@@ -46,8 +48,9 @@ def test_the_commit_comes_from_the_checkout_or_from_submit(
     assert git_commit(str(tmp_path)) is None  # not a checkout
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
-                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True
+        ).stdout.strip()
 
     git("init", "-q")
     (tmp_path / "a.txt").write_text("one")
@@ -92,8 +95,7 @@ def test_a_metric_mlflow_refuses_drops_alone_and_is_said_once(
     tracker.log_metrics({"train_loss": 0.4, "data/rows/..": 9, "data/rows/a": 6}, step=2)
     history = tracker.client.get_metric_history(tracker.run_id, "train_loss")
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.4)]
-    assert set(tracker.client.get_run(tracker.run_id).data.metrics) == {"train_loss",
-                                                                         "data/rows/a"}  # fmt: skip
+    assert set(tracker.client.get_run(tracker.run_id).data.metrics) == {"train_loss", "data/rows/a"}
     (line,) = _said(capsys)  # once, not at each step
     assert line.startswith(
         "raytrain: warning: MLflow refused the metric 'data/rows/..', which is not recorded "
@@ -162,7 +164,9 @@ def test_the_end_of_a_run_says_what_its_metrics_lost_and_tags_it(
     assert _said(capsys)[-1] == f"raytrain: warning: {note}"
     assert tags["raytrain.metrics_note"] == note
     run_id, tags = finish("silent")
-    note = (f"MLflow run {run_id} recorded no metrics: no metric was reported (no training "
-            "step ran: see trainer.max_steps, max_epochs, the data)")  # fmt: skip
+    note = (
+        f"MLflow run {run_id} recorded no metrics: no metric was reported (no training "
+        "step ran: see trainer.max_steps, max_epochs, the data)"
+    )
     assert _said(capsys) == [f"raytrain: warning: {note}"]
     assert tags["raytrain.metrics_note"] == note

@@ -33,8 +33,16 @@ def _epoch(loaders: list[Any], epoch: int) -> list[list[Any]]:
 
 
 def _loaders(world: int, **kwargs: Any) -> list[Any]:
-    return [shard(DataLoader(_dataset(), batch_size=4, **kwargs), rank=r, world_size=world,
-                  seed=3, where="Data.train_dataloader") for r in range(world)]  # fmt: skip
+    return [
+        shard(
+            DataLoader(_dataset(), batch_size=4, **kwargs),
+            rank=r,
+            world_size=world,
+            seed=3,
+            where="Data.train_dataloader",
+        )
+        for r in range(world)
+    ]
 
 
 def test_every_sample_once_per_epoch_by_one_rank_in_a_new_order_each_epoch() -> None:
@@ -51,8 +59,9 @@ def test_every_sample_once_per_epoch_by_one_rank_in_a_new_order_each_epoch() -> 
         x, y = per_rank[0][0]
         assert torch.equal(y, x * 10)
     assert orders[0] != orders[1] != orders[2]
-    assert orders == [_ids(r[0]) + _ids(r[1]) for r in (_epoch(_loaders(2, shuffle=True), e)
-                                                      for e in range(3))]  # fmt: skip
+    assert orders == [
+        _ids(r[0]) + _ids(r[1]) for r in (_epoch(_loaders(2, shuffle=True), e) for e in range(3))
+    ]
 
 
 def test_shuffle_false_keeps_the_datasets_order() -> None:
