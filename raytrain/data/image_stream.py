@@ -26,9 +26,10 @@ from typing import Any
 
 from raytrain.contract import ImageSet, StreamedSet
 from raytrain.data.image_files import open_image
-from raytrain.data.loaders import batch_as, epoch_order
+from raytrain.data.order import epoch_order
+from raytrain.data.batch_format import batch_as
 from raytrain.data.parquet_stream import ParquetStream, cut_tables
-from raytrain.data.stream_order import Interval, StreamSchedule
+from raytrain.data.order import Interval, StreamSchedule
 
 FETCH_THREADS = 16  # reads in flight per decoding process
 PREFETCH = 4  # batches each decoding process works ahead

@@ -25,9 +25,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from raytrain.contract import MixedSet
-from raytrain.data.loaders import epoch_seed
+from raytrain.data.order import epoch_seed
 from raytrain.data.parquet_stream import EpochLayout, WindowReader, cut_batches
-from raytrain.data.stream_order import Interval, StreamSchedule
+from raytrain.data.order import Interval, StreamSchedule
 from raytrain.spec.data import label_bytes
 
 CHUNK = 8192  # positions interleaved at a time

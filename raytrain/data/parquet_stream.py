@@ -1,5 +1,5 @@
 """A streamed Parquet split (or CSV, JSON Lines: ``text_blocks``) read by each rank itself: its block of every epoch's order
-(``stream_order``), row group by row group, with pyarrow, reads running ahead in threads.
+(``data.order``), row group by row group, with pyarrow, reads running ahead in threads.
 
 An epoch's order is a function of (seed, epoch) and the files' row-group counts alone, so
 every rank plans the same order without talking to the others, and a restore on any world
@@ -28,8 +28,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from raytrain.contract import StreamedSet
-from raytrain.data.loaders import batch_as, epoch_seed
-from raytrain.data.stream_order import Interval, StreamSchedule
+from raytrain.data.order import epoch_seed
+from raytrain.data.batch_format import batch_as
+from raytrain.data.order import Interval, StreamSchedule
 
 # Windows read ahead of the one being batched, each by a thread of its own: on 2 cores
 # and on 16, two reads in flight kept the batches waiting on none (bench/storage.py).

@@ -34,8 +34,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from raytrain.data.loaders import rows_trained
-from raytrain.data.stream_order import span
+from raytrain.data.order import rows_trained, span
 from raytrain.errors import LossSpikeError, LossSpikeLimitError
 from raytrain.rollback_record import (
     ROLLBACK_KEY,

@@ -30,7 +30,8 @@ from torch.utils.data import (
 )
 
 from raytrain.contract import WorkerConfig
-from raytrain.data.loaders import EpochSchedule, worker_loaders
+from raytrain.data.loaders import worker_loaders
+from raytrain.data.order import EpochSchedule
 from raytrain.lightning_config import UserObjects
 from raytrain.spec import DataSpec, JobSpec
 

@@ -18,7 +18,7 @@ import torch
 import raytrain
 from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
 from raytrain.cli.app import main
-from raytrain.data.loaders import step_slices
+from raytrain.data.order import step_slices
 from tests.conftest import digits_spec
 from tests.image_folders import write_digit_images
 

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 GPT = {"block": 128, "layers": 2, "heads": 2, "dim": 32, "lr": 0.003}
 # The first tp 2 run and the FSDP run train on the same rows: 32 a step, one replica of
 # batch 32 under tp 2, two of 16 under FSDP (the cached set's order is cut into steps of
-# replicas x batch rows, data.loaders.step_slices). The batch stays 32 when the tp run is
+# replicas x batch rows, data.order.step_slices). The batch stays 32 when the tp run is
 # resharded onto 2 replicas: a changed data.batch_size would be another run.
 TP2 = {"name": "model_parallel", "model_parallel": {"tensor_parallel_size": 2}}
 TP1 = {"name": "model_parallel", "model_parallel": {"tensor_parallel_size": 1}}

@@ -23,7 +23,7 @@ import torch
 
 import raytrain
 from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
-from raytrain.data.loaders import step_slices
+from raytrain.data.order import step_slices
 from tests.conftest import digits_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from raytrain.data.loaders import EpochSchedule
+from raytrain.data.order import EpochSchedule
 
 
 class RowIndices(EpochSchedule):

@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from raytrain.data.loaders import CachedBatches, step_slices
+from raytrain.data.loaders import CachedBatches
+from raytrain.data.order import step_slices
 
 ROWS = 103
 

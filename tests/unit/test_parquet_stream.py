@@ -1,4 +1,4 @@
-"""Streamed Parquet splits read by each rank: ``stream_order``'s blocks and
+"""Streamed Parquet splits read by each rank: ``data.order``'s blocks and
 ``ParquetStream``'s batches over real files, every row once per epoch, and restores on
 other world sizes that train exactly the rows left."""
 
@@ -13,8 +13,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from raytrain.data.order import StreamSchedule, rank_block, span
 from raytrain.data.parquet_stream import EpochLayout, ParquetStream, row_groups
-from raytrain.data.stream_order import StreamSchedule, rank_block, span
 
 ROWS = 301  # odd, and not a multiple of any batch or row group size below
 
@@ -191,8 +191,7 @@ def test_a_position_saved_by_the_other_path_resumes_exact_in_count(tmp_path: Pat
 
 
 def test_a_ranks_share_in_closed_form_is_step_slices_cut() -> None:
-    from raytrain.data.loaders import step_slices
-    from raytrain.data.stream_order import rank_share
+    from raytrain.data.order import rank_share, step_slices
 
     for total in range(1, 90):
         for batch in (1, 2, 5, 8):

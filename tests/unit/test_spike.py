@@ -12,8 +12,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from raytrain.data.loaders import EpochSchedule, ShardBatches
-from raytrain.data.stream_order import StreamSchedule
+from raytrain.data.loaders import ShardBatches
+from raytrain.data.order import EpochSchedule, StreamSchedule
 from raytrain.errors import LossSpikeError, LossSpikeLimitError
 from raytrain.rollback_record import read_rollbacks
 from raytrain.spec import SpikeSpec
