@@ -1,11 +1,11 @@
 """raytrain: train PyTorch Lightning modules on Ray, from a job spec.
 
 The public surface: load and validate a spec, train it here (``fit``) or on a cluster
-(``submit``, a ``JobHandle`` to follow it; ``supervise=True`` resubmits a job lost with
-its head or driver, ``SupervisionError`` otherwise), a run's live progress from anywhere
-(``status``, a ``RunStatus``), one embedded Ray for several runs (``start_local``), a set
-of many small files packed into Parquet shards (``pack``, a ``PackSummary``), and the errors
-it may raise.
+(``submit``, a ``JobHandle`` to follow it; ``supervise`` submits, follows and resubmits a
+job lost with its head or driver, ``SupervisionError`` otherwise), a run's live progress
+from anywhere (``status``, a ``RunStatus``), one embedded Ray for several runs
+(``start_local``), a set of many small files packed into Parquet shards (``pack``, a
+``PackSummary``), and the errors it may raise.
 """
 
 from typing import Any
@@ -22,7 +22,7 @@ from raytrain.run_status import RunStatus
 from raytrain.run_status import status_of as status
 from raytrain.spec import JobSpec, load_spec
 from raytrain.submit.client import JobHandle, JobsError, attach, list_jobs, submit
-from raytrain.submit.supervisor import SupervisionError
+from raytrain.submit.supervisor import SupervisionError, supervise
 
 __all__ = [
     "FitResult",
@@ -47,6 +47,7 @@ __all__ = [
     "start_local",
     "status",
     "submit",
+    "supervise",
     "tune",
     "validate",
 ]

@@ -51,6 +51,9 @@ GCS_SECONDS_PER_ATTEMPT = 3.0
 # The largest record ``read_text`` reads: far above any raytrain writes (a snapshot of
 # thousands of checkpoints is a few MB), and a bound on what a damaged or hostile one costs.
 RECORD_MAX_BYTES = 64 * 1024 * 1024
+# Attempts per request where no spec says (``storage.max_attempts``'s default). Nothing
+# here imports the spec at run time: the spec imports this module to check its locations.
+DEFAULT_ATTEMPTS = 3
 
 
 def is_uri(location: str) -> bool:
@@ -112,15 +115,14 @@ def filesystem(location: str, options: StorageSpec | None = None) -> tuple[pafs.
         return pafs.LocalFileSystem(), location
     parsed = urlparse(location)
     scheme, key = parsed.scheme.lower(), parsed.path.lstrip("/")
-    opts = options or _default_options()
     try:
         if scheme in S3_SCHEMES:
-            fs, root = _s3(parsed.netloc, *_s3_settings(opts)), parsed.netloc
+            fs, root = _s3(parsed.netloc, *_s3_settings(options)), parsed.netloc
         elif scheme in GCS_SCHEMES:
-            fs, root = _gcs(*_gcs_settings(opts)), parsed.netloc
+            fs, root = _gcs(*_gcs_settings(options)), parsed.netloc
         elif scheme in AZURE_SCHEMES:
             container, _, host = parsed.netloc.partition("@")
-            fs, root = _azure(*_azure_settings(opts, host)), container
+            fs, root = _azure(*_azure_settings(options, host)), container
         else:
             return pafs.FileSystem.from_uri(location)
     except StorageError:
@@ -130,22 +132,22 @@ def filesystem(location: str, options: StorageSpec | None = None) -> tuple[pafs.
     return fs, posixpath.join(root, key) if key else root
 
 
-def _default_options() -> StorageSpec:
-    from raytrain.spec import StorageSpec
-
-    return StorageSpec()
-
-
-# Each store's settings: the spec's, else the provider's standard variables. They are read
+# Each store's settings: the spec's (None: no spec, its defaults), else the provider's
+# standard variables. They are read
 # on every call (tests and pipelines change the environment) and key the cache of built
 # filesystems, so one filesystem per store and settings is built and reused.
 
 
-def _s3_settings(opts: StorageSpec) -> tuple[int, str | None, str | None]:
+def _attempts(opts: StorageSpec | None) -> int:
+    return opts.max_attempts if opts is not None else DEFAULT_ATTEMPTS
+
+
+def _s3_settings(opts: StorageSpec | None) -> tuple[int, str | None, str | None]:
     env = os.environ.get
-    endpoint = opts.s3.endpoint_url or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL")
-    region = opts.s3.region or env("AWS_REGION") or env("AWS_DEFAULT_REGION")
-    return opts.max_attempts, endpoint or None, region or None
+    s3 = opts.s3 if opts is not None else None
+    endpoint = (s3 and s3.endpoint_url) or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL")
+    region = (s3 and s3.region) or env("AWS_REGION") or env("AWS_DEFAULT_REGION")
+    return _attempts(opts), endpoint or None, region or None
 
 
 @functools.lru_cache(maxsize=32)
@@ -160,11 +162,12 @@ def _s3(bucket: str, attempts: int, endpoint: str | None, region: str | None) ->
     )
 
 
-def _gcs_settings(opts: StorageSpec) -> tuple[int, str | None, str | None, bool]:
-    endpoint = opts.gcs.endpoint_url or os.environ.get("STORAGE_EMULATOR_HOST") or None
+def _gcs_settings(opts: StorageSpec | None) -> tuple[int, str | None, str | None, bool]:
+    gcs = opts.gcs if opts is not None else None
+    endpoint = (gcs and gcs.endpoint_url) or os.environ.get("STORAGE_EMULATOR_HOST") or None
     # An emulator takes no credentials; a private endpoint uses the standard chain.
     anonymous = endpoint is not None and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    return opts.max_attempts, endpoint, opts.gcs.project_id, anonymous
+    return _attempts(opts), endpoint, gcs.project_id if gcs else None, anonymous
 
 
 @functools.lru_cache(maxsize=8)
@@ -182,13 +185,14 @@ def _gcs(
     return pafs.GcsFileSystem(**{k: v for k, v in kwargs.items() if v is not None})
 
 
-def _azure_settings(opts: StorageSpec, host: str) -> tuple[str, str | None, str | None]:
+def _azure_settings(opts: StorageSpec | None, host: str) -> tuple[str, str | None, str | None]:
     env = os.environ.get
+    azure = opts.azure if opts is not None else None
     conn = _connection_string(env("AZURE_STORAGE_CONNECTION_STRING"))
     uri_account = host.split(".", 1)[0] if host.endswith(".core.windows.net") else None
     account = (
         uri_account
-        or opts.azure.account_name
+        or (azure and azure.account_name)
         or env("AZURE_STORAGE_ACCOUNT_NAME")
         or conn.get("AccountName")
     )
@@ -198,7 +202,7 @@ def _azure_settings(opts: StorageSpec, host: str) -> tuple[str, str | None, str 
             "path, storage.azure.account_name, or AZURE_STORAGE_ACCOUNT_NAME"
         )
     key = env("AZURE_STORAGE_ACCOUNT_KEY") or env("AZURE_STORAGE_KEY") or conn.get("AccountKey")
-    endpoint = opts.azure.endpoint_url or conn.get("BlobEndpoint")
+    endpoint = (azure and azure.endpoint_url) or conn.get("BlobEndpoint")
     return account, key or None, endpoint or None
 
 

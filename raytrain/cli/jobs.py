@@ -136,7 +136,7 @@ def _supervise(args: argparse.Namespace) -> int:
     """``submit --supervise``: the first job's id on stdout, then follow it and its
     resubmissions to the end; ``SupervisionError`` (exit 1, 2 or 3) when it did not end in
     success."""
-    from raytrain.submit.supervisor import SupervisionError
+    from raytrain.submit.supervisor import SupervisionError, supervise
 
     if args.follow:
         raise jobs_client.JobsError(
@@ -144,11 +144,10 @@ def _supervise(args: argparse.Namespace) -> int:
             "`raytrain logs JOB_ID --follow`, job by job"
         )
     try:
-        handle = jobs_client.submit(
+        handle = supervise(
             args.spec,
             args.overrides,
             **_submit_options(args),
-            supervise=True,
             **{key: value for _, key, value in _supervise_flags(args) if value is not None},
         )
     except SupervisionError as exc:
@@ -160,8 +159,8 @@ def _supervise(args: argparse.Namespace) -> int:
 
 
 def _supervise_flags(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
-    """``submit(supervise=True)``'s keyword arguments from their flags: (flag, keyword,
-    value), the value None where not given (``submit``'s defaults apply)."""
+    """``supervise``'s own keyword arguments from their flags: (flag, keyword, value), the
+    value None where not given (``supervise``'s defaults apply)."""
     return [
         ("--max-resubmits", "max_resubmits", args.max_resubmits),
         ("--head-wait", "head_wait_s", args.head_wait),

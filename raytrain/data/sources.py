@@ -305,9 +305,8 @@ def check_shardable(spec: JobSpec, name: str, source: SourceSpec) -> None:
     """Refuse a split streamed by Ray Data under tensor parallelism: Ray Train splits it
     into one shard per worker, but the ranks of a tensor-parallel group must read the same
     rows (raytrain's own loaders shard by replica, ``worker.strategy.data_rank``)."""
-    from raytrain.worker.strategy import tensor_parallel_size
 
-    tp = tensor_parallel_size(spec)
+    tp = spec.strategy.tensor_parallel_size
     if tp == 1:
         return
     from raytrain.errors import SpecError

@@ -17,7 +17,6 @@ from raytrain.driver import source_check
 from raytrain.errors import SpecError
 from raytrain.imports import OLD_NAMESPACE_HINT, import_object, old_namespace
 from raytrain.spec import JobSpec, StorageSpec
-from raytrain.worker.strategy import needs_configure_model
 
 
 def check_model_located(spec: JobSpec) -> list[str]:
@@ -28,7 +27,7 @@ def check_model_located(spec: JobSpec) -> list[str]:
         return [f"model.class_path: {problem}"]
     if source_check.binds(spec.model.class_path) is False:
         return check_model(spec)  # the source does not bind it: confirm by importing
-    if needs_configure_model(spec):
+    if spec.strategy.needs_configure_model:
         module, _, name = spec.model.class_path.partition(":")
         defined = source_check.defines_method(module, name, "configure_model")
         if defined is False:
@@ -70,7 +69,10 @@ def check_model(spec: JobSpec) -> list[str]:
     # the model's arguments, by LightningCLI's parser (done before Ray when it names more)
     needs = lightning_config.needs_lightning(spec)
     problems = [] if needs else lightning_config.config_problems(spec)
-    if needs_configure_model(spec) and cls.configure_model is pl.LightningModule.configure_model:
+    if (
+        spec.strategy.needs_configure_model
+        and cls.configure_model is pl.LightningModule.configure_model
+    ):
         problems.append(_NO_CONFIGURE_MODEL.format(path=path))
     return problems
 

@@ -32,6 +32,7 @@ from raytrain.spec.fields import (
     check_name,
     field_problem,
 )
+from raytrain.spec.global_batch import fewest_workers_batch
 from raytrain.spec.model_checkpoint import as_written
 from raytrain.spec.storage_options import StorageSpec
 from raytrain.spec.trainer import TrainerSpec
@@ -203,6 +204,17 @@ class StrategySpec(_Section):
         default_factory=ModelParallelSpec,
         description="Mesh sizes (name: model_parallel).",
     )
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Workers that split each layer between them (and read the same rows): 1 but
+        under the model-parallel strategy."""
+        return self.model_parallel.tensor_parallel_size if self.name == "model_parallel" else 1
+
+    @property
+    def needs_configure_model(self) -> bool:
+        """Whether the strategy leaves sharding the model to its ``configure_model``."""
+        return self.name == "model_parallel"
 
 
 class CheckpointSpec(_Section):
@@ -521,8 +533,6 @@ class JobSpec(_Section):
         workers of a range: bounded as ``trainer.accumulate_grad_batches`` is."""
         if not (self.scaling.keep_global_batch and self.scaling.elastic):
             return self
-        from raytrain.global_batch import fewest_workers_batch
-
         batch = fewest_workers_batch(self)
         if batch.accumulate > MAX_ACCUMULATION:
             low, high = self.scaling.min_workers, self.scaling.max_workers

@@ -12,6 +12,7 @@ from raytrain.spec.fields import (
     _check_endpoint,
     _Section,
 )
+from raytrain.storage import DEFAULT_ATTEMPTS
 
 
 class _EndpointSection(_Section):
@@ -66,7 +67,7 @@ class StorageSpec(_Section):
     gcs: GcsOptions = Field(default_factory=GcsOptions, description="Google Cloud Storage.")
     azure: AzureOptions = Field(default_factory=AzureOptions, description="Azure Blob Storage.")
     max_attempts: int = Field(
-        default=3,
+        default=DEFAULT_ATTEMPTS,
         ge=1,
         le=20,
         description="Attempts per request: transient faults (connection errors, 5xx, "

@@ -132,7 +132,7 @@ class JobHandle:
 
     job_id: str
     server: JobServer
-    # a supervised job's (``submit(supervise=True)``): the ids of the jobs it resubmitted
+    # a supervised job's (``supervisor.supervise``): the ids of the jobs it resubmitted
     earlier: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -314,21 +314,10 @@ def submit(
     warn: bool = True,
     insecure: bool = False,
     include: Sequence[str] = (),
-    supervise: bool = False,
-    max_resubmits: int = 3,
-    head_wait_s: float = 600.0,
 ) -> JobHandle:
     """Submit the job spec at ``spec`` (with dotted ``overrides``) to the cluster at
-    ``address`` and return its handle at once; with ``supervise``, follow it to its end
-    and return the handle of the job that succeeded (``earlier``: the ids of those it
-    resubmitted).
-
-    ``supervise``: a job lost to the cluster (its driver died, its head went and came back
-    without it) is submitted again, the same spec and overrides, once the head's job server
-    answers (waited for up to ``head_wait_s`` seconds, with backoff), at most
-    ``max_resubmits`` times; the run resumes from its last committed checkpoint. A failure
-    of the run itself (user code, NaN, bad input) is not; any end but success raises
-    ``supervisor.SupervisionError``, whose ``exit_code`` says which kind.
+    ``address`` and return its handle at once (``supervisor.supervise`` follows it to its
+    end and submits it again when the cluster loses it).
 
     ``working_dir`` (uploaded; the spec must be inside it) carries the job's code, raytrain's
     too when it is a raytrain checkout; with ``working_dir=None`` the spec path is taken as
@@ -340,43 +329,6 @@ def submit(
     """
     if job_id is not None:
         check_job_id(job_id, "--job-id")
-    if supervise:
-        from raytrain.submit.supervisor import ResubmitPolicy, Supervisor
-
-        policy = ResubmitPolicy(max_resubmits=max_resubmits, head_wait_s=head_wait_s)
-        overrides = list(overrides)
-        env = dict(env or {})
-
-        def again(resubmit: bool) -> JobHandle:
-            # a resubmission resumes: never --fresh again; --force, as the lost driver's
-            # lease may look live from another host for up to lease.STALE_S
-            return submit(
-                spec,
-                overrides,
-                address=address,
-                token=token,
-                working_dir=working_dir,
-                pip=pip,
-                env=env,
-                job_id=_again_id(job_id) if job_id and resubmit else job_id,
-                fresh=fresh and not resubmit,
-                resume_anyway=resume_anyway,
-                force=force or resubmit,
-                warn=warn and not resubmit,
-                insecure=insecure,
-                include=include,
-            )
-
-        first = again(False)
-        print(
-            printable(f"raytrain: supervising job {first.job_id} on {first.server.address}"),
-            file=sys.stderr,
-            flush=True,
-        )
-        story = Supervisor(again, policy).run(first)
-        assert story.handle is not None
-        story.handle.earlier = tuple(story.job_ids[:-1])
-        return story.handle
     from raytrain.spec import load_spec
 
     overrides = list(overrides)
@@ -480,7 +432,7 @@ class JobMetadata(BaseModel):
             ) from None
 
 
-def _again_id(job_id: str) -> str:
+def again_id(job_id: str) -> str:
     """A resubmission's id: the first's, cut to fit, with a random suffix."""
     suffix = f"-{uuid.uuid4().hex[:6]}"
     return job_id[: JOB_ID_MAX_CHARS - len(suffix)] + suffix

@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raytrain.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, RaytrainError
 from raytrain.redaction import redact
+from raytrain.submit.client import TERMINAL, JobHandle, again_id, submit
 from raytrain.submit.connection import JobsError, JobUnknown, ServerUnreachable, TokenRefused
 from raytrain.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.run_status import RunStatus
-    from raytrain.submit.client import JobHandle
 
 # The supervisor's exit code when it gave up on the cluster: the resubmission budget was
 # spent, or the head did not come back in time. 1 and 2 keep their meaning (the run
@@ -374,8 +375,6 @@ class Supervisor:
 
     def _watch(self, handle: JobHandle) -> JobEnd:
         """Poll the job until it ends, or the head that answers does not know it."""
-        from raytrain.submit.client import TERMINAL
-
         while True:
             try:
                 info = self._until_up(handle.info, f"following job {handle.job_id}")
@@ -423,3 +422,53 @@ def job_end(info: Any, record: RunStatus | None) -> JobEnd:
         record_failure=record.failure if record else None,
         record_error=redact(record.error)[:300] if record and record.error else None,
     )
+
+
+def supervise(
+    spec: str | os.PathLike[str],
+    overrides: Iterable[str] = (),
+    *,
+    max_resubmits: int = 3,
+    head_wait_s: float = 600.0,
+    **options: Any,
+) -> JobHandle:
+    """Submit the job spec at ``spec`` as ``client.submit`` does (``options`` are its
+    keyword arguments), follow it to its end, and return the handle of the job that
+    succeeded (``earlier``: the ids of those it resubmitted).
+
+    A job lost to the cluster (its driver died, its head went and came back without it) is
+    submitted again, the same spec and overrides, once the head's job server answers
+    (waited for up to ``head_wait_s`` seconds, with backoff), at most ``max_resubmits``
+    times; the run resumes from its last committed checkpoint. A failure of the run itself
+    (user code, NaN, bad input) is not; any end but success raises ``SupervisionError``,
+    whose ``exit_code`` says which kind."""
+    policy = ResubmitPolicy(max_resubmits=max_resubmits, head_wait_s=head_wait_s)
+    overrides = list(overrides)
+    options["env"] = dict(options.get("env") or {})
+    job_id = options.pop("job_id", None)
+
+    def again(resubmit: bool) -> JobHandle:
+        # a resubmission resumes: never --fresh again; --force, as the lost driver's lease
+        # may look live from another host for up to lease.STALE_S
+        return submit(
+            spec,
+            overrides,
+            **{
+                **options,
+                "job_id": again_id(job_id) if job_id and resubmit else job_id,
+                "fresh": options.get("fresh", False) and not resubmit,
+                "force": options.get("force", False) or resubmit,
+                "warn": options.get("warn", True) and not resubmit,
+            },
+        )
+
+    first = again(False)
+    print(
+        printable(f"raytrain: supervising job {first.job_id} on {first.server.address}"),
+        file=sys.stderr,
+        flush=True,
+    )
+    story = Supervisor(again, policy).run(first)
+    assert story.handle is not None
+    story.handle.earlier = tuple(story.job_ids[:-1])
+    return story.handle

@@ -36,8 +36,8 @@ import lightning.pytorch as pl
 from raytrain.checkpoints.interval import FIRST_AUTO_STEPS, AutoInterval
 from raytrain.checkpoints.layout import run_dir
 from raytrain.checkpoints.node_slots import keep_scratch_name
-from raytrain.global_batch import GlobalBatch
 from raytrain.spec import JobSpec
+from raytrain.spec.global_batch import GlobalBatch
 from raytrain.worker.accumulation import AccumulationAlignment
 from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
@@ -52,7 +52,6 @@ from raytrain.worker.step_timeline import StepTimeline
 from raytrain.worker.strategy import (
     rank_zero_holds_state,
     shards_checkpoints,
-    tensor_parallel_size,
 )
 from raytrain.worker.system_metrics import SystemMetrics
 
@@ -104,7 +103,7 @@ def build_callbacks(
         startup=startup,
         system=system,
         global_batch=batching.samples if batching is not None else None,
-        readers_per_row=tensor_parallel_size(spec),
+        readers_per_row=spec.strategy.tensor_parallel_size,
     )
     checkpoints = CheckpointCallback(
         schedule=schedule,

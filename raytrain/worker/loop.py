@@ -106,8 +106,8 @@ def train_loop(config: dict[str, Any]) -> None:
     import torch
 
     from raytrain.checkpoints.layout import PRECISION_KEY, restore_path, run_dir
-    from raytrain.global_batch import global_batch
     from raytrain.lightning_config import instantiate
+    from raytrain.spec.global_batch import global_batch
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
     from raytrain.worker.hang_watchdog import HangWatchdog
     from raytrain.worker.precision import decide

@@ -89,19 +89,6 @@ def mesh_problems(spec: JobSpec) -> list[str]:
     return []
 
 
-def tensor_parallel_size(spec: JobSpec) -> int:
-    """Workers that split each layer between them (and read the same rows): 1 but under
-    the model-parallel strategy."""
-    if spec.strategy.name != "model_parallel":
-        return 1
-    return spec.strategy.model_parallel.tensor_parallel_size
-
-
-def needs_configure_model(spec: JobSpec) -> bool:
-    """Whether the strategy leaves sharding the model to its ``configure_model``."""
-    return spec.strategy.name == "model_parallel"
-
-
 def prepare(spec: JobSpec, trainer: Any) -> Any:
     """``trainer``, checked by Ray's ``prepare_trainer`` where Ray has a class for the
     strategy. It only checks the strategy is one of Ray's; Ray has none for Lightning's
@@ -115,7 +102,7 @@ def data_rank(spec: JobSpec, rank: int, world_size: int) -> tuple[int, int]:
     """(rank, world size) the data is sharded by. Ranks of one tensor-parallel group split
     each layer of one model replica, so they read the same rows: Lightning's mesh is
     (data_parallel, tensor_parallel) in row-major order, so rank r is replica r // tp."""
-    tp = tensor_parallel_size(spec)
+    tp = spec.strategy.tensor_parallel_size
     return rank // tp, world_size // tp
 
 

@@ -192,10 +192,9 @@ def worker_data(
             spec.data, work.cached, work.streamed, work.mixed, spec.storage, rank, world_size
         )
         return (lambda: train), {"train_dataloaders": train, "val_dataloaders": val}
-    from raytrain.worker.strategy import tensor_parallel_size
 
     seed = 0 if spec.trainer.seed is None else spec.trainer.seed
-    tp = tensor_parallel_size(spec)
+    tp = spec.strategy.tensor_parallel_size
     if spec.data is None:
         own = UserData(user.model, rank=rank, world_size=world_size, seed=seed, tensor_parallel=tp)
         return (lambda: own.train_loader), {}

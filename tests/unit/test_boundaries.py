@@ -1,6 +1,8 @@
 """The rules the package layout stands for, held by reading the source (and, for what the
 driver imports, by importing it in a fresh interpreter).
 
+- No import cycle, counting the imports inside functions (which hide one from Python but not
+  from a reader): each module can be read after the ones it imports.
 - The driver side loads without Lightning: a bad spec is refused before it would load.
 - The worker package never imports the driver package: a worker gets a ``WorkerConfig``.
 - Only ``raytrain._compat`` names a private API of Ray, Lightning, MLflow or torch.
@@ -72,6 +74,64 @@ def import_graph(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
         name: {m for m in imported(tree, name) if m in trees and m != "raytrain"}
         for name, tree in trees.items()
     }
+
+
+# -- no import cycles ---------------------------------------------------------------------------
+
+
+def without_type_checking(tree: ast.Module) -> ast.Module:
+    """``tree`` less its ``if TYPE_CHECKING:`` blocks: imports for annotations only, which
+    never run."""
+    body = [
+        node
+        for node in tree.body
+        if not (isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test))
+    ]
+    return ast.Module(body=body, type_ignores=[])
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan's
+    algorithm), each sorted: every import cycle is inside one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, set()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_even_through_imports_inside_functions() -> None:
+    trees = {name: without_type_checking(tree) for name, tree in sources().items()}
+    assert cycles(import_graph(trees)) == []
+    # a cycle planted through a function-level import, two modules apart, is found
+    trees["raytrain.data.order"].body.append(
+        ast.parse("def f():\n    from raytrain.data.loaders import worker_loaders")
+    )
+    planted = {"raytrain.data.loaders", "raytrain.data.order"}
+    assert any(planted <= set(component) for component in cycles(import_graph(trees)))
 
 
 # -- the worker never imports the driver ------------------------------------------------------

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from raytrain.global_batch import accumulation, global_batch
 from raytrain.spec import JobSpec
+from raytrain.spec.global_batch import accumulation, global_batch
 from tests.conftest import digits_spec
 
 
@@ -53,8 +53,8 @@ def test_keep_global_batch_is_bounded_on_the_fewest_workers(tmp_path: Path) -> N
     step on one worker. The accumulation on the fewest workers is bounded by the limit of
     trainer.accumulate_grad_batches, the field named, the arithmetic said."""
     from raytrain.errors import SpecError
-    from raytrain.global_batch import fewest_workers_batch
     from raytrain.spec import MAX_ACCUMULATION, parse_spec
+    from raytrain.spec.global_batch import fewest_workers_batch
 
     def spec(low: int, high: int, accumulate: int = 1) -> dict:
         scaling = {"num_workers": [low, high], "keep_global_batch": True}

@@ -339,7 +339,7 @@ def test_a_job_id_that_is_not_one_is_refused_before_any_request(
         "raysubmit_4LamXRuQpYdSMg7J",
         "02000000",
         "my-run.2024_01",
-        jobs_client._again_id("x" * connection.JOB_ID_MAX_CHARS),
+        jobs_client.again_id("x" * connection.JOB_ID_MAX_CHARS),
     ):
         connection.check_job_id(good)
 

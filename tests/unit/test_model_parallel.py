@@ -20,7 +20,6 @@ from raytrain.worker.strategy import (
     data_rank,
     strategy_problems,
     tensor_group_spans_nodes,
-    tensor_parallel_size,
 )
 from tests.conftest import digits_spec
 
@@ -32,8 +31,8 @@ def test_the_tinygpt_tp_job_asks_for_two_way_tensor_parallelism() -> None:
     assert (mp.data_parallel_size, mp.tensor_parallel_size) == ("auto", 2)
     assert mp.sizes(2) == (1, 2) and mp.sizes(4) == (2, 2)
     assert strategy_problems(spec) == []
-    assert tensor_parallel_size(spec) == 2
-    assert tensor_parallel_size(load_spec("jobs/tinygpt.yaml")) == 1
+    assert spec.strategy.tensor_parallel_size == 2
+    assert load_spec("jobs/tinygpt.yaml").strategy.tensor_parallel_size == 1
 
 
 def test_the_ranks_of_a_tensor_parallel_group_read_one_replicas_rows() -> None:
@@ -266,7 +265,7 @@ def test_a_loader_each_rank_iterates_itself_is_refused_under_tensor_parallelism(
 def test_a_replica_not_a_worker_is_what_batches_and_throughput_count() -> None:
     from types import SimpleNamespace
 
-    from raytrain.global_batch import global_batch
+    from raytrain.spec.global_batch import global_batch
     from raytrain.worker.reporting import MetricsReporter
     from raytrain.worker.schedule import CheckpointSchedule
 

@@ -10,8 +10,12 @@ fewer workers gradients are accumulated over more batches to make it up.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from raytrain.spec import JobSpec
+from raytrain.spec.data import DataSpec
+
+if TYPE_CHECKING:
+    from raytrain.spec.sections import JobSpec
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,10 @@ def accumulation(target: int, world_size: int) -> int:
 def fewest_workers_batch(spec: JobSpec) -> GlobalBatch:
     """The batching on the fewest workers ``spec`` trains on: where
     ``scaling.keep_global_batch`` accumulates the most (the spec bounds it)."""
-    from raytrain.worker.strategy import tensor_parallel_size
 
-    return global_batch(spec, max(1, spec.scaling.min_workers // tensor_parallel_size(spec)))
+    return global_batch(
+        spec, max(1, spec.scaling.min_workers // spec.strategy.tensor_parallel_size)
+    )
 
 
 def global_batch(spec: JobSpec, world_size: int) -> GlobalBatch:
@@ -75,13 +80,10 @@ def global_batch(spec: JobSpec, world_size: int) -> GlobalBatch:
     ``scaling.keep_global_batch`` it is the spec's accumulation, whatever the global batch;
     with it, the accumulation that keeps the global batch of ``scaling``'s most workers
     (``trainer.accumulate_grad_batches`` there)."""
-    from raytrain.spec.data import DataSpec
-    from raytrain.worker.strategy import tensor_parallel_size
-
     batch = spec.data.batch_size if isinstance(spec.data, DataSpec) else None
     accumulate = spec.trainer.accumulate_grad_batches
     if not spec.scaling.keep_global_batch:
         return GlobalBatch(batch, world_size, accumulate, world_size * accumulate)
     # the most replicas: a tensor-parallel group's workers train one replica's batch
-    target = spec.scaling.max_workers // tensor_parallel_size(spec) * accumulate
+    target = spec.scaling.max_workers // spec.strategy.tensor_parallel_size * accumulate
     return GlobalBatch(batch, world_size, accumulation(target, world_size), target)
