@@ -126,7 +126,7 @@ def raytrain_checked(gpt: dict, batch: int, steps: int, warmup: int, work: Path)
     """The raytrain side as far as a dry run goes without Ray: its data and spec pass
     ``raytrain.validate`` (as ``fit`` checks them), and the spec builds its model."""
     import raytrain
-    from raytrain.imports import import_object
+    from raytrain.util.imports import import_object
 
     job = raytrain.validate(raytrain_spec(gpt, batch, steps, warmup, work, gpu=False))
     import_object(job.model.class_path)(**job.model.init_args)

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
 CONFIG_KEY = "raytrain"
+# The folder where a warm worker process marks itself ready (``worker.warm_ready``), set
+# by the cluster ``raytrain up`` starts (``driver.local_cluster``) for its processes.
+WARM_DIR_ENV = "RAYTRAIN_WARM_DIR"
 
 
 @dataclass(frozen=True)

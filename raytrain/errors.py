@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from raytrain.redaction import redact
+from raytrain.util.redaction import redact
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -84,6 +84,12 @@ class LossSpikeError(RuntimeError):
 class LossSpikeLimitError(RuntimeError):
     """Raised in the workers at a spike once ``failure.spike.max_rollbacks`` are spent;
     never retried."""
+
+
+class PreemptedError(RuntimeError):
+    """Raised on every rank after a SIGTERM notice, once its checkpoint is committed
+    (``worker.preemption``); the failure policy retries it against
+    ``failure.max_preemptions``."""
 
 
 class TrainingFailed(RaytrainError):

@@ -37,8 +37,8 @@ from typing import Any
 
 from raytrain import storage
 from raytrain.errors import SpecError, root_cause
-from raytrain.imports import import_object
 from raytrain.spec import ClassSpec, DataModuleSpec, JobSpec
+from raytrain.util.imports import import_object
 
 
 def _entry(section: ClassSpec) -> dict[str, Any]:
@@ -287,7 +287,7 @@ def print_config(spec: JobSpec) -> str:
     raytrain's sections beside them (as ``validate`` resolves them), credentials masked."""
     import yaml
 
-    from raytrain.redaction import redact_tree
+    from raytrain.util.redaction import redact_tree
 
     lightning = resolved_tree(spec)
     exclude = {"model", "optimizer", "lr_scheduler", *({"tune"} if spec.tune is None else ())}

@@ -237,7 +237,9 @@ def broadcast_state(module: Any, device: Any) -> None:
                 tensor.copy_(sent)
 
 
-def model_parallel_strategy_class() -> type:
+def model_parallel_strategy_class(
+    clip_norm: Callable[..., Any], clip_value: Callable[..., Any]
+) -> type:
     """Lightning's ``ModelParallelStrategy`` (FSDP2 and tensor parallelism on a
     (data_parallel, tensor_parallel) ``DeviceMesh``) under Ray Train, on CPU (gloo) or GPU.
 
@@ -248,13 +250,13 @@ def model_parallel_strategy_class() -> type:
     one. Every rank starts from rank 0's weights (``broadcast_state``). Lightning's
     precision plugin clips with ``torch.nn.utils``, which refuses
     parameters that mix DTensors and plain tensors (a model with tensor parallelism and no
-    FSDP2); the strategy clips with ``worker.grad_clip`` instead.
+    FSDP2); the strategy clips with ``clip_norm(parameters, max_norm)`` and
+    ``clip_value(parameters, value)`` instead (``worker.grad_clip``'s, passed in: nothing
+    here imports raytrain above ``errors``).
     """
     import ray.train
     import ray.train.torch
     from lightning.pytorch.strategies import ModelParallelStrategy
-
-    from raytrain.worker import grad_clip
 
     class RaytrainModelParallelStrategy(ModelParallelStrategy):
         @property
@@ -274,10 +276,10 @@ def model_parallel_strategy_class() -> type:
             plugin: Any = self.precision_plugin
 
             def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
-                grad_clip.clip_grad_norm_(plugin.main_params(optimizer), clip_val)
+                clip_norm(plugin.main_params(optimizer), clip_val)
 
             def clip_grad_by_value(optimizer: Any, clip_val: float) -> None:
-                grad_clip.clip_grad_value_(plugin.main_params(optimizer), clip_val)
+                clip_value(plugin.main_params(optimizer), clip_val)
 
             plugin.clip_grad_by_norm = clip_grad_by_norm
             plugin.clip_grad_by_value = clip_grad_by_value

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raytrain.errors import EXIT_OK, RaytrainError, SpecError
-from raytrain.terminal import printable
+from raytrain.util.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.driver.results import FitResult

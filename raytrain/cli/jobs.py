@@ -12,10 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from raytrain.errors import EXIT_FAILED, EXIT_OK, RunStateError
-from raytrain.redaction import redact
 from raytrain.submit import client as jobs_client
 from raytrain.submit.connection import check_job_id
-from raytrain.terminal import JOB_OUTPUT, printable
+from raytrain.util.redaction import redact
+from raytrain.util.terminal import JOB_OUTPUT, printable
 
 EXIT_INTERRUPTED = 130
 
@@ -73,7 +73,7 @@ def sweep_lines(logs: str) -> list[str]:
 
 def _own_output(text: str) -> str:
     """A job's own driver output for this terminal: its layout and colours kept, every other
-    control sequence escaped (``raytrain.terminal``: it is the cluster's data)."""
+    control sequence escaped (``raytrain.util.terminal``: it is the cluster's data)."""
     return printable(text, keep=JOB_OUTPUT, colours=True)
 
 

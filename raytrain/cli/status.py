@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from raytrain import storage
 from raytrain.errors import EXIT_OK, RaytrainError, RunStateError, SpecError
 from raytrain.run_status import RunStatus, describe, read_status, status_path
-from raytrain.terminal import printable
+from raytrain.util.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.spec import JobSpec

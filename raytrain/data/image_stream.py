@@ -79,7 +79,7 @@ class ImageFiles:
         import torch
 
         if self._calls is None:
-            from raytrain.imports import import_object
+            from raytrain.util.imports import import_object
 
             self._calls = tuple(import_object(p) if p else None for p in self._paths)  # type: ignore[assignment]
             self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="raytrain-fetch")

@@ -242,7 +242,7 @@ class ParquetStream(StreamSchedule):
         _, block, sizes = self.plan()
         preprocess = None
         if self._preprocess is not None:
-            from raytrain.imports import import_object
+            from raytrain.util.imports import import_object
 
             preprocess = import_object(self._preprocess)
         yield from cut_batches(self.tables(block, self.epoch), sizes, self._tuple, preprocess)

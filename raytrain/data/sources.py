@@ -84,7 +84,7 @@ def read_source(
     if columns:
         ds = ds.select_columns(columns)  # pushed down into the Parquet reader
     if preprocess:
-        from raytrain.imports import import_object
+        from raytrain.util.imports import import_object
 
         ds = ds.map_batches(import_object(preprocess), batch_format="numpy")
     if on:  # this dataset's own copy of Ray Data's context: its every task carries it

@@ -17,8 +17,8 @@ refused without importing Lightning.
 from __future__ import annotations
 
 from raytrain.driver import source_check
-from raytrain.imports import import_object
 from raytrain.spec import DataModuleSpec, JobSpec
+from raytrain.util.imports import import_object
 
 
 def check_classes(spec: JobSpec) -> list[str]:

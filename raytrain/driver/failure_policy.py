@@ -36,10 +36,10 @@ from raytrain.errors import (
     LossSpikeError,
     LossSpikeLimitError,
     NonFiniteLossError,
+    PreemptedError,
     causes,
     wraps,
 )
-from raytrain.worker.preemption import PreemptedError
 
 logger = logging.getLogger(__name__)
 

@@ -43,11 +43,11 @@ from raytrain.driver.results import (
 from raytrain.driver.run_record import RunRecord
 from raytrain.driver.status_record import StatusRecord, failure_kind
 from raytrain.errors import ClusterLost, ModelNotRegistered, SpecError
-from raytrain.imports import import_object
-from raytrain.redaction import redact
 from raytrain.spec import JobSpec, load_spec
-from raytrain.worker.precision import bf16_warning
-from raytrain.worker.strategy import strategy_problems
+from raytrain.spec.strategy_checks import strategy_problems
+from raytrain.util.imports import import_object
+from raytrain.util.precision import bf16_warning
+from raytrain.util.redaction import redact
 
 __all__ = ["FitResult", "fit", "validate"]
 
@@ -297,5 +297,5 @@ def _check_model_and_import(job: JobSpec, import_model: bool) -> list[str]:
     if not problems:
         import ray.train.torch  # noqa: F401
 
-        import raytrain.worker.loop  # noqa: F401
+        import raytrain.worker.entry  # noqa: F401
     return problems

@@ -27,6 +27,7 @@ import threading
 import time
 from pathlib import Path
 
+from raytrain.contract import WARM_DIR_ENV
 from raytrain.driver.cluster_record import (
     LOCK_NAME,
     LOG_NAME,
@@ -39,7 +40,6 @@ from raytrain.driver.cluster_record import (
     write_record,
 )
 from raytrain.driver.ray_runtime import DATA_CPUS, EMBEDDED_ENV, start_local
-from raytrain.worker.warm_ready import WARM_DIR_ENV
 
 # Ray's token authentication: its mode (``ray.init`` sets it for a new local cluster) and
 # where the token is, when not in the default ~/.ray/auth_token.

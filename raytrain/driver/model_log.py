@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from raytrain.driver.background import Background
-from raytrain.redaction import redact
 from raytrain.spec import JobSpec
+from raytrain.util.redaction import redact
 
 
 class ModelLog:
@@ -36,7 +36,7 @@ class ModelLog:
     def _import_for_model(self) -> None:
         import mlflow.pytorch  # noqa: F401
 
-        from raytrain.imports import import_object
+        from raytrain.util.imports import import_object
 
         import_object(self.job.model.class_path)
 

@@ -15,8 +15,8 @@ from typing import Any
 from raytrain import storage
 from raytrain.driver import source_check
 from raytrain.errors import SpecError
-from raytrain.imports import OLD_NAMESPACE_HINT, import_object, old_namespace
 from raytrain.spec import JobSpec, StorageSpec
+from raytrain.util.imports import OLD_NAMESPACE_HINT, import_object, old_namespace
 
 
 def check_model_located(spec: JobSpec) -> list[str]:

@@ -30,8 +30,8 @@ from raytrain.driver import runstate
 from raytrain.driver.lease import Lease, check_free
 from raytrain.driver.results import FitResult, user_metrics
 from raytrain.errors import RunStateError
-from raytrain.redaction import redact
 from raytrain.spec import JobSpec, StorageSpec
+from raytrain.util.redaction import redact
 
 # What makes a folder provably a run's or a sweep's: the record each writes first.
 SWEEP_RECORD = "raytrain-sweep.json"

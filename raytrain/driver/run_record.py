@@ -27,8 +27,8 @@ from raytrain.driver import runstate
 from raytrain.driver.background import Background
 from raytrain.driver.model_log import ModelLog
 from raytrain.errors import TrackingError
-from raytrain.redaction import redact, redact_tree
 from raytrain.spec import JobSpec
+from raytrain.util.redaction import redact, redact_tree
 
 
 def spec_yaml(job: JobSpec) -> str:

@@ -15,8 +15,8 @@ from typing import Any
 from raytrain import storage
 from raytrain.checkpoints.layout import run_dir
 from raytrain.errors import RunStateError
-from raytrain.redaction import masked_fields, redact, redact_flat
 from raytrain.spec import RESUMABLE_FIELDS, JobSpec
+from raytrain.util.redaction import masked_fields, redact, redact_flat
 
 STATE_FILE = "raytrain-run.json"
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from raytrain._compat.ray_train import ControllerTrainer, OnWorkerGroupStart, RunAborted
 from raytrain.driver.failure_policy import FailurePolicy
-from raytrain.worker.preemption import install_sigterm_notice
+from raytrain.worker.entry import on_group_start
 
 __all__ = ["STOCK_ENV", "RunAborted", "build_trainer"]
 
@@ -57,6 +57,6 @@ def build_trainer(
         trimmed=embedded_env is not None and not os.getenv(STOCK_ENV),
         ends_with_run=ends_with_run,
         embedded_env=embedded_env,
-        group_callbacks=[OnWorkerGroupStart(install_sigterm_notice)],
+        group_callbacks=[OnWorkerGroupStart(on_group_start)],
         **trainer_kwargs,
     )

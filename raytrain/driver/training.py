@@ -84,7 +84,7 @@ def make_trainer(
     chaos: Any = None,
     keeper: Any = None,
 ) -> Any:
-    """The run's trainer: ``worker.loop.train_loop`` on every worker, with its
+    """The run's trainer: ``worker.entry.train_loop`` on every worker, with its
     ``WorkerConfig``; ``chaos``: ``failure.chaos``'s injector (its kills are retried, not
     counted); ``keeper``: the ``StateKeeper`` of ``checkpoint.memory_every_n_steps``."""
     from ray.train.torch import TorchConfig
@@ -94,7 +94,7 @@ def make_trainer(
     from raytrain.driver.chaos import ChaosClaim
     from raytrain.driver.progress import SinkNotice
     from raytrain.driver.trainer import build_trainer
-    from raytrain.worker.loop import train_loop
+    from raytrain.worker.entry import train_loop
 
     work = WorkerConfig(
         spec=for_workers(job),

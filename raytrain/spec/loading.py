@@ -17,13 +17,13 @@ from pydantic import (
 )
 
 from raytrain.errors import SpecError
-from raytrain.redaction import redact_tree
 from raytrain.spec.data import DataModuleSpec, DataSpec, MixSourceSpec, SourceSpec
 from raytrain.spec.fields import _CREDENTIALS_REFUSED, _section_type
 from raytrain.spec.lightning_cli import lightning_cli_tree
 from raytrain.spec.model_checkpoint import adopt_model_checkpoint, as_written
 from raytrain.spec.sections import JobSpec
 from raytrain.spec.yaml_io import MAX_OVERRIDE_PARTS, load_yaml, read_spec_file
+from raytrain.util.redaction import redact_tree
 
 
 def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:

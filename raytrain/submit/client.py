@@ -35,8 +35,6 @@ from raytrain import storage
 from raytrain._compat.ray_core import NOISY_LOGGERS
 from raytrain.checkpoints.layout import run_dir
 from raytrain.errors import one_line
-from raytrain.provenance import GIT_COMMIT_ENV, git_commit
-from raytrain.redaction import is_secret_env, is_secret_name, masked_fields, redact
 from raytrain.run_status import RunStatus, read_status
 from raytrain.spec import StorageSpec
 from raytrain.spec.fields import check_name
@@ -54,7 +52,9 @@ from raytrain.submit.connection import (
     resolve_address,
 )
 from raytrain.submit.uploads import upload_excludes
-from raytrain.terminal import printable
+from raytrain.util.provenance import GIT_COMMIT_ENV, git_commit
+from raytrain.util.redaction import is_secret_env, is_secret_name, masked_fields, redact
+from raytrain.util.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.spec import JobSpec

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from raytrain.errors import EXIT_BAD_INPUT, RaytrainError
-from raytrain.terminal import printable
+from raytrain.util.terminal import printable
 
 # Where a job server is found when no address is given: Ray's own variables for its CLI.
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raytrain.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, RaytrainError
-from raytrain.redaction import redact
 from raytrain.submit.client import TERMINAL, JobHandle, again_id, submit
 from raytrain.submit.connection import JobsError, JobUnknown, ServerUnreachable, TokenRefused
-from raytrain.terminal import printable
+from raytrain.util.redaction import redact
+from raytrain.util.terminal import printable
 
 if TYPE_CHECKING:
     from raytrain.run_status import RunStatus

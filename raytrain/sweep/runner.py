@@ -20,7 +20,7 @@ resumes from its last committed checkpoint (its run folder), or returns at once 
 reached its end.
 
 What a sweep writes and prints holds no credential: its params, tags, artifacts, rows,
-lines and ``best.yaml`` pass through ``raytrain.redaction``; Ray Tune gets listed values as
+lines and ``best.yaml`` pass through ``raytrain.util.redaction``; Ray Tune gets listed values as
 indices (``space.param_space``), names each trial's folder by the trial's name, and runs
 without its per-trial loggers, so no sampled value reaches Tune's files.
 """
@@ -42,7 +42,6 @@ from raytrain import storage
 from raytrain.driver import preflight, ray_runtime, run_folder
 from raytrain.driver.lease import Lease, check_free
 from raytrain.errors import RunStateError, SpecError
-from raytrain.redaction import masked_fields, redact, redact_value
 from raytrain.spec import JobSpec, load_spec
 from raytrain.spec.tune import TuneSpec
 from raytrain.sweep.results import SweepResult, TrialRow, best_of
@@ -64,6 +63,7 @@ from raytrain.sweep.trial import (
     trial_values,
     tune_trial_name,
 )
+from raytrain.util.redaction import masked_fields, redact, redact_value
 
 SWEEP_FILE = run_folder.SWEEP_RECORD
 # Ray Tune's settings while it runs the sweep: its own tables and banners off (its legacy

@@ -6,9 +6,9 @@ from typing import Any
 
 from ray.tune import Callback, Stopper
 
-from raytrain.redaction import redact_value
 from raytrain.sweep.space import values_of
 from raytrain.sweep.trial import TRIAL_NAME, trial_name
+from raytrain.util.redaction import redact_value
 
 METRIC_PREFIX = "tune.metric: "
 # The sweep folders whose lease another sweep took over, in this driver: their gate stops

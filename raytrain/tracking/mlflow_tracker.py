@@ -16,9 +16,9 @@ from typing import Any
 
 from raytrain._compat.mlflow import last_steps
 from raytrain.errors import TrackingError, TrackingUnreachable, one_line
-from raytrain.provenance import git_commit
-from raytrain.redaction import redact, redact_flat, redact_value
 from raytrain.spec import JobSpec
+from raytrain.util.provenance import git_commit
+from raytrain.util.redaction import redact, redact_flat, redact_value
 
 _PARAM_BATCH = 100
 _PARAM_MAX_CHARS = 6000
@@ -39,7 +39,7 @@ def default_tracking_uri() -> str:
 
 
 def redacted_params(flat: dict[str, Any]) -> dict[str, str]:
-    """The flattened spec as params (strings), credentials masked by ``raytrain.redaction``:
+    """The flattened spec as params (strings), credentials masked by ``raytrain.util.redaction``:
     a credential-like field keeps its name with its value masked."""
     return {key: str(value) for key, value in redact_flat(flat).items()}
 

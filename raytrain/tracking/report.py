@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain.sweep.results import best_first
-from raytrain.terminal import printable
+from raytrain.util.terminal import printable
 
 # Keys that are bookkeeping, not curves: the step counters and checkpoint timing.
 _NOT_CURVES = ("epoch", "world_size", "checkpoint_blocked_s", "step")

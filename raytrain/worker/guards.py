@@ -121,7 +121,7 @@ class PreemptionGuard(pl.Callback):
         self._acted = kind
         self.checkpoints.checkpoint_now(trainer, f"preemption ({kind})")
         if kind == "SIGTERM":
-            from raytrain.worker.preemption import PreemptedError
+            from raytrain.errors import PreemptedError
 
             raise PreemptedError(
                 f"preempted: SIGTERM received; checkpoint at step {step} committed, the run "

@@ -1,12 +1,12 @@
-"""The train loop each Ray Train worker runs: the driver's ``WorkerConfig`` back into
-objects, then ``fit``.
+"""The training each Ray Train worker runs (``train``, entered through ``entry.train_loop``):
+the driver's ``WorkerConfig`` back into objects, then ``fit``.
 
 The worker builds the model, its shard's loaders, the strategy and callbacks, a Lightning
 Trainer prepared for Ray, and restores from the run's latest committed checkpoint when
 there is one.
 
-Lightning is imported inside the functions: the driver imports this module (Ray Train
-pickles ``train_loop`` by reference) and should not pay for Lightning's import.
+Lightning is imported inside the functions: a warm worker process preloads this module
+(``driver.warm_pool.PRELOAD``) and imports Lightning beside it.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def build_trainer(
     import lightning.pytorch as pl
 
     from raytrain._compat.lightning import skip_sigterm_broadcast
-    from raytrain.worker.precision import decide
+    from raytrain.util.precision import decide
     from raytrain.worker.strategy import build_plugins, build_strategy, prepare
 
     t = spec.trainer
@@ -98,24 +98,19 @@ def build_trainer(
     return prepare(spec, trainer)
 
 
-def train_loop(config: dict[str, Any]) -> None:
-    """Ray Train's ``train_loop_per_worker``: train the job of the ``WorkerConfig`` in
-    ``config`` (see ``raytrain.contract``)."""
-    entered = time.time()
+def train(config: dict[str, Any], entered: float) -> None:
+    """Train the job of the ``WorkerConfig`` in ``config`` (see ``raytrain.contract``) on
+    this worker; ``entered``: when ``entry.train_loop`` began, before these imports."""
     import ray.train
-    import torch
 
-    from raytrain.checkpoints.layout import PRECISION_KEY, restore_path, run_dir
+    from raytrain.checkpoints.layout import PRECISION_KEY, run_dir
     from raytrain.lightning_config import instantiate
     from raytrain.spec.global_batch import global_batch
+    from raytrain.util.precision import decide
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
-    from raytrain.worker.hang_watchdog import HangWatchdog
-    from raytrain.worker.precision import decide
     from raytrain.worker.reporting import ReportLogger
-    from raytrain.worker.step_timeline import StepTimeline
     from raytrain.worker.strategy import data_rank
-    from raytrain.worker.threads import OMP_ENV, choose_threads
-    from raytrain.worker.user_code import build_profiler, start_from, upload_profiles
+    from raytrain.worker.user_code import build_profiler, upload_profiles
     from raytrain.worker.user_data import worker_data
 
     imported = time.time()
@@ -123,6 +118,67 @@ def train_loop(config: dict[str, Any]) -> None:
     work = WorkerConfig.from_train_loop_config(config)
     spec = work.spec
     context = ray.train.get_context()
+    threads = _set_threads(spec)
+    # the config's objects, built by LightningCLI's parser (nested class paths, links)
+    user = instantiate(spec, logs_under=run_dir(spec))
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    # a tensor-parallel group's ranks read the same rows: data is sharded by replica
+    replica, replicas = data_rank(spec, rank, world_size)
+    data, loaders = worker_data(spec, work, user, replica, replicas)
+    startup: dict[str, Any] = {
+        "_worker_started_at": _process_started_at(entered),
+        "_loop_entered_at": entered,
+        "_lightning_imported_at": imported,
+        PRECISION_KEY: "{} ({})".format(
+            *decide(spec.trainer.precision, spec.scaling.use_gpu is True)
+        ),
+    }
+    to_driver = _publisher(work.sink)  # every rank's timeline and hang report
+    timeline, watchdog = _timers(work, to_driver, rank)
+    batching = global_batch(spec, replicas)
+    if rank == 0:  # at every start and resize: what one optimizer step trains on, and how
+        print(f"raytrain: {batching.describe()}", flush=True)
+        print(f"raytrain: {threads.describe()}", flush=True)
+    checkpoint = ray.train.get_checkpoint()
+    restored = _from_memory(work, rank, checkpoint)
+    keeper = work.keeper if restored is None or restored.token is not None else None
+    callbacks = build_callbacks(
+        spec,
+        data,
+        to_driver if rank == 0 else None,  # rank 0's reports
+        startup,
+        timeline,
+        watchdog,
+        batching,
+        _mtbf_reader(work.sink) if rank == 0 else None,
+        user.callbacks,
+        keeper=keeper,
+        keeper_token=(restored.token if restored else None) or 0,
+        keeper_key=restored.key if restored else 0,
+    )
+    profiler, profiles = build_profiler(spec, rank)
+    ordered = callbacks.ordered
+    if work.chaos is not None:  # failure.chaos: tell the fault injector where and how far
+        from raytrain.worker.chaos_marks import ChaosMarks
+
+        ordered = [*ordered, ChaosMarks(work.chaos, ray.get_runtime_context().get_node_id())]
+    loggers = [ReportLogger(callbacks.reporter), *user.loggers]
+    trainer = build_trainer(
+        spec, ordered, user.model, loggers, profiler, accumulate=batching.accumulate
+    )
+    _fit(trainer, user.model, loaders, spec, checkpoint, restored.checkpoint if restored else None)
+    upload_profiles(spec, profiles)
+    if rank == 0 and work.sink is not None:
+        ray.get(work.sink.ping.remote())  # the driver has every event before the run ends
+
+
+def _set_threads(spec: JobSpec) -> Any:
+    """torch's intra-op threads as torchrun sets them (``worker.threads``), exported to this
+    worker's own processes; the spec's seed set everywhere."""
+    import torch
+
+    from raytrain.worker.threads import OMP_ENV, choose_threads
+
     threads = choose_threads(spec.scaling.worker_resources().get("CPU", 1), os.environ)
     torch.set_num_threads(threads.threads)
     os.environ[OMP_ENV] = str(threads.threads)  # what its own processes inherit
@@ -130,39 +186,30 @@ def train_loop(config: dict[str, Any]) -> None:
         import lightning.pytorch as pl
 
         pl.seed_everything(spec.trainer.seed, workers=True, verbose=False)
+    return threads
 
-    # the config's objects, built by LightningCLI's parser (nested class paths, links)
-    user = instantiate(spec, logs_under=run_dir(spec))
-    model = user.model
-    rank, world_size = context.get_world_rank(), context.get_world_size()
-    # a tensor-parallel group's ranks read the same rows: data is sharded by replica
-    replica, replicas = data_rank(spec, rank, world_size)
-    data, loaders = worker_data(spec, work, user, replica, replicas)
-    on_gpu = spec.scaling.use_gpu is True
-    startup: dict[str, Any] = {
-        "_worker_started_at": _process_started_at(entered),
-        "_loop_entered_at": entered,
-        "_lightning_imported_at": imported,
-        PRECISION_KEY: "{} ({})".format(*decide(spec.trainer.precision, on_gpu)),
-    }
-    to_driver = _publisher(work.sink)  # every rank's timeline and hang report
-    publish = to_driver if rank == 0 else None  # rank 0's reports
-    node = ray.util.get_node_ip_address()
-    timeline = (
-        None
-        if to_driver is None or not spec.tracking.timeline
-        else StepTimeline(
-            every_n_steps=spec.trainer.log_every_n_steps,
-            publish=to_driver,
-            rank=rank,
-            node=node,
+
+def _timers(
+    work: WorkerConfig, to_driver: Callable[[dict[str, Any]], None] | None, rank: int
+) -> tuple[Any, Any]:
+    """This rank's step timeline (None: no sink, or ``tracking.timeline`` off) and hang
+    watchdog (None: ``failure.hang`` off)."""
+    import ray
+
+    from raytrain.checkpoints.layout import run_dir
+    from raytrain.worker.hang_watchdog import HangWatchdog
+    from raytrain.worker.step_timeline import StepTimeline
+
+    spec, node = work.spec, ray.util.get_node_ip_address()
+    timeline = None
+    if to_driver is not None and spec.tracking.timeline:
+        timeline = StepTimeline(
+            every_n_steps=spec.trainer.log_every_n_steps, publish=to_driver, rank=rank, node=node
         )
-    )
     limits = spec.failure.hang_limits()
-    watchdog = (
-        None
-        if not limits.enabled
-        else HangWatchdog(
+    watchdog = None
+    if limits.enabled:
+        watchdog = HangWatchdog(
             limits=limits,
             run_dir=run_dir(spec),
             options=spec.storage,
@@ -170,51 +217,41 @@ def train_loop(config: dict[str, Any]) -> None:
             node=node,
             publish=_publisher(work.sink, wait=True),
         )
+    return timeline, watchdog
+
+
+def _from_memory(work: WorkerConfig, rank: int, checkpoint: Any) -> Any:
+    """``checkpoint.memory_every_n_steps``: what ``memory_state.restore_from_memory`` found
+    (a state newer than ``checkpoint``, and the keeper's token: None when the keeper could
+    not be reached, the same on every rank, and this group keeps nothing); None: no keeper."""
+    if work.keeper is None:
+        return None
+    from raytrain.checkpoints.layout import run_dir
+    from raytrain.checkpoints.node_slots import keep_scratch_name
+    from raytrain.worker.memory_state import restore_from_memory
+
+    return restore_from_memory(
+        work.keeper,
+        _checkpoint_step(checkpoint),
+        _rollback_pending(work.spec, rank),
+        keep_scratch_name(run_dir(work.spec)),
     )
-    batching = global_batch(spec, replicas)
-    if rank == 0:  # at every start and resize: what one optimizer step trains on, and how
-        print(f"raytrain: {batching.describe()}", flush=True)
-        print(f"raytrain: {threads.describe()}", flush=True)
-    mtbf = _mtbf_reader(work.sink) if rank == 0 else None
-    checkpoint = ray.train.get_checkpoint()
-    token, key, from_memory, keeper = None, 0, None, work.keeper
-    if keeper is not None:  # checkpoint.memory_every_n_steps: a newer state in memory?
-        from raytrain.checkpoints.node_slots import keep_scratch_name
-        from raytrain.worker.memory_state import restore_from_memory
 
-        restored = restore_from_memory(
-            keeper,
-            _checkpoint_step(checkpoint),
-            _rollback_pending(spec, rank),
-            keep_scratch_name(run_dir(spec)),
-        )
-        token, key, from_memory = restored.token, restored.key, restored.checkpoint
-        if token is None:  # not reachable (the same on every rank): this group keeps nothing
-            keeper = None
-    callbacks = build_callbacks(
-        spec,
-        data,
-        publish,
-        startup,
-        timeline,
-        watchdog,
-        batching,
-        mtbf,
-        user.callbacks,
-        keeper=keeper,
-        keeper_token=token or 0,
-        keeper_key=key,
-    )
-    loggers = [ReportLogger(callbacks.reporter), *user.loggers]
-    profiler, profiles = build_profiler(spec, rank)
-    ordered = callbacks.ordered
-    if work.chaos is not None:  # failure.chaos: tell the fault injector where and how far
-        from raytrain.worker.chaos_marks import ChaosMarks
 
-        ordered = [*ordered, ChaosMarks(work.chaos, ray.get_runtime_context().get_node_id())]
-    trainer = build_trainer(spec, ordered, model, loggers, profiler, accumulate=batching.accumulate)
-
+def _fit(
+    trainer: Any,
+    model: Any,
+    loaders: dict[str, Any],
+    spec: JobSpec,
+    checkpoint: Any,
+    from_memory: str | None,
+) -> None:
+    """``trainer.fit``, from the newest state there is: one kept in memory (newer than
+    ``checkpoint``), Ray Train's ``checkpoint``, or the spec's own start (a Lightning
+    checkpoint of the user's, or none)."""
+    from raytrain.checkpoints.layout import restore_path
     from raytrain.checkpoints.safe_load import lightning_globals, verify_checkpoint
+    from raytrain.worker.user_code import start_from
 
     if from_memory is not None:  # the same content as a checkpoint's, newer
         try:
@@ -223,9 +260,8 @@ def train_loop(config: dict[str, Any]) -> None:
         finally:
             shutil.rmtree(os.path.dirname(from_memory), ignore_errors=True)
     elif checkpoint is None:
-        start = start_from(spec)  # a Lightning checkpoint of the user's, or none
         with lightning_globals():
-            trainer.fit(model, **loaders, ckpt_path=start, weights_only=True)
+            trainer.fit(model, **loaders, ckpt_path=start_from(spec), weights_only=True)
     else:
         with checkpoint.as_directory() as directory, lightning_globals():
             path = restore_path(directory)
@@ -234,9 +270,6 @@ def train_loop(config: dict[str, Any]) -> None:
             # reads with weights_only=True, whatever TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says.
             verify_checkpoint(path)
             trainer.fit(model, **loaders, ckpt_path=path, weights_only=True)
-    upload_profiles(spec, profiles)
-    if rank == 0 and work.sink is not None:
-        ray.get(work.sink.ping.remote())  # the driver has every event before the run ends
 
 
 def _rollback_pending(spec: JobSpec, rank: int) -> bool:

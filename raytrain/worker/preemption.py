@@ -12,7 +12,7 @@ failure: charged to ``max_failures``, with everything since the last checkpoint 
 Python allows signal handlers, with one that only records the notice while training runs.
 ``guards.PreemptionGuard`` polls ``notice()`` in the train loop, agrees on it across ranks,
 saves a checkpoint and waits for Ray to commit it; after a SIGTERM it then raises
-``PreemptedError``, which the failure policy retries against ``failure.max_preemptions``,
+``errors.PreemptedError``, which the failure policy retries against ``failure.max_preemptions``,
 not ``max_failures``.
 
 This module imports neither Lightning nor torch: the controller unpickles the callback
@@ -27,10 +27,6 @@ from typing import Any
 
 _sigterm = threading.Event()
 _training = threading.Event()
-
-
-class PreemptedError(RuntimeError):
-    """Raised on every rank after a SIGTERM notice, once its checkpoint is committed."""
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:

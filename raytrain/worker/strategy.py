@@ -1,6 +1,7 @@
 """Strategy names to Lightning strategy objects that run under Ray Train.
 
-The one place that branches on ``strategy.name``. Ray's strategies take their device and
+With ``spec.strategy_checks`` (the spec's checks), the one place that branches on
+``strategy.name``. Ray's strategies take their device and
 process group from the Ray Train worker; ``RayLightningEnvironment`` tells Lightning each
 worker's rank and world size.
 """
@@ -20,73 +21,6 @@ SHARDING = {
     "no_shard": "NO_SHARD",
     "hybrid": "HYBRID_SHARD",
 }
-
-
-# Precisions Lightning's ModelParallelStrategy refuses (it accepts 32-true, bf16-mixed,
-# bf16-true and 16-true; "32" and "bf16" are the first two's other names).
-UNSUPPORTED_MP_PRECISION = ("16-mixed", "16", "64-true", "64")
-
-
-def strategy_problems(spec: JobSpec) -> list[str]:
-    """Problems of ``spec.strategy`` the schema cannot see: a strategy's options only come
-    with it (they would silently do nothing), hybrid sharding needs GPUs, a model-parallel
-    mesh must hold every worker. The driver checks them before Ray starts; nothing here
-    imports Lightning."""
-    from raytrain.spec import FsdpSpec, ModelParallelSpec
-
-    name = spec.strategy.name
-    for option, default in (("fsdp", FsdpSpec()), ("model_parallel", ModelParallelSpec())):
-        if name != option and getattr(spec.strategy, option) != default:
-            return [
-                f"strategy.{option}: options for the {option} strategy, but strategy.name "
-                f"is {name!r}"
-            ]
-    if name == "fsdp" and spec.strategy.fsdp.sharding == "hybrid" and spec.scaling.use_gpu is False:
-        # Lightning builds the hybrid (nodes x workers) device mesh on CUDA devices
-        return [
-            "strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true, or "
-            "auto on a cluster with GPUs); on CPU workers use full"
-        ]
-    if name == "model_parallel":
-        return mesh_problems(spec)
-    return []
-
-
-def mesh_problems(spec: JobSpec) -> list[str]:
-    """A model-parallel mesh must hold exactly the workers, at any size the run may take.
-
-    An elastic range is refused: Ray Train restarts at any count in it, most of which a
-    fixed tensor-parallel size does not divide, and a checkpoint written on one mesh is
-    read on another only where torch's DCP reshards it (see ``ARCHITECTURE.md``)."""
-    mp, scaling = spec.strategy.model_parallel, spec.scaling
-    if scaling.elastic:
-        return [
-            "scaling.num_workers: an elastic [min, max] range cannot run strategy "
-            "model_parallel, whose mesh (strategy.model_parallel.data_parallel_size x "
-            "tensor_parallel_size) must hold every worker; give a fixed count"
-        ]
-    if spec.trainer.precision in UNSUPPORTED_MP_PRECISION:
-        return [
-            f"trainer.precision: {spec.trainer.precision} is not supported by strategy "
-            "model_parallel (Lightning's ModelParallelStrategy): use bf16-mixed, "
-            "bf16-true, 16-true or 32-true"
-        ]
-    world, tp, dp = scaling.max_workers, mp.tensor_parallel_size, mp.data_parallel_size
-    if dp == "auto":
-        if world % tp:
-            return [
-                f"strategy.model_parallel.tensor_parallel_size: {tp} does not divide "
-                f"scaling.num_workers ({world}): data_parallel_size auto is their "
-                "quotient"
-            ]
-        return []
-    if dp * tp != world:
-        return [
-            f"strategy.model_parallel: data_parallel_size x tensor_parallel_size is "
-            f"{dp} x {tp} = {dp * tp}, but scaling.num_workers is {world}: the mesh must "
-            "hold every worker (data_parallel_size: auto takes the quotient)"
-        ]
-    return []
 
 
 def prepare(spec: JobSpec, trainer: Any) -> Any:
@@ -137,7 +71,12 @@ def build_strategy(spec: JobSpec, model: Any = None) -> Any:
         context = ray.train.get_context()
         dp, tp = spec.strategy.model_parallel.sizes(context.get_world_size())
         _warn_if_tensor_group_spans_nodes(context, tp)
-        return model_parallel_strategy_class()(
+        from raytrain.worker import grad_clip
+
+        strategy = model_parallel_strategy_class(
+            grad_clip.clip_grad_norm_, grad_clip.clip_grad_value_
+        )
+        return strategy(
             data_parallel_size=dp, tensor_parallel_size=tp, save_distributed_checkpoint=True
         )
     fsdp = spec.strategy.fsdp

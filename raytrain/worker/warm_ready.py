@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-WARM_DIR_ENV = "RAYTRAIN_WARM_DIR"
+from raytrain.contract import WARM_DIR_ENV  # imported already: ``worker.loop`` comes first
 
 
 def _mark() -> None:

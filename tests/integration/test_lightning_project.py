@@ -19,7 +19,7 @@ import yaml
 
 import raytrain
 from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
-from raytrain.worker.precision import decide
+from raytrain.util.precision import decide
 from tests.integration.cli_runs import cli_env
 
 pytestmark = pytest.mark.integration

@@ -4,10 +4,12 @@ driver imports, by importing it in a fresh interpreter).
 - No import cycle, counting the imports inside functions (which hide one from Python but not
   from a reader): each module can be read after the ones it imports.
 - The driver side loads without Lightning: a bad spec is refused before it would load.
-- The worker package never imports the driver package: a worker gets a ``WorkerConfig``.
+- The worker package never imports the driver package: a worker gets a ``WorkerConfig``;
+  and the rest imports ``worker/`` only through ``worker.entry``, what the driver hands
+  Ray Train. ``_compat`` imports nothing of raytrain but ``errors``.
 - Only ``raytrain._compat`` names a private API of Ray, Lightning, MLflow or torch.
 - Only ``raytrain.storage`` branches on a storage URI's scheme, and only
-  ``raytrain.worker.strategy`` on the strategy's name.
+  ``raytrain.spec.strategy_checks`` and ``raytrain.worker.strategy`` on the strategy's name.
 
 Each rule is a function of a module graph or a syntax tree, so each test below also checks
 that its rule catches a violation written for it (a rule that can never fail holds nothing).
@@ -154,6 +156,56 @@ def test_the_worker_package_never_imports_the_driver_package() -> None:
         ast.parse("def f():\n    import raytrain.driver.lease")
     )
     assert driver_reached_from_worker(trees)["raytrain.worker.loop"] == {"raytrain.driver.lease"}
+
+
+# -- the rest reaches worker/ through its one door; _compat stands on errors alone --------------
+
+WORKER_DOOR = "raytrain.worker.entry"
+
+
+def worker_doors(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """The ``worker/`` modules each module outside ``worker/`` imports directly, function-
+    level imports counted, other than its door (``worker.entry``)."""
+    graph = import_graph(trees)
+    return {
+        name: found
+        for name, targets in graph.items()
+        if not name.startswith("raytrain.worker")
+        and (found := {t for t in targets if t.startswith("raytrain.worker") and t != WORKER_DOOR})
+    }
+
+
+def compat_reaches(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """The raytrain modules each ``_compat`` module imports, other than ``_compat`` and
+    ``errors``."""
+    graph = import_graph(trees)
+    return {
+        name: found
+        for name, targets in graph.items()
+        if name.startswith("raytrain._compat")
+        and (
+            found := {
+                t for t in targets if not t.startswith(("raytrain._compat", "raytrain.errors"))
+            }
+        )
+    }
+
+
+def test_the_rest_reaches_the_worker_only_through_its_entry_and_compat_only_errors() -> None:
+    trees = sources()
+    assert worker_doors(trees) == {}
+    assert compat_reaches(trees) == {}
+    # each rule catches its violation: the driver taking a worker module for a constant,
+    # and _compat calling up into the worker
+    trees["raytrain.driver.launcher"].body.append(
+        ast.parse("def f():\n    from raytrain.worker.precision_table import TABLE")
+    )
+    trees["raytrain.worker.precision_table"] = ast.parse("TABLE = {}")
+    trees["raytrain._compat.lightning"].body.append(
+        ast.parse("def g():\n    from raytrain.worker import grad_clip")
+    )
+    assert worker_doors(trees)["raytrain.driver.launcher"] == {"raytrain.worker.precision_table"}
+    assert compat_reaches(trees)["raytrain._compat.lightning"] >= {"raytrain.worker.grad_clip"}
 
 
 # -- private APIs only in _compat -------------------------------------------------------------
@@ -352,15 +404,19 @@ def test_only_storage_branches_on_the_uri_scheme() -> None:
         assert scheme_branches(ast.parse(code)), code
 
 
-def test_only_the_strategy_module_branches_on_the_strategy_name() -> None:
+# The strategy's checks on the spec (before Ray), and its construction in the workers.
+STRATEGY_MODULES = ("raytrain.spec.strategy_checks", "raytrain.worker.strategy")
+
+
+def test_only_the_strategy_modules_branch_on_the_strategy_name() -> None:
     trees = sources()
     found = {
         name: lines
         for name, tree in trees.items()
-        if name != "raytrain.worker.strategy" and (lines := strategy_branches(tree))
+        if name not in STRATEGY_MODULES and (lines := strategy_branches(tree))
     }
     assert found == {}
-    assert strategy_branches(trees["raytrain.worker.strategy"])
+    assert all(strategy_branches(trees[name]) for name in STRATEGY_MODULES)
     assert strategy_branches(ast.parse('sharded = spec.strategy.name == "fsdp"'))
 
 

@@ -17,8 +17,7 @@ from ray.train.v2.api.exceptions import WorkerGroupError
 
 from raytrain._compat.ray_train import PolicyAdapter
 from raytrain.driver.failure_policy import Decision, FailurePolicy
-from raytrain.errors import NonFiniteLossError
-from raytrain.worker.preemption import PreemptedError
+from raytrain.errors import NonFiniteLossError, PreemptedError
 
 RETRY, RAISE = "RETRY", "RAISE"
 

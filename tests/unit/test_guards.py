@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from raytrain.errors import NonFiniteLossError
+from raytrain.errors import NonFiniteLossError, PreemptedError
 from raytrain.worker import preemption
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
-from raytrain.worker.preemption import PreemptedError
 
 
 @dataclass

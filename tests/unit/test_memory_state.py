@@ -24,6 +24,7 @@ from raytrain.checkpoints.memory_interval import (
 from raytrain.checkpoints.node_slots import keep_scratch_name
 from raytrain.errors import SpecError
 from raytrain.spec import load_spec
+from raytrain.spec.strategy_checks import strategy_problems
 from raytrain.worker.memory_state import (
     collective_hazards,
     read_files,
@@ -32,7 +33,6 @@ from raytrain.worker.memory_state import (
     write_files,
 )
 from raytrain.worker.packing import pack, packed_files, serialised, skeleton_bytes, unpack
-from raytrain.worker.strategy import strategy_problems
 
 
 def test_every_step_is_kept_where_it_costs_at_most_five_percent_of_a_step() -> None:

@@ -15,10 +15,10 @@ import torch
 from raytrain.errors import SpecError
 from raytrain.models.tinygpt import Block, TinyGPT
 from raytrain.spec import load_spec, parse_spec
+from raytrain.spec.strategy_checks import strategy_problems
 from raytrain.worker import grad_clip
 from raytrain.worker.strategy import (
     data_rank,
-    strategy_problems,
     tensor_group_spans_nodes,
 )
 from tests.conftest import digits_spec

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from raytrain.spec import load_spec
-from raytrain.worker.precision import bf16_warning, cpu_bf16_flag, decide
+from raytrain.util.precision import bf16_warning, cpu_bf16_flag, decide
 
 AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
 SAPPHIRE = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"

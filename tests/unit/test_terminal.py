@@ -1,4 +1,4 @@
-"""``raytrain.terminal.printable``, and the printers that go through it: a hostile record, run
+"""``raytrain.util.terminal.printable``, and the printers that go through it: a hostile record, run
 or job message reaches the terminal as visible escapes, never as a command to it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from raytrain.cli import app as cli
 from raytrain.run_status import STATUS_FILE, Restart, RunStatus
-from raytrain.terminal import JOB_OUTPUT, printable
 from raytrain.tracking.report import text_table
+from raytrain.util.terminal import JOB_OUTPUT, printable
 
 # A window title (OSC 0, BEL-ended), a screen clear, a cursor move up, a carriage return
 # over the line, an OSC 8 link (ST-ended), a C1 CSI, DEL, a bidi override, a NUL.

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.provenance import GIT_COMMIT_ENV, git_commit
-from raytrain.redaction import REDACTED, redact
 from raytrain.tracking.mlflow_tracker import MlflowTracker, redacted_params
+from raytrain.util.provenance import GIT_COMMIT_ENV, git_commit
+from raytrain.util.redaction import REDACTED, redact
 
 
 def test_params_lose_credentials_and_keep_everything_else() -> None:
