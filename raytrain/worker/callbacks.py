@@ -23,6 +23,9 @@ Lightning calls each hook on the callbacks in list order, and the order matters:
    an elastic restart,
 8. the end markers of ``HangWatchdog``, ``StepTimeline`` and ``SystemMetrics`` last, to
    stop timing after every other hook.
+
+``tests/unit/test_callback_order.py`` builds the list with every feature on and pins this
+order.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class SystemMetrics(pl.Callback):
             self._loop_time += now - self._batch_end_at
         self._batch_start_at = now
 
-    def batch_done(self) -> None:
+    def batch_done(self, trainer: pl.Trainer | None = None) -> None:
         """The batch and every callback after it are done: what follows until the next
         batch starts is Lightning fetching it."""
         now = self._clock()
@@ -107,7 +107,7 @@ class SystemMetrics(pl.Callback):
     def end_marker(self) -> pl.Callback:
         """A callback to put last in the list: it marks the end of each batch's hooks
         (checkpoints and reports included), which are not waits for data."""
-        return BatchEnd(lambda trainer: self.batch_done())
+        return BatchEnd(self.batch_done)
 
     def _pause(self, *args: Any) -> None:
         # validation and epoch ends are not waits for data

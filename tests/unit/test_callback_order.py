@@ -1,0 +1,79 @@
+"""The worker's Lightning callbacks, built with every feature on, in the order
+``worker.callbacks`` documents: Lightning runs each hook down this list, so a callback
+moved is a behaviour changed (a report before its batch is counted, a checkpoint without
+the user's EarlyStopping state, a timer that misses a hook)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch.callbacks import EarlyStopping
+
+from raytrain.checkpoints.layout import run_dir
+from raytrain.spec import JobSpec
+from raytrain.worker.callbacks import build_callbacks
+from raytrain.worker.hang_watchdog import HangWatchdog
+from raytrain.worker.step_timeline import StepTimeline
+from tests.conftest import digits_spec
+
+ORDER = [
+    "SystemMetrics",
+    "StepTimeline",
+    "HangWatchdog",
+    "FiniteGuard",
+    "SpikeGuard",
+    "MixRows",
+    "MetricsReporter",
+    "EarlyStopping",  # the user's, before the checkpoint that holds its state
+    "CheckpointCallback",
+    "MemoryState",
+    "PreemptionGuard",
+    "LoaderPosition",
+    "RollbackSkip",
+    "AccumulationAlignment",
+    "BatchEnd:HangWatchdog",
+    "BatchEnd:StepTimeline",
+    "BatchEnd:SystemMetrics",
+]
+
+
+def _name(callback: object) -> str:
+    """A callback's class, and for an end marker whose timer it ends."""
+    owner = getattr(getattr(callback, "done", None), "__self__", None)
+    kind = type(callback).__name__
+    return f"{kind}:{type(owner).__name__}" if owner is not None else kind
+
+
+def test_every_feature_on_builds_the_callbacks_in_their_documented_order(tmp_path: Path) -> None:
+    spec = JobSpec.model_validate(
+        digits_spec(
+            tmp_path,
+            tmp_path,
+            checkpoint={"storage": str(tmp_path / "runs"), "memory_every_n_steps": 5},
+            failure={"spike": {}, "hang_timeout_s": 60},
+        )
+    )
+    sent: list[dict] = []
+    timeline = StepTimeline(every_n_steps=5, publish=sent.append, rank=0, node="n")
+    watchdog = HangWatchdog(
+        limits=spec.failure.hang_limits(),
+        run_dir=run_dir(spec),
+        options=spec.storage,
+        rank=0,
+        node="n",
+        publish=sent.append,
+        thread=False,
+    )
+    built = build_callbacks(
+        spec,
+        lambda: None,
+        sent.append,  # rank 0: it reports, and times its loop
+        {},
+        timeline,
+        watchdog,
+        user=[EarlyStopping(monitor="val_loss")],
+        keeper=object(),
+    )
+    assert [_name(c) for c in built.ordered] == ORDER
+    assert built.reporter is built.ordered[ORDER.index("MetricsReporter")]
+    assert built.checkpoints is built.ordered[ORDER.index("CheckpointCallback")]
