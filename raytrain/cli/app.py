@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raytrain.errors import EXIT_OK, RaytrainError, SpecError
@@ -45,7 +45,23 @@ def _parser() -> argparse.ArgumentParser:
         prog="raytrain", description="Train Lightning modules on Ray: DDP workers, Ray Data."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    from raytrain.cli.cluster import add_cluster_commands
 
+    for add in (
+        _add_run_and_validate,
+        _add_tune,
+        _add_export_and_report,
+        _add_submit,
+        _add_status_and_doctor,
+        _add_pack,
+        _add_job_controls,
+        add_cluster_commands,
+    ):
+        add(sub)
+    return parser
+
+
+def _add_run_and_validate(sub: Any) -> None:
     run = sub.add_parser("run", help="train a job spec (resumes a run of the same name)")
     run.add_argument("spec", help="path to a job spec (YAML)")
     run.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
@@ -65,17 +81,6 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--chaos-seed", metavar="N", help="with --chaos: the faults' seed")
     run.add_argument("--verbose", action="store_true", help="show Ray's and workers' output")
     run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-
-    sweep = sub.add_parser("tune", help="run the spec's sweep (its tune section) on Ray Tune")
-    sweep.add_argument("spec", help="path to a job spec with a tune section (YAML)")
-    sweep.add_argument("overrides", nargs="*", help="dotted overrides: tune.num_samples=8")
-    sweep.add_argument("--fresh", action="store_true", help="delete the sweep's folder first")
-    sweep.add_argument(
-        "--force", action="store_true", help="take the sweep over from a live sweep holding it"
-    )
-    sweep.add_argument("--verbose", action="store_true", help="show Ray's and workers' output")
-    sweep.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-
     validate = sub.add_parser("validate", help="print the resolved spec, or every problem")
     validate.add_argument("spec", help="path to a job spec (YAML)")
     validate.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
@@ -93,6 +98,20 @@ def _parser() -> argparse.ArgumentParser:
             "beside, and exit without running",
         )
 
+
+def _add_tune(sub: Any) -> None:
+    sweep = sub.add_parser("tune", help="run the spec's sweep (its tune section) on Ray Tune")
+    sweep.add_argument("spec", help="path to a job spec with a tune section (YAML)")
+    sweep.add_argument("overrides", nargs="*", help="dotted overrides: tune.num_samples=8")
+    sweep.add_argument("--fresh", action="store_true", help="delete the sweep's folder first")
+    sweep.add_argument(
+        "--force", action="store_true", help="take the sweep over from a live sweep holding it"
+    )
+    sweep.add_argument("--verbose", action="store_true", help="show Ray's and workers' output")
+    sweep.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def _add_export_and_report(sub: Any) -> None:
     export = sub.add_parser(
         "export", help="write a checkpoint's model weights (sharded or not) as one state dict"
     )
@@ -103,8 +122,6 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else mlflow.db")
     report.add_argument("--out", default="report.png", help="the PNG (default: report.png)")
     report.add_argument("--html", help="also write one self-contained HTML page here")
-    _add_job_commands(sub)
-    return parser
 
 
 def _add_address(cmd: argparse.ArgumentParser) -> None:
@@ -121,7 +138,7 @@ def _add_address(cmd: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_job_commands(sub: Any) -> None:
+def _add_submit(sub: Any) -> None:
     submit = sub.add_parser("submit", help="run a job spec on a Ray cluster, as a Ray job")
     submit.add_argument("spec", help="path to a job spec (YAML) inside the working dir")
     submit.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
@@ -173,6 +190,9 @@ def _add_job_commands(sub: Any) -> None:
         help="with --supervise: how long to wait for the head's job server to answer again "
         "before giving up (default: 600)",
     )
+
+
+def _add_status_and_doctor(sub: Any) -> None:
     status = sub.add_parser(
         "status", help="a run's progress: a submitted job's, or a run's by spec or name"
     )
@@ -186,6 +206,9 @@ def _add_job_commands(sub: Any) -> None:
     doctor.add_argument("overrides", nargs="*", help="dotted overrides of the spec")
     doctor.add_argument("--storage", help="the checkpoint.storage a run NAME is under")
     doctor.add_argument("--tracking-uri", help="the MLflow store (default: the spec's)")
+
+
+def _add_pack(sub: Any) -> None:
     pack = sub.add_parser(
         "pack",
         help="rewrite many small files (an image folder, CSV, "
@@ -210,6 +233,9 @@ def _add_job_commands(sub: Any) -> None:
         action="store_true",
         help="images: leave out the files that do not decode, counted",
     )
+
+
+def _add_job_controls(sub: Any) -> None:
     for name, text in (
         ("logs", "a job's driver output"),
         ("stop", "stop a job"),
@@ -222,9 +248,6 @@ def _add_job_commands(sub: Any) -> None:
         if name == "stop":
             cmd.add_argument("--wait", action="store_true", help="wait until it has stopped")
     _add_address(sub.add_parser("list", help="the cluster's jobs"))
-    from raytrain.cli.cluster import add_cluster_commands
-
-    add_cluster_commands(sub)
 
 
 def _print_summary(result: FitResult) -> None:
@@ -382,6 +405,94 @@ def _chaos_overrides(args: argparse.Namespace) -> list[str]:
     return [f"failure.chaos.mtbf_s={args.chaos}", *seed]
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    from raytrain.cli.cluster import cluster_command
+
+    return cluster_command(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from raytrain.cli.status import doctor_command
+
+    return doctor_command(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    """A run's status by spec or name; else a submitted job's, by its id."""
+    from raytrain.cli.status import names_a_run, run_status_command
+
+    if names_a_run(args):
+        return run_status_command(args)
+    args.job_id = args.target
+    return _jobs(args)
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    from raytrain.cli.jobs import run_job_command
+
+    return run_job_command(args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from raytrain.checkpoints.export import export_checkpoint
+
+    state = export_checkpoint(args.checkpoint, args.out)
+    count = sum(v.numel() for v in state.values())
+    print(printable(f"raytrain: wrote {args.out}: {len(state)} tensors, {count:,} values"))
+    return EXIT_OK
+
+
+def _run_or_validate(args: argparse.Namespace) -> int:
+    """``run`` and ``validate``: with ``--print_config``, LightningCLI's view of the config;
+    ``validate``, the resolved spec; ``run``, the run and its summary (or ``--json``)."""
+    if args.cli:
+        args.overrides.append(f"lightning_cli={args.cli}")
+    if args.print_config:
+        from raytrain.lightning_config import print_config
+        from raytrain.spec import load_spec
+
+        print(print_config(load_spec(args.spec, args.overrides)), end="")
+        return EXIT_OK
+    if args.command == "validate":
+        from raytrain.driver.launcher import validate
+        from raytrain.spec import dump_spec
+
+        print(dump_spec(validate(args.spec, args.overrides)), end="")
+        return EXIT_OK
+    from raytrain.driver.launcher import fit
+
+    args.overrides += _chaos_overrides(args)
+    result = fit(
+        args.spec,
+        args.overrides,
+        fresh=args.fresh,
+        resume_anyway=args.resume_anyway,
+        force=args.force,
+        verbose=args.verbose,
+    )
+    if args.json:
+        print(json.dumps(result.__dict__, default=str))
+    else:
+        _print_summary(result)
+    return EXIT_OK
+
+
+# Each command's handler: the parsed arguments in, the exit code out.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _run_or_validate,
+    "validate": _run_or_validate,
+    "tune": _tune,
+    "export": _export,
+    "report": _report,
+    "pack": _pack,
+    "status": _status,
+    "doctor": _doctor,
+    **{name: _jobs for name in JOB_COMMANDS if name != "status"},
+    "up": _cluster,
+    "down": _cluster,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
     parser = _parser()
@@ -395,67 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(printable(f"unrecognized arguments: {' '.join(extra)}"))
     args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
-        if args.command in ("up", "down"):
-            from raytrain.cli.cluster import cluster_command
-
-            return cluster_command(args)
-        if args.command == "doctor":
-            from raytrain.cli.status import doctor_command
-
-            return doctor_command(args)
-        if args.command == "status":
-            from raytrain.cli.status import names_a_run, run_status_command
-
-            if names_a_run(args):
-                return run_status_command(args)
-            args.job_id = args.target
-        if args.command in JOB_COMMANDS:
-            from raytrain.cli.jobs import run_job_command
-
-            return run_job_command(args)
-        if args.command == "report":
-            return _report(args)
-        if args.command == "pack":
-            return _pack(args)
-        if args.command == "export":
-            from raytrain.checkpoints.export import export_checkpoint
-
-            state = export_checkpoint(args.checkpoint, args.out)
-            count = sum(v.numel() for v in state.values())
-            print(printable(f"raytrain: wrote {args.out}: {len(state)} tensors, {count:,} values"))
-            return EXIT_OK
-        if args.command == "tune":
-            return _tune(args)
-        if getattr(args, "cli", None):
-            args.overrides.append(f"lightning_cli={args.cli}")
-        if getattr(args, "print_config", False):
-            from raytrain.lightning_config import print_config
-            from raytrain.spec import load_spec
-
-            print(print_config(load_spec(args.spec, args.overrides)), end="")
-            return EXIT_OK
-        if args.command == "validate":
-            from raytrain.driver.launcher import validate
-            from raytrain.spec import dump_spec
-
-            print(dump_spec(validate(args.spec, args.overrides)), end="")
-            return EXIT_OK
-        from raytrain.driver.launcher import fit
-
-        args.overrides += _chaos_overrides(args)
-        result = fit(
-            args.spec,
-            args.overrides,
-            fresh=args.fresh,
-            resume_anyway=args.resume_anyway,
-            force=args.force,
-            verbose=args.verbose,
-        )
-        if args.json:
-            print(json.dumps(result.__dict__, default=str))
-        else:
-            _print_summary(result)
-        return EXIT_OK
+        return COMMANDS[args.command](args)
     except RaytrainError as exc:
         for line in [] if exc.said else exc.problems:
             print(f"error: {printable(line)}", file=sys.stderr)

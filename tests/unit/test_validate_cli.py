@@ -66,3 +66,18 @@ def test_missing_val_is_an_error_when_prepare_will_not_run(
     path = write_spec(tmp_path / "job.yaml", spec)
     assert main(["validate", str(path)]) == 2  # train exists, so prepare will not write val
     assert "error: data.val.uri: no such file or folder" in capsys.readouterr().err
+
+
+def test_every_subcommand_the_parser_knows_has_its_handler() -> None:
+    """The CLI is table-driven (``app.COMMANDS``): a subcommand added to the parser
+    without a handler, or a handler left for a removed one, fails here."""
+    import argparse
+
+    from raytrain.cli import app
+
+    (subparsers,) = (
+        action
+        for action in app._parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    assert set(subparsers.choices) == set(app.COMMANDS)
