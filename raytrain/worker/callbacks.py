@@ -59,6 +59,91 @@ from raytrain.worker.strategy import (
 from raytrain.worker.system_metrics import SystemMetrics
 
 
+def _reports_and_checkpoints(
+    spec: JobSpec,
+    train_loader: Callable[[], Any],
+    publish: Publish | None,
+    startup: dict[str, Any],
+    system: SystemMetrics | None,
+    batching: GlobalBatch | None,
+    mtbf: Callable[[], float | None] | None,
+) -> tuple[MetricsReporter, CheckpointCallback]:
+    """The reporter and the checkpoint callback, on one schedule: ``checkpoint.every_n_steps``
+    (``auto``: from the expected or measured time between failures) and ``every_n_epochs``."""
+    ckpt = spec.checkpoint
+    auto = AutoInterval(*spec.failure.expected_mtbf()) if ckpt.every_n_steps == "auto" else None
+    first = FIRST_AUTO_STEPS if ckpt.every_n_steps == "auto" else ckpt.every_n_steps
+    schedule = CheckpointSchedule(first, ckpt.every_n_epochs)
+    reporter = MetricsReporter(
+        log_every_n_steps=spec.trainer.log_every_n_steps,
+        schedule=schedule,
+        monitor=ckpt.monitor,
+        mode=ckpt.mode,
+        publish=publish,
+        startup=startup,
+        system=system,
+        global_batch=batching.samples if batching is not None else None,
+        readers_per_row=spec.strategy.tensor_parallel_size,
+    )
+    checkpoints = CheckpointCallback(
+        schedule=schedule,
+        reporter=reporter,
+        upload=ckpt.upload,
+        sharded=shards_checkpoints(spec),
+        train_loader=train_loader,
+        auto=auto,
+        mtbf=mtbf,
+    )
+    return reporter, checkpoints
+
+
+def _memory_state(
+    spec: JobSpec,
+    train_loader: Callable[[], Any],
+    publish: Publish | None,
+    reporter: MetricsReporter,
+    keeper: Any,
+    token: int,
+    key: int,
+) -> MemoryState | None:
+    """``checkpoint.memory_every_n_steps``: the callback keeping this rank's state in the
+    run's ``keeper`` (rank 0 under DDP, every rank where each holds a shard); None: no
+    keeper, or not this rank."""
+    together = not rank_zero_holds_state(spec)  # every rank keeps its shard
+    if keeper is None or not (publish is not None or together):  # DDP: rank 0 alone
+        return None
+    steps = spec.checkpoint.memory_every_n_steps
+    return MemoryState(
+        keeper,
+        token,
+        steps if isinstance(steps, int) else None,
+        train_loader,
+        on_choice=lambda choice: setattr(reporter, "memory_choice", choice.describe()),
+        together=together,
+        scratch=keep_scratch_name(run_dir(spec)),
+        key=key,
+    )
+
+
+def _spike_guards(
+    spec: JobSpec,
+    train_loader: Callable[[], Any],
+    publish: Publish | None,
+    keeping: MemoryState | None,
+) -> list[pl.Callback]:
+    """``failure.spike``: the guard that finds a spike (before any report) and the skip
+    that moves a restored loader past it (after the loader's position); [] when off."""
+    spike = spec.failure.spike
+    if spike is None:
+        return []
+    where = run_dir(spec)
+    forget = keeping.forget if keeping is not None else None
+    return [
+        SpikeGuard(spike, where, spec.storage, train_loader, forget),
+        RollbackSkip(where, spec.storage, train_loader, publish),
+    ]
+
+
 @dataclass(frozen=True)
 class WorkerCallbacks:
     """The callbacks, in order (``ordered``), and the ones the loop talks to by name."""
@@ -92,56 +177,14 @@ def build_callbacks(
     (``lightning_config.instantiate``). ``keeper``: the run's ``StateKeeper`` (None: no
     in-memory state), which rank 0 keeps its state in, with ``keeper_token`` and
     ``keeper_key`` (what ``memory_state.restore_from_memory`` opened it with)."""
-    ckpt = spec.checkpoint
-    auto = AutoInterval(*spec.failure.expected_mtbf()) if ckpt.every_n_steps == "auto" else None
-    first = FIRST_AUTO_STEPS if ckpt.every_n_steps == "auto" else ckpt.every_n_steps
-    schedule = CheckpointSchedule(first, ckpt.every_n_epochs)
     system = SystemMetrics() if publish is not None else None
-    reporter = MetricsReporter(
-        log_every_n_steps=spec.trainer.log_every_n_steps,
-        schedule=schedule,
-        monitor=ckpt.monitor,
-        mode=ckpt.mode,
-        publish=publish,
-        startup=startup,
-        system=system,
-        global_batch=batching.samples if batching is not None else None,
-        readers_per_row=spec.strategy.tensor_parallel_size,
-    )
-    checkpoints = CheckpointCallback(
-        schedule=schedule,
-        reporter=reporter,
-        upload=ckpt.upload,
-        sharded=shards_checkpoints(spec),
-        train_loader=train_loader,
-        auto=auto,
-        mtbf=mtbf,
+    reporter, checkpoints = _reports_and_checkpoints(
+        spec, train_loader, publish, startup, system, batching, mtbf
     )
     preemption = PreemptionGuard(checkpoints, spec.failure.preemption_check_s)
-    keeping: MemoryState | None = None
-    together = not rank_zero_holds_state(spec)  # every rank keeps its shard
-    if keeper is not None and (publish is not None or together):  # DDP: rank 0 alone
-        steps = ckpt.memory_every_n_steps
-        keeping = MemoryState(
-            keeper,
-            keeper_token,
-            steps if isinstance(steps, int) else None,
-            train_loader,
-            on_choice=lambda choice: setattr(reporter, "memory_choice", choice.describe()),
-            together=together,
-            scratch=keep_scratch_name(run_dir(spec)),
-            key=keeper_key,
-        )
+    keeping = _memory_state(spec, train_loader, publish, reporter, keeper, keeper_token, keeper_key)
     memory: list[pl.Callback] = [keeping] if keeping is not None else []
-    spike = spec.failure.spike
-    spikes: list[pl.Callback] = []
-    if spike is not None:
-        where = run_dir(spec)
-        forget = keeping.forget if keeping is not None else None
-        spikes = [
-            SpikeGuard(spike, where, spec.storage, train_loader, forget),
-            RollbackSkip(where, spec.storage, train_loader, publish),
-        ]
+    spikes = _spike_guards(spec, train_loader, publish, keeping)
     ordered: list[pl.Callback] = [
         *([system] if system else []),
         *([timeline] if timeline else []),

@@ -103,17 +103,16 @@ def train(config: dict[str, Any], entered: float) -> None:
     this worker; ``entered``: when ``entry.train_loop`` began, before these imports."""
     import ray.train
 
-    from raytrain.checkpoints.layout import PRECISION_KEY, run_dir
+    from raytrain.checkpoints.layout import run_dir
     from raytrain.lightning_config import instantiate
     from raytrain.spec.global_batch import global_batch
-    from raytrain.util.precision import decide
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
     from raytrain.worker.reporting import ReportLogger
     from raytrain.worker.strategy import data_rank
     from raytrain.worker.user_code import build_profiler, upload_profiles
     from raytrain.worker.user_data import worker_data
 
-    imported = time.time()
+    startup = {"_loop_entered_at": entered, "_lightning_imported_at": time.time()}
     _quiet_lightning()
     work = WorkerConfig.from_train_loop_config(config)
     spec = work.spec
@@ -125,14 +124,6 @@ def train(config: dict[str, Any], entered: float) -> None:
     # a tensor-parallel group's ranks read the same rows: data is sharded by replica
     replica, replicas = data_rank(spec, rank, world_size)
     data, loaders = worker_data(spec, work, user, replica, replicas)
-    startup: dict[str, Any] = {
-        "_worker_started_at": _process_started_at(entered),
-        "_loop_entered_at": entered,
-        "_lightning_imported_at": imported,
-        PRECISION_KEY: "{} ({})".format(
-            *decide(spec.trainer.precision, spec.scaling.use_gpu is True)
-        ),
-    }
     to_driver = _publisher(work.sink)  # every rank's timeline and hang report
     timeline, watchdog = _timers(work, to_driver, rank)
     batching = global_batch(spec, replicas)
@@ -141,35 +132,67 @@ def train(config: dict[str, Any], entered: float) -> None:
         print(f"raytrain: {threads.describe()}", flush=True)
     checkpoint = ray.train.get_checkpoint()
     restored = _from_memory(work, rank, checkpoint)
-    keeper = work.keeper if restored is None or restored.token is not None else None
     callbacks = build_callbacks(
         spec,
         data,
         to_driver if rank == 0 else None,  # rank 0's reports
-        startup,
+        _startup(spec, startup),
         timeline,
         watchdog,
         batching,
         _mtbf_reader(work.sink) if rank == 0 else None,
         user.callbacks,
-        keeper=keeper,
-        keeper_token=(restored.token if restored else None) or 0,
-        keeper_key=restored.key if restored else 0,
+        **_keeping(work, restored),
     )
     profiler, profiles = build_profiler(spec, rank)
-    ordered = callbacks.ordered
-    if work.chaos is not None:  # failure.chaos: tell the fault injector where and how far
-        from raytrain.worker.chaos_marks import ChaosMarks
-
-        ordered = [*ordered, ChaosMarks(work.chaos, ray.get_runtime_context().get_node_id())]
     loggers = [ReportLogger(callbacks.reporter), *user.loggers]
     trainer = build_trainer(
-        spec, ordered, user.model, loggers, profiler, accumulate=batching.accumulate
+        spec,
+        _with_chaos(work, callbacks.ordered),
+        user.model,
+        loggers,
+        profiler,
+        accumulate=batching.accumulate,
     )
     _fit(trainer, user.model, loaders, spec, checkpoint, restored.checkpoint if restored else None)
     upload_profiles(spec, profiles)
     if rank == 0 and work.sink is not None:
         ray.get(work.sink.ping.remote())  # the driver has every event before the run ends
+
+
+def _keeping(work: WorkerConfig, restored: Any) -> dict[str, Any]:
+    """``build_callbacks``' keeper arguments: the run's keeper with the token and key it
+    was opened with, or none (no keeper, or one that could not be reached: this group
+    keeps nothing in memory)."""
+    if restored is None or restored.token is None:
+        return {"keeper": None}
+    return {"keeper": work.keeper, "keeper_token": restored.token, "keeper_key": restored.key}
+
+
+def _startup(spec: JobSpec, marks: dict[str, float]) -> dict[str, Any]:
+    """What rank 0 reports once of its start: the wall-clock ``marks``, the process's own
+    start before them, and the precision this worker decided on and why."""
+    from raytrain.checkpoints.layout import PRECISION_KEY
+    from raytrain.util.precision import decide
+
+    precision = decide(spec.trainer.precision, spec.scaling.use_gpu is True)
+    return {
+        "_worker_started_at": _process_started_at(marks["_loop_entered_at"]),
+        **marks,
+        PRECISION_KEY: "{} ({})".format(*precision),
+    }
+
+
+def _with_chaos(work: WorkerConfig, ordered: list[Any]) -> list[Any]:
+    """``failure.chaos``: the callbacks and, last, what tells the fault injector where this
+    worker is and how far it got."""
+    if work.chaos is None:
+        return ordered
+    import ray
+
+    from raytrain.worker.chaos_marks import ChaosMarks
+
+    return [*ordered, ChaosMarks(work.chaos, ray.get_runtime_context().get_node_id())]
 
 
 def _set_threads(spec: JobSpec) -> Any:
