@@ -329,8 +329,6 @@ def submit(
     """
     if job_id is not None:
         check_job_id(job_id, "--job-id")
-    from raytrain.spec import load_spec
-
     overrides = list(overrides)
     env = dict(env or {})
     if TOKEN_ENV in env:
@@ -339,23 +337,10 @@ def submit(
             "would put it in the job's recorded runtime environment"
         )
     runtime_env, spec_path = _working_dir_env(spec, working_dir, include)
-    # checked here when it is here: a typo fails before anything reaches the cluster
-    job = load_spec(spec, overrides) if working_dir is not None or Path(spec).is_file() else None
-    if job is not None and warn:
-        for line in _warnings(job, env, overrides):
-            print(f"raytrain: warning: {printable(line)}", file=sys.stderr)
+    job = _checked_here(spec, overrides, env, working_dir, warn)
     runtime_env.update(_job_env(env, pip, working_dir))
     sweep = job is not None and job.tune is not None  # the job runs `raytrain tune`
-    if sweep and (resume_anyway or force):
-        raise JobsError(
-            "--resume-anyway and --force are for one run; a sweep (the spec's "
-            "tune section) takes --fresh only"
-        )
-    flags = [
-        f
-        for f, on in (("--fresh", fresh), ("--resume-anyway", resume_anyway), ("--force", force))
-        if on
-    ]
+    flags = _run_flags(sweep, fresh=fresh, resume_anyway=resume_anyway, force=force)
     # Ray warns on every upload that it leaves .git and .venv out; so does WORKING_DIR_EXCLUDES
     logging.getLogger(NOISY_LOGGERS["working_dir"]).setLevel(logging.ERROR)
     server = JobServer(address, token=token, insecure=insecure)
@@ -373,6 +358,37 @@ def submit(
         },
     )
     return JobHandle(submitted, server)
+
+
+def _checked_here(
+    spec: str | os.PathLike[str],
+    overrides: list[str],
+    env: dict[str, str],
+    working_dir: str | os.PathLike[str] | None,
+    warn: bool,
+) -> JobSpec | None:
+    """The spec, loaded and checked here when it is here (a typo fails before anything
+    reaches the cluster), its warnings printed; None: the path is the cluster's."""
+    from raytrain.spec import load_spec
+
+    if working_dir is None and not Path(spec).is_file():
+        return None
+    job = load_spec(spec, overrides)
+    if warn:
+        for line in _warnings(job, env, overrides):
+            print(f"raytrain: warning: {printable(line)}", file=sys.stderr)
+    return job
+
+
+def _run_flags(sweep: bool, *, fresh: bool, resume_anyway: bool, force: bool) -> list[str]:
+    """The job's ``raytrain run``/``tune`` flags; a sweep takes ``--fresh`` only."""
+    if sweep and (resume_anyway or force):
+        raise JobsError(
+            "--resume-anyway and --force are for one run; a sweep (the spec's "
+            "tune section) takes --fresh only"
+        )
+    given = (("--fresh", fresh), ("--resume-anyway", resume_anyway), ("--force", force))
+    return [flag for flag, on in given if on]
 
 
 # The job's metadata keys that say where its run's status record is, and how to open it.

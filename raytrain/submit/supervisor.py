@@ -156,7 +156,6 @@ def classify(end: JobEnd) -> Verdict:
     - FAILED with neither an exit code nor a Ray-side error type (an older Ray): the status
       record decides; ``failed`` is the run's verdict, any other state a dead driver.
     """
-    detail = f" ({end.record_error})" if end.record_error else ""
     if end.status is None:
         return Verdict(
             EndKind.LOST_WITH_HEAD,
@@ -168,6 +167,12 @@ def classify(end: JobEnd) -> Verdict:
         return Verdict(EndKind.SUCCEEDED, False, EXIT_OK, "the job succeeded")
     if end.status == "STOPPED":
         return Verdict(EndKind.STOPPED, False, EXIT_FAILED, "the job was stopped")
+    return _not_its_own(end) or _its_own(end)
+
+
+def _not_its_own(end: JobEnd) -> Verdict | None:
+    """A FAILED job's end that its driver did not decide (killed, lost by Ray, never set
+    up); None: the driver ended by itself."""
     code, said_failed = end.driver_exit_code, end.record_state == "failed"
     if _signalled(code):
         return Verdict(
@@ -198,6 +203,13 @@ def classify(end: JobEnd) -> Verdict:
             EXIT_INFRASTRUCTURE,
             "the job failed and its driver left no final status record",
         )
+    return None
+
+
+def _its_own(end: JobEnd) -> Verdict:
+    """The verdict of a driver that ended by itself: its exit code and status record."""
+    detail = f" ({end.record_error})" if end.record_error else ""
+    code = end.driver_exit_code
     if code == EXIT_BAD_INPUT or end.record_failure == "bad_input":
         why = f"bad input: the job's driver refused the spec or its run{detail}"
         return Verdict(EndKind.BAD_INPUT, False, EXIT_BAD_INPUT, why)
