@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from raytrain.spec.classes import normalize_class_path
@@ -137,74 +138,94 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> Adopted:
             None,
         )
     index, entry = found[0]
-    field = f"trainer.callbacks.{index}"
+    where = f"trainer.callbacks.{index}"
     # The tree without the callback: what the rest of the spec is checked on, so a problem
     # found here is said once, not again by the spec's own check of the entry.
     out = dict(tree)
     out["trainer"] = {**trainer, "callbacks": [c for i, c in enumerate(listed) if i != index]}
+    args, problem = _init_args(where, entry)
+    if problem is not None:
+        return Adopted(out, [], [problem], index)
+    section = tree.get("checkpoint")
+    section = dict(section) if isinstance(section, dict) else {}
+    moved = _move(where, args, section)
+    if moved.problems:
+        return Adopted(out, [], moved.problems, index)
+    out["checkpoint"] = section
+    said = ", ".join(moved.adopted) or "nothing to adopt"
+    kept = f" ({', '.join(moved.kept)} set in the spec win)" if moved.kept else ""
+    notes = [f"{where}: ModelCheckpoint becomes raytrain's checkpoint settings: {said}{kept}"]
+    if moved.ignored:
+        notes.append(
+            f"warning: {where}: ModelCheckpoint options ignored: {'; '.join(moved.ignored)}"
+        )
+    return Adopted(out, notes, [], index)
+
+
+def _init_args(where: str, entry: Any) -> tuple[dict[str, Any], str | None]:
+    """The entry's ``init_args`` (a copy), or the problem with them: not a mapping, or a
+    name ModelCheckpoint does not take."""
     args = entry.get("init_args") if isinstance(entry, dict) else None
     if args is not None and not isinstance(args, dict):
-        return Adopted(
-            out,
-            [],
-            [
-                f"{field}.init_args: a mapping of ModelCheckpoint's "
-                f"arguments, got {type(args).__name__}"
-            ],
-            index,
+        return {}, (
+            f"{where}.init_args: a mapping of ModelCheckpoint's arguments, got "
+            f"{type(args).__name__}"
         )
     args = dict(args or {})
     unknown = sorted(str(k) for k in args if k not in ARGUMENTS)
     if unknown:
         near = {k: difflib.get_close_matches(k, ARGUMENTS, n=1) for k in unknown}
         said = ", ".join(k + (f" (did you mean {near[k][0]}?)" if near[k] else "") for k in unknown)
-        return Adopted(out, [], [f"{field}.init_args: ModelCheckpoint takes no {said}"], index)
-    section = tree.get("checkpoint")
-    section = dict(section) if isinstance(section, dict) else {}
-    adopted, kept, ignored, problems = [], [], [], []
+        return args, f"{where}.init_args: ModelCheckpoint takes no {said}"
+    return args, None
+
+
+@dataclass
+class _Moved:
+    """What ``_move`` did with each argument: moved into the section (``adopted``), left
+    to a field the spec sets (``kept``), dropped (``ignored``), or refused (``problems``)."""
+
+    adopted: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def _move(where: str, args: dict[str, Any], section: dict[str, Any]) -> _Moved:
+    """ModelCheckpoint's ``args`` into the ``checkpoint`` ``section`` (changed in place):
+    each honoured one where the section does not set it already."""
+    moved = _Moved()
     if args.pop("save_weights_only", False):
-        problems.append(
-            f"{field}.init_args.save_weights_only: raytrain's checkpoints hold the "
+        moved.problems.append(
+            f"{where}.init_args.save_weights_only: raytrain's checkpoints hold the "
             "optimizer's and loops' state a resume needs; remove it (export a "
             "checkpoint's weights with `raytrain export`)"
         )
     dirpath = args.pop("dirpath", None)
     if dirpath is not None:
-        ignored.append(f"dirpath {dirpath!r} (checkpoints go under checkpoint.storage)")
+        moved.ignored.append(f"dirpath {dirpath!r} (checkpoints go under checkpoint.storage)")
     filename = args.pop("filename", None)
     if filename is not None:
-        ignored.append(f"filename {filename!r} (raytrain names checkpoints checkpoint_N)")
-    for key, value in args.items():
+        moved.ignored.append(f"filename {filename!r} (raytrain names checkpoints checkpoint_N)")
+    for key, given in args.items():
         target = HONOURED.get(key)
         if target is None:
-            if key not in ACCEPTED and value is not None:
-                ignored.append(f"{key}={value!r} (no counterpart in checkpoint.*)")
+            if key not in ACCEPTED and given is not None:
+                moved.ignored.append(f"{key}={given!r} (no counterpart in checkpoint.*)")
             continue
-        if value is None:
+        if given is None:
             continue
-        given = value
         value, reason = _honoured_value(key, given)
         if reason is not None:
-            problems.append(f"{field}.init_args.{key}: {reason}, got {repr(given)[:80]}")
+            moved.problems.append(f"{where}.init_args.{key}: {reason}, got {repr(given)[:80]}")
+        elif value is None and key != "save_top_k":  # 0: off, as in Lightning
             continue
-        if value is None and key != "save_top_k":  # 0: off, as in Lightning
-            continue
-        if target in section:
-            kept.append(f"checkpoint.{target}")
-            continue
-        section[target] = value
-        adopted.append(f"{key} → checkpoint.{target}={value!r}")
-    if problems:
-        return Adopted(out, [], problems, index)
-    out["checkpoint"] = section
-    said = ", ".join(adopted) or "nothing to adopt"
-    notes = [
-        f"{field}: ModelCheckpoint becomes raytrain's checkpoint settings: {said}"
-        + (f" ({', '.join(kept)} set in the spec win)" if kept else "")
-    ]
-    if ignored:
-        notes.append(f"warning: {field}: ModelCheckpoint options ignored: {'; '.join(ignored)}")
-    return Adopted(out, notes, [], index)
+        elif target in section:
+            moved.kept.append(f"checkpoint.{target}")
+        else:
+            section[target] = value
+            moved.adopted.append(f"{key} → checkpoint.{target}={value!r}")
+    return moved
 
 
 _CALLBACK_INDEX = re.compile(r"\btrainer\.callbacks\.(\d+)\b")
