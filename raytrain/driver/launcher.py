@@ -9,10 +9,12 @@ trainer and its events), ``results`` (what a run gives back).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from raytrain import storage
@@ -161,10 +163,7 @@ def run_job(
     actor ending after the scheduler stopped it, and whose driver alone knows which."""
     start = time.time() if start is None else start
     timings: dict[str, float] = {}
-
-    def mark(phase: str) -> None:
-        timings[phase] = round(time.time() - start, 3)
-
+    mark = functools.partial(_mark, timings, start)
     state = run_folder.check_resumable(job, fresh, resume_anyway)
     run_folder.check_run_folder(job, fresh, force)
     mark("validated")
@@ -174,20 +173,12 @@ def run_job(
     model_check = _start_model_check(job)
     ray_handle = ray_runtime.connect(job, verbose=verbose)
     mark("ray_ready")
-    record = held = status = None
+    opened = _Opened()
     try:
         preflight.raise_if(model_check.result())
         job = _decide_devices(job, ray_handle)
         mark("model_checked")
-        held = Lease(runstate.run_dir(job), job.storage).acquire(force=force)
-        held.start_heartbeat()
-        prepare_data(job)
-        record = RunRecord(job, run_folder.open_run(job, state, fresh, held))
-        record.resumed_from = run_folder.resume_point(job, held)
-        status = StatusRecord(
-            job, attempt=record.state.attempts + 1, mlflow_run=lambda: record.state.mlflow_run_id
-        )
-        status.start()
+        record, held, status = _open_records(job, state, fresh, force, opened)
         trained = training.train(job, ray_handle, record, held, progress, mark, listeners, status)
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
@@ -195,22 +186,9 @@ def run_job(
         # the environment is put back on this thread, once Ray is left (see RayHandle)
         stopping = Background(lambda: _stop_ray(ray_handle, mark, restore_env=False))
     except BaseException as exc:
-        try:
-            if status is not None:
-                status.finish(
-                    "failed", error=str(exc) or type(exc).__name__, failure=failure_kind(exc)
-                )
-            if record is not None and close_on_failure:
-                killed = isinstance(exc, KeyboardInterrupt)
-                record.finish("KILLED" if killed else "FAILED", error=str(exc))
-            if held is not None:
-                held.release()
-        finally:
-            _stop_ray(ray_handle, mark)
-        if ray_handle.watch is not None and ray_handle.cluster_lost():  # Ray says less
-            raise ClusterLost(lost_line(ray_handle.watch.record)) from exc
+        record_to_close = opened.record if close_on_failure else None
+        _abandon(exc, opened.status, record_to_close, opened.held, ray_handle, mark)
         raise
-    assert status is not None
     try:  # Ray stops meanwhile: logging the model and closing the records need no Ray
         result = _finish(job, trained, record, held, mark)
     except ModelNotRegistered:  # trained and FINISHED; only the registration is missing
@@ -225,6 +203,63 @@ def run_job(
     status.finish("finished")
     result.wall_time_s, result.timings = time.time() - start, timings
     return result
+
+
+def _mark(timings: dict[str, float], start: float, phase: str) -> None:
+    """A phase of the run reached: seconds since ``start``, in ``timings``."""
+    timings[phase] = round(time.time() - start, 3)
+
+
+@dataclass
+class _Opened:
+    """What a run has opened so far (``_open_records``), for ``_abandon`` to close."""
+
+    held: Lease | None = None
+    record: RunRecord | None = None
+    status: StatusRecord | None = None
+
+
+def _open_records(
+    job: JobSpec, state: Any, fresh: bool, force: bool, opened: _Opened
+) -> tuple[RunRecord, Lease, StatusRecord]:
+    """The run's lease (held, its heartbeat started), its data prepared, its MLflow run
+    record and its status record, in that order, each noted in ``opened`` once it is."""
+    held = opened.held = Lease(runstate.run_dir(job), job.storage).acquire(force=force)
+    held.start_heartbeat()
+    prepare_data(job)
+    record = opened.record = RunRecord(job, run_folder.open_run(job, state, fresh, held))
+    record.resumed_from = run_folder.resume_point(job, held)
+    status = opened.status = StatusRecord(
+        job, attempt=record.state.attempts + 1, mlflow_run=lambda: record.state.mlflow_run_id
+    )
+    status.start()
+    return record, held, status
+
+
+def _abandon(
+    exc: BaseException,
+    status: StatusRecord | None,
+    record: RunRecord | None,
+    held: Lease | None,
+    ray_handle: ray_runtime.RayHandle,
+    mark: Callable[[str], None],
+) -> None:
+    """A run that failed before its end: each record that was opened says how (the status
+    record ``failed``; the MLflow run, when ``record`` is given, FAILED or KILLED), the
+    lease is let go and Ray left. Raises ``ClusterLost`` instead when the cluster the run
+    joined went away (Ray's own error says less)."""
+    try:
+        if status is not None:
+            status.finish("failed", error=str(exc) or type(exc).__name__, failure=failure_kind(exc))
+        if record is not None:
+            killed = isinstance(exc, KeyboardInterrupt)
+            record.finish("KILLED" if killed else "FAILED", error=str(exc))
+        if held is not None:
+            held.release()
+    finally:
+        _stop_ray(ray_handle, mark)
+    if ray_handle.watch is not None and ray_handle.cluster_lost():
+        raise ClusterLost(lost_line(ray_handle.watch.record)) from exc
 
 
 def _stop_ray(ray_handle: ray_runtime.RayHandle, mark: Any, *, restore_env: bool = True) -> None:
