@@ -165,17 +165,7 @@ def train(
         # does another run taking the lease over.
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
-        handlers: list[Handler] = [*listeners, *([status] if status else [])]
-        by_rank: dict[str, list[Handler]] = {
-            TIMELINE_KEY: [timelines],
-            HANG_KEY: [hangs],
-            ROLLBACK_KEY: [_rollbacks(record)],
-        }
-        if job.tracking.prometheus:
-            gauges = RayMetrics(job.name)
-            handlers.append(gauges.report)
-            by_rank[TIMELINE_KEY].append(gauges.timeline)
-            by_rank[HANG_KEY].append(gauges.hang)
+        handlers, by_rank = _handlers(job, record, status, listeners, timelines, hangs)
         result, latest = _fit(job, trainer, sink, record, held, line, mark, handlers, by_rank)
     finally:
         stop_sink(sink)
@@ -188,6 +178,30 @@ def train(
     if faults is not None and job.failure.chaos is not None:
         summary = _chaos_summary(job, record, faults, time.time() - began, latest)
     return Trained(result=result, latest=latest, data_paths=splits.paths(), chaos=summary)
+
+
+def _handlers(
+    job: JobSpec,
+    record: RunRecord,
+    status: StatusRecord | None,
+    listeners: Sequence[Handler],
+    timelines: Handler,
+    hangs: Handler,
+) -> tuple[list[Handler], dict[str, list[Handler]]]:
+    """Who hears rank 0's reports (the listeners, the status record, Ray's metrics), and
+    who hears each kind of event every rank sends (timelines, hangs, rollbacks)."""
+    handlers: list[Handler] = [*listeners, *([status] if status else [])]
+    by_rank: dict[str, list[Handler]] = {
+        TIMELINE_KEY: [timelines],
+        HANG_KEY: [hangs],
+        ROLLBACK_KEY: [_rollbacks(record)],
+    }
+    if job.tracking.prometheus:
+        gauges = RayMetrics(job.name)
+        handlers.append(gauges.report)
+        by_rank[TIMELINE_KEY].append(gauges.timeline)
+        by_rank[HANG_KEY].append(gauges.hang)
+    return handlers, by_rank
 
 
 def _start_chaos(job: JobSpec) -> Any:
