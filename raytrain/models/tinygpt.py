@@ -93,6 +93,38 @@ def parallelize(model: TinyGPT, mesh: DeviceMesh, sequence_parallel: bool = True
     across ``data_parallel``.
     """
     from torch.distributed.fsdp import fully_shard
+
+    tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
+    blocks = list(model.blocks)
+    if tp.size() > 1:
+        _check_tensor_parallel(model, tp.size(), sequence_parallel)
+        _tensor_parallel(model, blocks, tp, sequence_parallel)
+    if dp.size() > 1 or tp.size() == 1:  # alone (a world of 1) too: its state is DTensors,
+        for part in blocks:  # which Lightning's model-parallel restore looks for
+            fully_shard(part, mesh=dp)
+        fully_shard(model, mesh=dp)
+
+
+def _check_tensor_parallel(model: TinyGPT, tp: int, sequence_parallel: bool) -> None:
+    """Each rank computes whole heads, and sequence parallelism splits the block by ``tp``."""
+    heads, block = model.hparams["heads"], model.hparams["block"]
+    if heads % tp:
+        raise ValueError(
+            f"model.init_args.heads: {heads} is not a multiple of strategy.model_parallel."
+            f"tensor_parallel_size ({tp}): each rank computes whole heads"
+        )
+    if sequence_parallel and block % tp:
+        raise ValueError(
+            f"model.init_args.block: {block} is not a multiple of strategy.model_parallel."
+            f"tensor_parallel_size ({tp}), which sequence parallelism splits it by; "
+            "set model.init_args.sequence_parallel: false"
+        )
+
+
+def _tensor_parallel(
+    model: TinyGPT, blocks: list[Any], tp: DeviceMesh, sequence_parallel: bool
+) -> None:
+    """Megatron's plan on every block over ``tp`` (see ``parallelize``)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -103,56 +135,27 @@ def parallelize(model: TinyGPT, mesh: DeviceMesh, sequence_parallel: bool = True
         parallelize_module,
     )
 
-    tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
-    blocks = list(model.blocks)
-    if tp.size() > 1:
-        heads, block = model.hparams["heads"], model.hparams["block"]
-        if heads % tp.size():
-            raise ValueError(
-                f"model.init_args.heads: {heads} is not a multiple of strategy.model_parallel."
-                f"tensor_parallel_size ({tp.size()}): each rank computes whole heads"
-            )
-        if sequence_parallel and block % tp.size():
-            raise ValueError(
-                f"model.init_args.block: {block} is not a multiple of strategy.model_parallel."
-                f"tensor_parallel_size ({tp.size()}), which sequence parallelism splits it by; "
-                "set model.init_args.sequence_parallel: false"
-            )
-        model.sequence_shards = tp.size() if sequence_parallel else 1
-        seq = Shard(1) if sequence_parallel else Replicate()
-        plan: dict[str, Any] = {
-            "head_qkv": ColwiseParallel(input_layouts=seq),
-            "proj": RowwiseParallel(output_layouts=seq),
-            "mlp.0": ColwiseParallel(input_layouts=seq),
-            "mlp.2": RowwiseParallel(output_layouts=seq),
-        }
-        if sequence_parallel:
-            plan |= {"norm1": SequenceParallel(), "norm2": SequenceParallel()}
-            # the residual stream enters the first block whole and leaves the last whole
-            parallelize_module(
-                blocks[0],
-                tp,
-                PrepareModuleInput(
-                    input_layouts=(Replicate(),),
-                    desired_input_layouts=(Shard(1),),
-                    use_local_output=True,
-                ),
-            )
-            parallelize_module(
-                blocks[-1],
-                tp,
-                PrepareModuleOutput(
-                    output_layouts=(Shard(1),),
-                    desired_output_layouts=(Replicate(),),
-                    use_local_output=True,
-                ),
-            )
-        for block in blocks:
-            parallelize_module(block, tp, plan)
-    if dp.size() > 1 or tp.size() == 1:  # alone (a world of 1) too: its state is DTensors,
-        for part in blocks:  # which Lightning's model-parallel restore looks for
-            fully_shard(part, mesh=dp)
-        fully_shard(model, mesh=dp)
+    model.sequence_shards = tp.size() if sequence_parallel else 1
+    seq = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, Any] = {
+        "head_qkv": ColwiseParallel(input_layouts=seq),
+        "proj": RowwiseParallel(output_layouts=seq),
+        "mlp.0": ColwiseParallel(input_layouts=seq),
+        "mlp.2": RowwiseParallel(output_layouts=seq),
+    }
+    if sequence_parallel:
+        plan |= {"norm1": SequenceParallel(), "norm2": SequenceParallel()}
+        # the residual stream enters the first block whole and leaves the last whole
+        enter = PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+        )
+        leave = PrepareModuleOutput(
+            output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True
+        )
+        parallelize_module(blocks[0], tp, enter)
+        parallelize_module(blocks[-1], tp, leave)
+    for block in blocks:
+        parallelize_module(block, tp, plan)
 
 
 class TinyGPT(pl.LightningModule):
