@@ -93,6 +93,20 @@ def _check_size(text: str, source: str) -> Any:
     ``MAX_SPEC_NODES`` nodes. The text's own nesting is counted from the event stream, which
     needs no recursion, before the graph is built; the expansion is counted over the graph
     once per distinct node, so an alias bomb costs its size, not its expansion."""
+    _check_nesting(text, source)
+    loader = _SpecLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is not None:
+            _check_expansion(root, source)
+        return loader, root
+    except BaseException:
+        loader.dispose()
+        raise
+
+
+def _check_nesting(text: str, source: str) -> None:
+    """The text's own nesting, from the event stream (no recursion, no graph built)."""
     depth = 0
     for event in yaml.parse(text, Loader=_BaseLoader):
         if isinstance(event, yaml.CollectionStartEvent):
@@ -105,52 +119,44 @@ def _check_size(text: str, source: str) -> Any:
                 )
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
-    loader = _SpecLoader(text)
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            return loader, None
-        sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, depth)
-        stack: list[tuple[Any, bool]] = [(root, False)]
-        busy: set[int] = set()
-        while stack:
-            node, children_done = stack.pop()
-            if id(node) in sizes:
-                continue
-            kids = _children(node)
-            if not children_done:
-                if id(node) in busy:
-                    raise SpecError(
-                        f"{source}: a recursive alias (a node that contains itself) is not allowed"
-                    )
-                busy.add(id(node))
-                stack.append((node, True))
-                stack.extend((kid, False) for kid in kids if id(kid) not in sizes)
-                continue
-            for kid in kids:
-                if id(kid) not in sizes:  # reached only through a cycle
-                    raise SpecError(
-                        f"{source}: a recursive alias (a node that contains itself) is not allowed"
-                    )
-            count = 1 + sum(sizes[id(kid)][0] for kid in kids)
-            deep = 1 + max((sizes[id(kid)][1] for kid in kids), default=0)
-            if count > MAX_SPEC_NODES:
-                raise SpecError(
-                    f"{source}: expands into more than the limit of "
-                    f"{MAX_SPEC_NODES:,} YAML nodes (aliases count each time "
-                    "they are used)"
-                )
-            if deep > MAX_SPEC_DEPTH + 1:
-                raise SpecError(
-                    f"{source}: nested deeper than the limit of {MAX_SPEC_DEPTH} "
-                    "levels (through aliases)"
-                )
-            sizes[id(node)] = (count, deep)
-            busy.discard(id(node))
-        return loader, root
-    except BaseException:
-        loader.dispose()
-        raise
+
+
+def _check_expansion(root: Any, source: str) -> None:
+    """The graph's size and depth with every alias expanded, counted once per distinct node
+    (children before parents, on an explicit stack); a node reached again while its
+    children are counted is a recursive alias."""
+    recursive = f"{source}: a recursive alias (a node that contains itself) is not allowed"
+    sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, depth)
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    busy: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        kids = _children(node)
+        if not children_done:
+            if id(node) in busy:
+                raise SpecError(recursive)
+            busy.add(id(node))
+            stack.append((node, True))
+            stack.extend((kid, False) for kid in kids if id(kid) not in sizes)
+            continue
+        if any(id(kid) not in sizes for kid in kids):  # reached only through a cycle
+            raise SpecError(recursive)
+        count = 1 + sum(sizes[id(kid)][0] for kid in kids)
+        deep = 1 + max((sizes[id(kid)][1] for kid in kids), default=0)
+        if count > MAX_SPEC_NODES:
+            raise SpecError(
+                f"{source}: expands into more than the limit of {MAX_SPEC_NODES:,} YAML "
+                "nodes (aliases count each time they are used)"
+            )
+        if deep > MAX_SPEC_DEPTH + 1:
+            raise SpecError(
+                f"{source}: nested deeper than the limit of {MAX_SPEC_DEPTH} levels "
+                "(through aliases)"
+            )
+        sizes[id(node)] = (count, deep)
+        busy.discard(id(node))
 
 
 def _children(node: Any) -> list[Any]:
