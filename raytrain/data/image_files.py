@@ -108,8 +108,10 @@ def pack_manifest(fs: Any, path: str) -> dict[str, Any] | None:
     if not isinstance(manifest, dict):
         return None
     if manifest.get("complete") is False:
-        raise BadImages(f"{path} is an unfinished pack of {manifest.get('source')} (raytrain "
-                        "pack was stopped before its end): run the same raytrain pack again")
+        raise BadImages(
+            f"{path} is an unfinished pack of {manifest.get('source')} (raytrain "
+            "pack was stopped before its end): run the same raytrain pack again"
+        )
     return manifest
 
 
@@ -132,15 +134,21 @@ def read_labels(uri: str, options: Any = None) -> dict[str, str]:
     fs, path = storage.filesystem(uri, options)
     try:
         with fs.open_input_stream(path) as handle:
-            table = pacsv.read_csv(handle, convert_options=pacsv.ConvertOptions(
-                column_types={"path": pa.string(), "label": pa.string()}))
+            table = pacsv.read_csv(
+                handle,
+                convert_options=pacsv.ConvertOptions(
+                    column_types={"path": pa.string(), "label": pa.string()}
+                ),
+            )
     except Exception as exc:
         raise BadImages(f"cannot read {uri} as CSV: {str(exc).splitlines()[0]}") from None
     absent = [c for c in ("path", "label") if c not in table.column_names]
     if absent:
-        raise BadImages(f"{uri} has no {' or '.join(absent)} column (it has: "
-                        f"{', '.join(table.column_names)}); a labels file is CSV with a header "
-                        "`path,label`")
+        raise BadImages(
+            f"{uri} has no {' or '.join(absent)} column (it has: "
+            f"{', '.join(table.column_names)}); a labels file is CSV with a header "
+            "`path,label`"
+        )
     out: dict[str, str] = {}
     rows = zip(table.column("path").to_pylist(), table.column("label").to_pylist(), strict=True)
     for line, (name, label) in enumerate(rows, start=2):
@@ -153,7 +161,9 @@ def read_labels(uri: str, options: Any = None) -> dict[str, str]:
     return out
 
 
-def _labelled(files: list[str], root: str, labels: dict[str, str], uri: str) -> tuple[list[int], tuple[str, ...]]:
+def _labelled(
+    files: list[str], root: str, labels: dict[str, str], uri: str
+) -> tuple[list[int], tuple[str, ...]]:
     """Each file's class index from a labels file, and the class names (none where the
     labels are integers: they are the indices)."""
     rel = [f[len(root) + 1 :] for f in files]
@@ -165,16 +175,25 @@ def _labelled(files: list[str], root: str, labels: dict[str, str], uri: str) -> 
     if all(v.lstrip("-").isdigit() for v in values):
         negative = next((f for f, v in zip(files, values, strict=True) if int(v) < 0), None)
         if negative is not None:
-            raise BadImages(f"{negative}'s label {labels[negative[len(root) + 1 :]]} is no "
-                            "class index: integer labels are 0 or more")
+            raise BadImages(
+                f"{negative}'s label {labels[negative[len(root) + 1 :]]} is no "
+                "class index: integer labels are 0 or more"
+            )
         return [int(v) for v in values], ()
     classes = tuple(sorted(set(values)))
     index = {name: i for i, name in enumerate(classes)}
     return [index[v] for v in values], classes
 
 
-def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool = True,
-                labels: dict[str, str] | None = None) -> ImageSet:
+def list_images(
+    uri: str,
+    fs: Any,
+    path: str,
+    *,
+    bad: str = "error",
+    check: bool = True,
+    labels: dict[str, str] | None = None,
+) -> ImageSet:
     """The image files under ``path`` (the folder ``uri`` names), sorted, with their labels:
     from ``labels`` (``read_labels``: every image must have one) or the class folders.
 
@@ -186,8 +205,9 @@ def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool
 
     root = path.rstrip("/")
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    found = {i.path: i.size or 0 for i in infos
-             if i.type == pafs.FileType.File and is_image(i.path)}
+    found = {
+        i.path: i.size or 0 for i in infos if i.type == pafs.FileType.File and is_image(i.path)
+    }
     files = sorted(found)
     top = image_classes(fs, root)
     if not files:
@@ -200,17 +220,30 @@ def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool
         if broken and bad == "error":
             first, why = broken[0]
             more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
-            raise BadImages(f"{first} does not decode: {why}{more}; set data.bad_images: skip "
-                            "to train without such files")
+            raise BadImages(
+                f"{first} does not decode: {why}{more}; set data.bad_images: skip "
+                "to train without such files"
+            )
         gone = {f for f, _ in broken}
         files, skipped = [f for f in files if f not in gone], len(broken)
     if labels is not None:
         given, classes = _labelled(files, root, labels, uri)
-        return ImageSet(uri=uri, files=tuple(files), labels=tuple(given), classes=classes,
-                        skipped=skipped, sizes=tuple(found[f] for f in files))
+        return ImageSet(
+            uri=uri,
+            files=tuple(files),
+            labels=tuple(given),
+            classes=classes,
+            skipped=skipped,
+            sizes=tuple(found[f] for f in files),
+        )
     if not top:
-        return ImageSet(uri=uri, files=tuple(files), labels=None, skipped=skipped,
-                        sizes=tuple(found[f] for f in files))
+        return ImageSet(
+            uri=uri,
+            files=tuple(files),
+            labels=None,
+            skipped=skipped,
+            sizes=tuple(found[f] for f in files),
+        )
     index = {name: i for i, name in enumerate(top)}
     indices: list[int] = []
     kept: list[str] = []
@@ -221,7 +254,15 @@ def list_images(uri: str, fs: Any, path: str, *, bad: str = "error", check: bool
             indices.append(index[parts[0]])
     empty = sorted(set(top) - {top[i] for i in indices})
     if empty:
-        raise BadImages(f"the class folder {root}/{empty[0]} has no image files"
-                        + (f" (nor have {len(empty) - 1} more)" if len(empty) > 1 else ""))
-    return ImageSet(uri=uri, files=tuple(kept), labels=tuple(indices), classes=tuple(top),
-                    skipped=skipped, sizes=tuple(found[f] for f in kept))
+        raise BadImages(
+            f"the class folder {root}/{empty[0]} has no image files"
+            + (f" (nor have {len(empty) - 1} more)" if len(empty) > 1 else "")
+        )
+    return ImageSet(
+        uri=uri,
+        files=tuple(kept),
+        labels=tuple(indices),
+        classes=tuple(top),
+        skipped=skipped,
+        sizes=tuple(found[f] for f in kept),
+    )

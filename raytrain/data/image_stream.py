@@ -19,17 +19,17 @@ reads in flight per process): one GET per object is the cost on object storage.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from raytrain.contract import ImageSet, StreamedSet
-from raytrain.data.image_files import open_image
-from raytrain.data.order import epoch_order
 from raytrain.data.batch_format import batch_as
+from raytrain.data.image_files import open_image
+from raytrain.data.order import Interval, StreamSchedule, epoch_order
 from raytrain.data.parquet_stream import ParquetStream, cut_tables
-from raytrain.data.order import Interval, StreamSchedule
 
 FETCH_THREADS = 16  # reads in flight per decoding process
 PREFETCH = 4  # batches each decoding process works ahead
@@ -49,9 +49,15 @@ class ImageFiles:
     batch, dicts of numpy arrays) and made tensors. ``transform`` and ``preprocess`` are
     import paths, imported in the process that uses them."""
 
-    def __init__(self, images: ImageSet | None, filesystem: Any, size: Sequence[int] | None,
-                 mode: str | None, transform: str | None = None,
-                 preprocess: str | None = None):
+    def __init__(
+        self,
+        images: ImageSet | None,
+        filesystem: Any,
+        size: Sequence[int] | None,
+        mode: str | None,
+        transform: str | None = None,
+        preprocess: str | None = None,
+    ):
         self.images = images or ImageSet(uri="", files=(), labels=None)
         self._fs = filesystem
         self._size, self._mode = size, mode
@@ -117,8 +123,10 @@ class ImageFiles:
                 batch = preprocess(batch)
             except Exception as exc:
                 raise _failed("preprocess", self._paths[1], paths[0], exc) from exc
-        return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-                for k, v in batch.items()}
+        return {
+            k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+            for k, v in batch.items()
+        }
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.__getitems__([index])
@@ -142,24 +150,27 @@ def _failed(field: str, function: str | None, path: str, exc: Exception) -> Exce
     from raytrain.errors import BadDataError
 
     detail = str(exc).splitlines()[0] if str(exc) else ""
-    return BadDataError(f"data.{field} {function} failed on {path}: "
-                        f"{type(exc).__name__}: {detail}")
+    return BadDataError(f"data.{field} {function} failed on {path}: {type(exc).__name__}: {detail}")
 
 
 def _undecodable(images: ImageSet, path: str, exc: Exception) -> Exception:
     from raytrain.errors import BadDataError
 
     detail = str(exc).splitlines()[0] if str(exc) else ""
-    return BadDataError(f"data: the image {path} (of {images.uri or 'a packed set'}) does not "
-                        f"decode: {type(exc).__name__}: {detail}")
+    return BadDataError(
+        f"data: the image {path} (of {images.uri or 'a packed set'}) does not "
+        f"decode: {type(exc).__name__}: {detail}"
+    )
 
 
 def _unreadable(images: ImageSet, path: str, exc: Exception) -> Exception:
     from raytrain.errors import TrainingFailed
 
     detail = str(exc).splitlines()[0] if str(exc) else ""
-    return TrainingFailed(f"data: cannot read the image {path} (a file of {images.uri}): "
-                          f"{type(exc).__name__}: {detail}")
+    return TrainingFailed(
+        f"data: cannot read the image {path} (a file of {images.uri}): "
+        f"{type(exc).__name__}: {detail}"
+    )
 
 
 def _mixed_shapes(uri: str, paths: Sequence[str], pixels: Sequence[Any]) -> Exception:
@@ -215,10 +226,19 @@ def pool_loader(files: ImageFiles, sampler: _Batches, workers: int, pin: bool) -
 
     extra: dict[str, Any] = {}
     if workers > 0:
-        extra = {"persistent_workers": True, "prefetch_factor": PREFETCH,
-                 "multiprocessing_context": "forkserver"}
-    return DataLoader(files, batch_sampler=sampler, collate_fn=_as_is,  # type: ignore[arg-type]
-                      num_workers=workers, pin_memory=pin, **extra)
+        extra = {
+            "persistent_workers": True,
+            "prefetch_factor": PREFETCH,
+            "multiprocessing_context": "forkserver",
+        }
+    return DataLoader(
+        files,  # type: ignore[arg-type]  # a map-style dataset, not a torch Dataset
+        batch_sampler=sampler,
+        collate_fn=_as_is,
+        num_workers=workers,
+        pin_memory=pin,
+        **extra,
+    )
 
 
 def block_batches(order: Any, block: Sequence[Interval], sizes: Sequence[int]) -> list[list[int]]:
@@ -231,16 +251,25 @@ def block_batches(order: Any, block: Sequence[Interval], sizes: Sequence[int]) -
     picked = np.concatenate([order[lo:hi] for lo, hi in block])
     cuts = np.cumsum([0, *sizes])
     assert cuts[-1] == len(picked), (cuts[-1], len(picked))
-    return [picked[a:b].tolist() for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    return [picked[a:b].tolist() for a, b in itertools.pairwise(cuts)]
 
 
 class ImageStream(StreamSchedule):
     """This rank's batches of an image folder, one pass per epoch, as dicts of tensors (or
     tuples, in ``tuple_columns`` order). Resumable: see ``StreamSchedule``."""
 
-    def __init__(self, files: ImageFiles, batch_size: int, *, rank: int, world_size: int,
-                 shuffle_seed: int | None = None, num_workers: int = 1,
-                 pin_memory: bool = False, tuple_columns: list[str] | None = None):
+    def __init__(
+        self,
+        files: ImageFiles,
+        batch_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        shuffle_seed: int | None = None,
+        num_workers: int = 1,
+        pin_memory: bool = False,
+        tuple_columns: list[str] | None = None,
+    ):
         super().__init__(files.images.num_rows, batch_size, rank=rank, world_size=world_size)
         self._files = files
         self._seed = shuffle_seed
@@ -277,13 +306,31 @@ class PackedImageStream(ParquetStream):
     threads, exact on resume), each batch's encoded images handed to the decoding processes
     as a ``PackedBatch`` (one read per row group, not one per image)."""
 
-    def __init__(self, streamed: StreamedSet, filesystem: Any, files: ImageFiles,
-                 batch_size: int, *, rank: int, world_size: int,
-                 shuffle_seed: int | None = None, window_rows: int = 1, num_workers: int = 1,
-                 pin_memory: bool = False, tuple_columns: list[str] | None = None):
-        super().__init__(streamed, filesystem, None, batch_size, rank=rank,
-                         world_size=world_size, shuffle_seed=shuffle_seed,
-                         window_rows=window_rows)
+    def __init__(
+        self,
+        streamed: StreamedSet,
+        filesystem: Any,
+        files: ImageFiles,
+        batch_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        shuffle_seed: int | None = None,
+        window_rows: int = 1,
+        num_workers: int = 1,
+        pin_memory: bool = False,
+        tuple_columns: list[str] | None = None,
+    ):
+        super().__init__(
+            streamed,
+            filesystem,
+            None,
+            batch_size,
+            rank=rank,
+            world_size=world_size,
+            shuffle_seed=shuffle_seed,
+            window_rows=window_rows,
+        )
         self._files, self._workers, self._pin = files, num_workers, pin_memory
         self._images_tuple = tuple_columns
         self._sampler = _Batches()
@@ -298,8 +345,9 @@ class PackedImageStream(ParquetStream):
             for table in cut_tables(self.tables(block, self.epoch), sizes):
                 names = table.column_names
                 labels = table.column("label").to_pylist() if "label" in names else None
-                yield PackedBatch(table.column("image").to_pylist(),
-                                  table.column("path").to_pylist(), labels)
+                yield PackedBatch(
+                    table.column("image").to_pylist(), table.column("path").to_pylist(), labels
+                )
 
         self._sampler.batches, self._sampler.count = packed(), len(sizes)
         if self._loader is None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -92,15 +91,23 @@ class ShardBatches:
         of the epoch, over all ranks)."""
         offset = self._offset[1] if self._offset and self._offset[0] == self.epoch else 0
         rows = (self.position + offset) * self._batch_size * self._world
-        return {"epoch": self.epoch, "steps": self.position, "world_size": self._world,
-                "rows": rows}
+        return {
+            "epoch": self.epoch,
+            "steps": self.position,
+            "world_size": self._world,
+            "rows": rows,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume from ``state``: the next pass over its epoch skips what was trained
         (``rows``, or before it was saved, ``steps`` of ``world_size`` batches)."""
         self.epoch = int(state["epoch"])
-        rows = int(state.get("rows", int(state["steps"]) * self._batch_size
-                             * int(state.get("world_size", self._world))))
+        rows = int(
+            state.get(
+                "rows",
+                int(state["steps"]) * self._batch_size * int(state.get("world_size", self._world)),
+            )
+        )
         skip = math.ceil(rows / (self._batch_size * self._world))
         self._skip = (self.epoch, skip)
         self.position = int(state["steps"])
@@ -148,34 +155,67 @@ def worker_loaders(
         if name in mixed:
             from raytrain.data.mix import mixed_loader
 
-            return mixed_loader(mixed[name], options, data.columns, data.batch_size, rank=rank,
-                                world_size=world_size, shuffle_seed=seed,
-                                window_rows=shuffle.buffer_size if shuffle else 1,
-                                tuple_columns=columns)
+            return mixed_loader(
+                mixed[name],
+                options,
+                data.columns,
+                data.batch_size,
+                rank=rank,
+                world_size=world_size,
+                shuffle_seed=seed,
+                window_rows=shuffle.buffer_size if shuffle else 1,
+                tuple_columns=columns,
+            )
         part = streamed.get(name)
         if isinstance(part, ImageSet) or (isinstance(part, StreamedSet) and part.images):
-            return image_loader(data, part, options, source_of(name), rank=rank,
-                                world_size=world_size, seed=seed, tuple_columns=columns)
+            return image_loader(
+                data,
+                part,
+                options,
+                source_of(name),
+                rank=rank,
+                world_size=world_size,
+                seed=seed,
+                tuple_columns=columns,
+            )
         if isinstance(part, StreamedSet):
             from raytrain import storage
             from raytrain.data.parquet_stream import ParquetStream
 
             fs, _ = storage.filesystem(part.uri, options)
-            return ParquetStream(part, fs, data.columns, data.batch_size, rank=rank,
-                                 world_size=world_size, shuffle_seed=seed,
-                                 window_rows=shuffle.buffer_size if shuffle else 1,
-                                 tuple_columns=columns, preprocess=data.preprocess)
+            return ParquetStream(
+                part,
+                fs,
+                data.columns,
+                data.batch_size,
+                rank=rank,
+                world_size=world_size,
+                shuffle_seed=seed,
+                window_rows=shuffle.buffer_size if shuffle else 1,
+                tuple_columns=columns,
+                preprocess=data.preprocess,
+            )
         if name in cached:
             import pyarrow as pa
 
             # Arrow blocks come out of the object store zero-copy; batches are cut from them.
             table = pa.concat_tables(ray.get(cached[name].refs))
-            return CachedBatches(table, data.batch_size, rank=rank, world_size=world_size,
-                                 shuffle_seed=seed, tuple_columns=columns)
+            return CachedBatches(
+                table,
+                data.batch_size,
+                rank=rank,
+                world_size=world_size,
+                shuffle_seed=seed,
+                tuple_columns=columns,
+            )
         return ShardBatches(
-            ray.train.get_dataset_shard(name), data.batch_size, shuffle_seed=seed,
-            shuffle_buffer=shuffle.buffer_size if shuffle else 0, rank=rank,
-            world_size=world_size, tuple_columns=columns,
+            ray.train.get_dataset_shard(name),
+            data.batch_size,
+            shuffle_seed=seed,
+            shuffle_buffer=shuffle.buffer_size if shuffle else 0,
+            rank=rank,
+            world_size=world_size,
+            tuple_columns=columns,
         )
 
     def source_of(name: str) -> SourceSpec:
@@ -188,9 +228,17 @@ def worker_loaders(
     return train, val
 
 
-def image_loader(data: DataSpec, images: ImageSet | StreamedSet, options: StorageSpec | None,
-                 source: SourceSpec, *, rank: int, world_size: int, seed: int | None,
-                 tuple_columns: list[str] | None) -> Any:
+def image_loader(
+    data: DataSpec,
+    images: ImageSet | StreamedSet,
+    options: StorageSpec | None,
+    source: SourceSpec,
+    *,
+    rank: int,
+    world_size: int,
+    seed: int | None,
+    tuple_columns: list[str] | None,
+) -> Any:
     """This rank's ``ImageStream`` of an image split (``PackedImageStream``: packed images):
     ``data.num_workers`` decoding processes (unset: the CPUs Ray gave this worker, at least
     1), pinned memory when training on a GPU."""
@@ -207,15 +255,32 @@ def image_loader(data: DataSpec, images: ImageSet | StreamedSet, options: Storag
     fs, _ = storage.filesystem(images.uri, options)
     pin = torch.cuda.is_available()
     if isinstance(images, StreamedSet):
-        decoder = ImageFiles(None, fs, source.image_size, source.image_mode, data.transform,
-                             data.preprocess)
-        return PackedImageStream(images, fs, decoder, data.batch_size, rank=rank,
-                                 world_size=world_size, shuffle_seed=seed,
-                                 window_rows=data.shuffle.buffer_size if data.shuffle else 1,
-                                 num_workers=workers, pin_memory=pin,
-                                 tuple_columns=tuple_columns)
-    files = ImageFiles(images, fs, source.image_size, source.image_mode, data.transform,
-                       data.preprocess)
-    return ImageStream(files, data.batch_size, rank=rank, world_size=world_size,
-                       shuffle_seed=seed, num_workers=workers,
-                       pin_memory=pin, tuple_columns=tuple_columns)
+        decoder = ImageFiles(
+            None, fs, source.image_size, source.image_mode, data.transform, data.preprocess
+        )
+        return PackedImageStream(
+            images,
+            fs,
+            decoder,
+            data.batch_size,
+            rank=rank,
+            world_size=world_size,
+            shuffle_seed=seed,
+            window_rows=data.shuffle.buffer_size if data.shuffle else 1,
+            num_workers=workers,
+            pin_memory=pin,
+            tuple_columns=tuple_columns,
+        )
+    files = ImageFiles(
+        images, fs, source.image_size, source.image_mode, data.transform, data.preprocess
+    )
+    return ImageStream(
+        files,
+        data.batch_size,
+        rank=rank,
+        world_size=world_size,
+        shuffle_seed=seed,
+        num_workers=workers,
+        pin_memory=pin,
+        tuple_columns=tuple_columns,
+    )

@@ -25,9 +25,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from raytrain.contract import MixedSet
-from raytrain.data.order import epoch_seed
+from raytrain.data.order import Interval, StreamSchedule, epoch_seed
 from raytrain.data.parquet_stream import EpochLayout, WindowReader, cut_batches
-from raytrain.data.order import Interval, StreamSchedule
 from raytrain.spec.data import label_bytes
 
 CHUNK = 8192  # positions interleaved at a time
@@ -153,8 +152,10 @@ class MixedStream(StreamSchedule):
         labels = self.labels(epoch)
         for lo, hi in block:
             # each source's next row: its rows of earlier epochs and earlier positions
-            nxt = [epoch * q + int(np.count_nonzero(labels[:lo] == j))
-                   for j, q in enumerate(self.quotas)]
+            nxt = [
+                epoch * q + int(np.count_nonzero(labels[:lo] == j))
+                for j, q in enumerate(self.quotas)
+            ]
             for a in range(lo, hi, CHUNK):
                 chunk = labels[a : min(hi, a + CHUNK)]
                 parts = []
@@ -216,5 +217,12 @@ def mixed_loader(
         else:
             fs, _ = storage.filesystem(part.uri, options)
             sources.append(StreamedRows(WindowReader(part, fs, columns), seed, window_rows))
-    return MixedStream(mix, sources, batch_size, rank=rank, world_size=world_size,
-                       shuffle_seed=shuffle_seed, tuple_columns=tuple_columns)
+    return MixedStream(
+        mix,
+        sources,
+        batch_size,
+        rank=rank,
+        world_size=world_size,
+        shuffle_seed=shuffle_seed,
+        tuple_columns=tuple_columns,
+    )

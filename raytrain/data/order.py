@@ -22,7 +22,6 @@ state (Lightning's loader protocol), so a restore on any world size cuts the sam
 into its own blocks: nothing of the epoch is repeated or skipped.
 """
 
-
 from __future__ import annotations
 
 import itertools
@@ -142,8 +141,9 @@ class EpochSchedule:
         if left == 0:
             return done, start, []
         if left < self._world:  # only after a resize: too few rows left to give each rank one
-            logger.warning("%d rows left in epoch %d for %d workers: skipped", left, self.epoch,
-                           self._world)
+            logger.warning(
+                "%d rows left in epoch %d for %d workers: skipped", left, self.epoch, self._world
+            )
             return done, n, []
         steps = step_slices(left, self._batch_size, self._world)
         return done, start, [[(lo + start, hi + start) for lo, hi in step] for step in steps]
@@ -171,8 +171,10 @@ class EpochSchedule:
         """Resume from ``state``: the next pass over its epoch starts at the row it reached."""
         self.epoch = int(state["epoch"])
         if "rows" not in state or "world_size" in state:  # a streamed split's, Ray Data's
-            logger.warning("the checkpoint's data position is another loader's: the epoch "
-                           "resumes exact in count, not in which rows")
+            logger.warning(
+                "the checkpoint's data position is another loader's: the epoch "
+                "resumes exact in count, not in which rows"
+            )
         rows = rows_trained(state, self._rows, self._batch_size)
         self._resume = (self.epoch, int(state["steps"]), rows)
         self.position = int(state["steps"])
@@ -186,7 +188,6 @@ class EpochSchedule:
         for step in schedule[2]:
             lo, hi = step[self._rank]
             yield order[lo:hi]
-
 
 
 def span(intervals: Sequence[Interval]) -> int:
@@ -291,8 +292,12 @@ class StreamSchedule:
         if span(left) == 0:
             return done, [], []
         if span(left) < self._world:  # only after a resize: too few rows to give each a batch
-            logger.warning("%d rows left in epoch %d for %d workers: skipped", span(left),
-                           self.epoch, self._world)
+            logger.warning(
+                "%d rows left in epoch %d for %d workers: skipped",
+                span(left),
+                self.epoch,
+                self._world,
+            )
             return done, [], []
         block, sizes = rank_block(left, self._batch_size, self._world, self._rank)
         return done, block, sizes
@@ -318,8 +323,11 @@ class StreamSchedule:
         if "left" in state:
             left = [(int(lo), int(hi)) for lo, hi in state["left"]]  # type: ignore[attr-defined]
         else:  # saved by another loader: the split took another path since
-            logger.warning("the checkpoint's data position is another loader's: the epoch "
-                           "resumes exact in count, not in which rows")
-            left = [(min(rows_trained(state, self._rows, self._batch_size), self._rows),
-                     self._rows)]
+            logger.warning(
+                "the checkpoint's data position is another loader's: the epoch "
+                "resumes exact in count, not in which rows"
+            )
+            left = [
+                (min(rows_trained(state, self._rows, self._batch_size), self._rows), self._rows)
+            ]
         self._start = (self.epoch, left, self.position)

@@ -80,17 +80,23 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
-def pack(src: str, dest: str, fmt: str = "images", shard_mb: float = 256,
-         options: Any = None, out: TextIO = sys.stderr,
-         skip_bad: bool = False) -> PackSummary:
+def pack(
+    src: str,
+    dest: str,
+    fmt: str = "images",
+    shard_mb: float = 256,
+    options: Any = None,
+    out: TextIO = sys.stderr,
+    skip_bad: bool = False,
+) -> PackSummary:
     """Pack the files under ``src`` (format ``fmt``) into Parquet shards under ``dest`` (see
     the module docstring); progress lines go to ``out``. A source that cannot be packed is
     a ``PackError`` naming it; a file that does not decode (images) or parse (CSV, JSON)
     too, with the shards before it kept (``skip_bad``: images that do not decode are left
     out and counted instead)."""
-    from raytrain import storage
-
     import pyarrow.fs as pafs
+
+    from raytrain import storage
 
     began = time.monotonic()
     if not math.isfinite(shard_mb) or shard_mb <= 0:
@@ -110,8 +116,9 @@ def pack(src: str, dest: str, fmt: str = "images", shard_mb: float = 256,
     manifest_uri = f"{dest.rstrip('/')}/{MANIFEST}"
     _claim(dest_fs, dest_path, dest)
     # unfinished until the end: a reader refuses the folder meanwhile, a rerun may go on
-    storage.write_text(manifest_uri, json.dumps({"format": fmt, "source": src,
-                                                 "complete": False}), options)
+    storage.write_text(
+        manifest_uri, json.dumps({"format": fmt, "source": src, "complete": False}), options
+    )
     skipped, rows = 0, 0
     for index, run in enumerate(plan):
         path = f"{dest_path.rstrip('/')}/{shard_name(index)}"
@@ -120,25 +127,45 @@ def pack(src: str, dest: str, fmt: str = "images", shard_mb: float = 256,
         if held is not None:
             skipped += 1
             rows += held
-            print(f"raytrain pack: shard {index + 1}/{len(plan)} already packed", file=out,
-                  flush=True)
+            print(
+                f"raytrain pack: shard {index + 1}/{len(plan)} already packed", file=out, flush=True
+            )
             continue
         shard_began = time.monotonic()
         data, count = write(list(run), {PLAN_KEY: key, KIND_KEY: fmt.encode()})
         _put(dest_fs, path, data)
         rows += count
-        print(f"raytrain pack: shard {index + 1}/{len(plan)}: {len(run):,} "
-              f"{'files' if fmt == 'images' else 'blocks'}, {sum(sizes[i] for i in run) / 1e6:,.1f} MB "
-              f"({time.monotonic() - shard_began:.1f} s)", file=out, flush=True)
+        unit, megabytes = "files" if fmt == "images" else "blocks", sum(sizes[i] for i in run) / 1e6
+        print(
+            f"raytrain pack: shard {index + 1}/{len(plan)}: {len(run):,} {unit}, "
+            f"{megabytes:,.1f} MB "
+            f"({time.monotonic() - shard_began:.1f} s)",
+            file=out,
+            flush=True,
+        )
     _remove_stale(dest_fs, dest_path, len(plan))
-    summary = PackSummary(files=source.files, bytes=sum(sizes),
-                          shards=len(plan), skipped=skipped, rows=rows,
-                          seconds=time.monotonic() - began, dest=dest,
-                          bad_files=source.bad[0])
-    manifest = {"format": fmt, "source": src, "complete": True, "files": summary.files,
-                "bytes": summary.bytes, "rows": rows, "skipped_files": source.bad[0],
-                "shards": [shard_name(i) for i in range(len(plan))], "shard_mb": shard_mb,
-                **source.manifest}
+    summary = PackSummary(
+        files=source.files,
+        bytes=sum(sizes),
+        shards=len(plan),
+        skipped=skipped,
+        rows=rows,
+        seconds=time.monotonic() - began,
+        dest=dest,
+        bad_files=source.bad[0],
+    )
+    manifest = {
+        "format": fmt,
+        "source": src,
+        "complete": True,
+        "files": summary.files,
+        "bytes": summary.bytes,
+        "rows": rows,
+        "skipped_files": source.bad[0],
+        "shards": [shard_name(i) for i in range(len(plan))],
+        "shard_mb": shard_mb,
+        **source.manifest,
+    }
     storage.write_text(manifest_uri, json.dumps(manifest, indent=1), options)
     return summary
 
@@ -155,9 +182,11 @@ def _claim(fs: Any, path: str, dest: str) -> None:
     if info.type == pafs.FileType.Directory:
         names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(path))}
         if names and MANIFEST not in names:
-            raise PackError(f"{dest} holds other files ({', '.join(sorted(names)[:3])}"
-                            f"{', ...' if len(names) > 3 else ''}) and no pack's "
-                            f"{MANIFEST}: pack into a new or empty folder")
+            raise PackError(
+                f"{dest} holds other files ({', '.join(sorted(names)[:3])}"
+                f"{', ...' if len(names) > 3 else ''}) and no pack's "
+                f"{MANIFEST}: pack into a new or empty folder"
+            )
     fs.create_dir(path, recursive=True)
 
 
@@ -176,13 +205,15 @@ class PackSource:
     bad: list[int]  # [images left out as undecodable] (a counter the writer updates)
 
 
-def _plan_key(fmt: str, units: Sequence[Any], sizes: Sequence[int],
-              stamps: dict[str, Any]) -> bytes:
+def _plan_key(
+    fmt: str, units: Sequence[Any], sizes: Sequence[int], stamps: dict[str, Any]
+) -> bytes:
     """A shard's identity: its units and their bytes, and its files' paths and modification
     times (``stamps``), so a rerun over a changed source writes the shard again."""
     files = sorted({u if isinstance(u, str) else u[0] for u in units})
-    digest = hashlib.sha256(json.dumps([fmt, list(units), list(sizes),
-                                        [(f, stamps.get(f)) for f in files]]).encode())
+    digest = hashlib.sha256(
+        json.dumps([fmt, list(units), list(sizes), [(f, stamps.get(f)) for f in files]]).encode()
+    )
     return digest.hexdigest().encode()
 
 
@@ -282,11 +313,14 @@ def _image_source(src: str, fs: Any, path: str, skip_bad: bool) -> PackSource:
             elif skip_bad:
                 bad[0] += 1
             else:
-                raise PackError(f"{images.files[i]} does not decode: {why} (--skip-bad packs "
-                                "without such files)")
-        columns = {"image": pa.array(kept_data, pa.binary()),
-                   "path": pa.array([images.files[i].removeprefix(root) for i in kept],
-                                    pa.string())}
+                raise PackError(
+                    f"{images.files[i]} does not decode: {why} (--skip-bad packs "
+                    "without such files)"
+                )
+        columns = {
+            "image": pa.array(kept_data, pa.binary()),
+            "path": pa.array([images.files[i].removeprefix(root) for i in kept], pa.string()),
+        }
         if images.labels is not None:
             columns["label"] = pa.array([images.labels[i] for i in kept], pa.int64())
         table = pa.table(columns)
@@ -294,8 +328,15 @@ def _image_source(src: str, fs: Any, path: str, skip_bad: bool) -> PackSource:
         mean = sum(map(len, kept_data)) / max(len(kept_data), 1)
         return _parquet(table, {**metadata, **extra}, mean), len(kept)
 
-    return PackSource(list(images.files), list(images.sizes), write, images.num_rows,
-                      {"classes": list(images.classes)}, _stamps(fs, path), bad)
+    return PackSource(
+        list(images.files),
+        list(images.sizes),
+        write,
+        images.num_rows,
+        {"classes": list(images.classes)},
+        _stamps(fs, path),
+        bad,
+    )
 
 
 def _text_source(src: str, fs: Any, path: str, fmt: str) -> PackSource:
@@ -324,5 +365,6 @@ def _text_source(src: str, fs: Any, path: str, fmt: str) -> PackSource:
     stamps = {name: stamp for name, stamp in _stamps(fs, path).items() if name in index}
     if not stamps and found.files:  # a single file
         stamps = {found.files[0]: fs.get_file_info(found.files[0]).mtime_ns}
-    return PackSource(units, [found.blocks[u][1] for _, u in units], write, len(found.files),
-                      {}, stamps, [0])
+    return PackSource(
+        units, [found.blocks[u][1] for _, u in units], write, len(found.files), {}, stamps, [0]
+    )

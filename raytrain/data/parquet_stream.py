@@ -1,5 +1,6 @@
-"""A streamed Parquet split (or CSV, JSON Lines: ``text_blocks``) read by each rank itself: its block of every epoch's order
-(``data.order``), row group by row group, with pyarrow, reads running ahead in threads.
+"""A streamed Parquet split (or CSV, JSON Lines: ``text_blocks``) read by each rank itself:
+its block of every epoch's order (``data.order``), row group by row group, with pyarrow,
+reads running ahead in threads.
 
 An epoch's order is a function of (seed, epoch) and the files' row-group counts alone, so
 every rank plans the same order without talking to the others, and a restore on any world
@@ -28,9 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from raytrain.contract import StreamedSet
-from raytrain.data.order import epoch_seed
 from raytrain.data.batch_format import batch_as
-from raytrain.data.order import Interval, StreamSchedule
+from raytrain.data.order import Interval, StreamSchedule, epoch_seed
 
 # Windows read ahead of the one being batched, each by a thread of its own: on 2 cores
 # and on 16, two reads in flight kept the batches waiting on none (bench/storage.py).
@@ -142,8 +142,12 @@ class WindowReader:
         return table if order is None else table.take(order)
 
 
-def cut_batches(tables: Iterator[Any], sizes: Sequence[int], columns: list[str] | None,
-                preprocess: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Any:
+def cut_batches(
+    tables: Iterator[Any],
+    sizes: Sequence[int],
+    columns: list[str] | None,
+    preprocess: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Any:
     """Batches of ``sizes`` rows cut from the Arrow ``tables`` in order, as dicts of tensors
     (or tuples in ``columns`` order); with ``preprocess`` (``data.preprocess``), each batch
     passes through it as Ray Data's numpy batch first, on this thread."""
@@ -214,8 +218,10 @@ class ParquetStream(StreamSchedule):
         group, and a shuffled copy of the one being read)."""
         layout = EpochLayout(self._reader.set.counts, self._seed, epoch, self._window_rows)
         pieces = list(layout.pieces(block))
-        runs = [(w, [(lo, hi) for _, lo, hi in group])
-                for w, group in itertools.groupby(pieces, key=lambda p: p[0])]
+        runs = [
+            (w, [(lo, hi) for _, lo, hi in group])
+            for w, group in itertools.groupby(pieces, key=lambda p: p[0])
+        ]
         with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="raytrain-read") as pool:
             ahead: deque[tuple[Future, list[tuple[int, int]]]] = deque()
             upcoming = iter(runs)

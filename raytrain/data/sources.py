@@ -38,11 +38,8 @@ empty val shard never reaches it, and the others wait forever).
 
 from __future__ import annotations
 
-import itertools
 import logging
-import math
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,8 +75,11 @@ def read_source(
     if source.format == "images":
         ds = _read_images(source, fs, path)
     else:
-        readers = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv,
-                   "json": ray.data.read_json}
+        readers = {
+            "parquet": ray.data.read_parquet,
+            "csv": ray.data.read_csv,
+            "json": ray.data.read_json,
+        }
         ds = readers[source.format](path, filesystem=fs)
     if columns:
         ds = ds.select_columns(columns)  # pushed down into the Parquet reader
@@ -104,8 +104,9 @@ def data_nodes(
     if not use_gpu:
         return None
     nodes = cluster_nodes()
-    cpu_only = sorted(n["NodeID"] for n in nodes
-                      if n.get("Alive") and not n.get("Resources", {}).get("GPU"))
+    cpu_only = sorted(
+        n["NodeID"] for n in nodes if n.get("Alive") and not n.get("Resources", {}).get("GPU")
+    )
     if not cpu_only or len(cpu_only) == sum(1 for n in nodes if n.get("Alive")):
         return None
     return {"ray.io/node-id": f"in({','.join(cpu_only)})"}
@@ -198,8 +199,8 @@ def unreadable_data(
 def choose_path(data: DataSpec, source: SourceSpec, nbytes: int, store_bytes: float) -> str:
     """How a split reaches the workers: ``driver`` (read here, cached), ``materialize``
     (read by Ray Data, cached), ``stream`` (each rank reads its Parquet row groups, or CSV
-    and JSON blocks, every epoch), ``images`` (each rank reads and decodes its image files every epoch) or
-    ``ray_data`` (read by Ray Data every epoch)."""
+    and JSON blocks, every epoch), ``images`` (each rank reads and decodes its image files
+    every epoch) or ``ray_data`` (read by Ray Data every epoch)."""
     images = source.format == "images"
     transformed = images or data.preprocess is not None
     mode = data.cache
@@ -225,8 +226,12 @@ class Splits:
 
     def paths(self) -> dict[str, str]:
         """Each split's path, as ``TrainResult.data_paths`` names it."""
-        return {**{k: "ray_data" for k in self.ray_data}, **{k: "streamed" for k in self.streamed},
-                **{k: "cached" for k in self.cached}, **{k: "mixed" for k in self.mixed}}
+        return {
+            **{k: "ray_data" for k in self.ray_data},
+            **{k: "streamed" for k in self.streamed},
+            **{k: "cached" for k in self.cached},
+            **{k: "mixed" for k in self.mixed},
+        }
 
 
 def build_datasets(spec: JobSpec, object_store_bytes: float) -> Splits:
@@ -273,8 +278,9 @@ def _place(
         splits.cached[name] = CachedSet([ray.put(table)], table.num_rows)
     elif path == "materialize":
         try:
-            ds = read_source(source, data.columns, options, data.preprocess,
-                             splits.data_nodes).materialize()
+            ds = read_source(
+                source, data.columns, options, data.preprocess, splits.data_nodes
+            ).materialize()
         except Exception as exc:
             if source.format == "images" or data.preprocess is not None:
                 raise
@@ -283,22 +289,28 @@ def _place(
         _check_rows(name, source, rows, least)
         splits.cached[name] = CachedSet(ds.to_arrow_refs(), rows)
     elif path == "stream":
-        logger.info("%s set: each rank streams its %s rows from %s every epoch", name,
-                    source.format, source.uri)
+        logger.info(
+            "%s set: each rank streams its %s rows from %s every epoch",
+            name,
+            source.format,
+            source.uri,
+        )
         found = stream_plan(source, options)
         _check_rows(name, source, found.num_rows, least)
         splits.streamed[name] = found
     elif path == "images":
-        logger.info("%s set: each rank reads and decodes its images from %s every epoch",
-                    name, source.uri)
+        logger.info(
+            "%s set: each rank reads and decodes its images from %s every epoch", name, source.uri
+        )
         images = image_plan(source, options, data.bad_images)
         _check_rows(name, source, images.num_rows, least)
         splits.streamed[name] = images
     else:
         check_shardable(spec, name, source)
         logger.info("%s set: streamed by Ray Data from %s every epoch", name, source.uri)
-        splits.ray_data[name] = read_source(source, data.columns, options, data.preprocess,
-                                            splits.data_nodes)
+        splits.ray_data[name] = read_source(
+            source, data.columns, options, data.preprocess, splits.data_nodes
+        )
 
 
 def check_shardable(spec: JobSpec, name: str, source: SourceSpec) -> None:
@@ -311,13 +323,15 @@ def check_shardable(spec: JobSpec, name: str, source: SourceSpec) -> None:
         return
     from raytrain.errors import SpecError
 
-    raise SpecError([
-        f"data.{name}: {source.uri} would be streamed by Ray Data (data.preprocess_on), "
-        "which gives each worker other rows; with "
-        f"strategy.model_parallel.tensor_parallel_size {tp} the workers of a tensor-parallel "
-        "group must read the same rows: drop data.preprocess_on (each worker then reads and "
-        "preprocesses its own rows), or data.cache: always"
-    ])
+    raise SpecError(
+        [
+            f"data.{name}: {source.uri} would be streamed by Ray Data (data.preprocess_on), "
+            "which gives each worker other rows; with "
+            f"strategy.model_parallel.tensor_parallel_size {tp} the workers of a tensor-parallel "
+            "group must read the same rows: drop data.preprocess_on (each worker then reads and "
+            "preprocesses its own rows), or data.cache: always"
+        ]
+    )
 
 
 def _mix(
@@ -344,12 +358,21 @@ def _mix(
         from raytrain.errors import SpecError
 
         unset = "" if spec.files.epoch_rows else "unset, so all the sources' rows: "
-        raise SpecError([f"data.epoch_rows: {unset}{too_many}" if too_many
-                         else f"data.epoch_rows: {epoch} rows cannot give each of "
-                         f"{spec.scaling.max_workers} workers a batch"])
-    return MixedSet(names=tuple(s.label() for s in sources),
-                    weights=tuple(s.weight for s in sources), parts=tuple(parts),
-                    rows=tuple(rows), epoch_rows=epoch)
+        raise SpecError(
+            [
+                f"data.epoch_rows: {unset}{too_many}"
+                if too_many
+                else f"data.epoch_rows: {epoch} rows cannot give each of "
+                f"{spec.scaling.max_workers} workers a batch"
+            ]
+        )
+    return MixedSet(
+        names=tuple(s.label() for s in sources),
+        weights=tuple(s.weight for s in sources),
+        parts=tuple(parts),
+        rows=tuple(rows),
+        epoch_rows=epoch,
+    )
 
 
 def stream_plan(source: SourceSpec, options: StorageSpec | None) -> StreamedSet:
@@ -374,9 +397,7 @@ def stream_plan(source: SourceSpec, options: StorageSpec | None) -> StreamedSet:
         raise unreadable_data(source, None, options, exc) from None
 
 
-def image_plan(
-    source: SourceSpec, options: StorageSpec | None, bad: str
-) -> ImageSet | StreamedSet:
+def image_plan(source: SourceSpec, options: StorageSpec | None, bad: str) -> ImageSet | StreamedSet:
     """An image split's files and labels (``image_files.list_images``); the headers are read
     only to leave unreadable files out (``bad: skip``: the preflight checked them under
     ``error``). Problems with the folder are a ``SpecError`` naming ``source.uri``. Images
@@ -393,8 +414,9 @@ def image_plan(
     if packed is not None:
         import dataclasses
 
-        return dataclasses.replace(stream_plan(source.model_copy(update={"format": "parquet"}),
-                                               options), images=True)
+        return dataclasses.replace(
+            stream_plan(source.model_copy(update={"format": "parquet"}), options), images=True
+        )
     try:
         labels = None if source.labels is None else read_labels(source.labels, options)
         images = list_images(source.uri, fs, path, bad=bad, check=bad == "skip", labels=labels)
@@ -403,8 +425,11 @@ def image_plan(
 
         raise SpecError([f"data: {exc}"]) from None
     if images.skipped:
-        logger.warning("%s: %d image files that do not decode are left out (data.bad_images: "
-                       "skip)", source.uri, images.skipped)
+        logger.warning(
+            "%s: %d image files that do not decode are left out (data.bad_images: skip)",
+            source.uri,
+            images.skipped,
+        )
     return images
 
 
@@ -413,8 +438,10 @@ def _check_rows(name: str, source: SourceSpec, rows: int, workers: int) -> None:
         from raytrain.errors import SpecError
 
         raise SpecError(
-            [f"data.{name}.uri: {rows} rows at {source.uri} cannot give each of {workers} "
-             "workers a batch (fewer rows than scaling.num_workers)"]
+            [
+                f"data.{name}.uri: {rows} rows at {source.uri} cannot give each of {workers} "
+                "workers a batch (fewer rows than scaling.num_workers)"
+            ]
         )
 
 

@@ -64,8 +64,13 @@ def _split(fs: Any, path: str, header: bool) -> tuple[bytes, list[tuple[int, int
     return first, blocks
 
 
-def parse(data: bytes, fmt: str, names: list[str] | None, schema: Any = None,
-          columns: list[str] | None = None) -> Any:
+def parse(
+    data: bytes,
+    fmt: str,
+    names: list[str] | None,
+    schema: Any = None,
+    columns: list[str] | None = None,
+) -> Any:
     """A block's bytes as an Arrow table: CSV with ``names`` as its header, or JSON Lines;
     with ``schema``, its types (the unified ones); with ``columns``, only those."""
     import pyarrow as pa
@@ -83,8 +88,9 @@ def parse(data: bytes, fmt: str, names: list[str] | None, schema: Any = None,
     import pyarrow.json as pajson
 
     parse_options = pajson.ParseOptions(explicit_schema=schema) if schema is not None else None
-    table = pajson.read_json(source, read_options=pajson.ReadOptions(use_threads=False),
-                             parse_options=parse_options)
+    table = pajson.read_json(
+        source, read_options=pajson.ReadOptions(use_threads=False), parse_options=parse_options
+    )
     return table.select(columns) if columns else table
 
 
@@ -144,8 +150,11 @@ def plan_text(uri: str, fs: Any, path: str, fmt: str) -> StreamedSet:
     if info.type == pafs.FileType.File:
         infos = [info]
     else:
-        infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-                 if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))]
+        infos = [
+            i
+            for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))
+        ]
         named = [i for i in infos if i.extension.lower() in EXTENSIONS[fmt]]
         infos = named or infos  # files named for their format, when there are any
     infos.sort(key=lambda i: i.path)
@@ -163,8 +172,9 @@ def plan_text(uri: str, fs: Any, path: str, fmt: str) -> StreamedSet:
         names = _header_names(splits[0][0], files[0])
         for f, (first, _) in zip(files[1:], splits[1:], strict=True):
             if _header_names(first, f) != names:
-                raise BadRows(f"{f}: its header {_header_names(first, f)} differs from "
-                              f"{files[0]}'s {names}")
+                raise BadRows(
+                    f"{f}: its header {_header_names(first, f)} differs from {files[0]}'s {names}"
+                )
     units = [(j, at, length) for j, (_, blocks) in enumerate(splits) for at, length in blocks]
 
     def count(unit: tuple[int, int, int]) -> tuple[int, Any]:
@@ -189,9 +199,14 @@ def plan_text(uri: str, fs: Any, path: str, fmt: str) -> StreamedSet:
         schema = pa.schema([schema.field(n) for n in names])
     schema = pa.schema([f.with_type(single(f.type)) for f in schema])
     found = StreamedSet(
-        uri=uri, files=tuple(files), format=fmt,
-        row_groups=tuple((j, u, n) for u, ((j, _, _), (n, _)) in enumerate(zip(units, counted, strict=True)) if n),
-        blocks=tuple((at, length) for _, at, length in units), schema=schema,
+        uri=uri,
+        files=tuple(files),
+        format=fmt,
+        row_groups=tuple(
+            (j, u, n) for u, ((j, _, _), (n, _)) in enumerate(zip(units, counted, strict=True)) if n
+        ),
+        blocks=tuple((at, length) for _, at, length in units),
+        schema=schema,
     )
     with _MEMO_LOCK:
         _MEMO[key] = found
