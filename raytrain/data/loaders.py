@@ -11,6 +11,7 @@ import itertools
 import logging
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from raytrain.contract import CachedSet, ImageSet, MixedSet, StreamedSet
@@ -145,87 +146,126 @@ def worker_loaders(
 ) -> tuple[Any, Any | None]:
     """This worker's train and val loaders of file sources: cached sets from the object
     store, streamed Parquet read by this rank, and Ray Data's shards Ray Train handed it."""
-    import ray
-    import ray.train
+    here = _Worker(data, options, rank, world_size)
+    seed = data.shuffle.seed if data.shuffle else None
+    train = _loader(here, "train", seed, cached, streamed, mixed)
+    val = _loader(here, "val", None, cached, streamed, mixed) if data.val is not None else None
+    return train, val
 
-    shuffle = data.shuffle
-    columns = data.columns if data.batch_format == "tuple" else None
 
-    def loader(name: str, seed: int | None) -> Any:
-        if name in mixed:
-            from raytrain.data.mix import mixed_loader
+@dataclass(frozen=True)
+class _Worker:
+    """What every loader of this worker is cut for: the data section, the stores'
+    options, and this rank among ``world_size``."""
 
-            return mixed_loader(
-                mixed[name],
-                options,
-                data.columns,
-                data.batch_size,
-                rank=rank,
-                world_size=world_size,
-                shuffle_seed=seed,
-                window_rows=shuffle.buffer_size if shuffle else 1,
-                tuple_columns=columns,
-            )
-        part = streamed.get(name)
-        if isinstance(part, ImageSet) or (isinstance(part, StreamedSet) and part.images):
-            return image_loader(
-                data,
-                part,
-                options,
-                source_of(name),
-                rank=rank,
-                world_size=world_size,
-                seed=seed,
-                tuple_columns=columns,
-            )
-        if isinstance(part, StreamedSet):
-            from raytrain import storage
-            from raytrain.data.parquet_stream import ParquetStream
+    data: DataSpec
+    options: StorageSpec | None
+    rank: int
+    world_size: int
 
-            fs, _ = storage.filesystem(part.uri, options)
-            return ParquetStream(
-                part,
-                fs,
-                data.columns,
-                data.batch_size,
-                rank=rank,
-                world_size=world_size,
-                shuffle_seed=seed,
-                window_rows=shuffle.buffer_size if shuffle else 1,
-                tuple_columns=columns,
-                preprocess=data.preprocess,
-            )
-        if name in cached:
-            import pyarrow as pa
+    @property
+    def columns(self) -> list[str] | None:
+        """The batch's columns in order, where batches are tuples (``data.batch_format``)."""
+        return self.data.columns if self.data.batch_format == "tuple" else None
 
-            # Arrow blocks come out of the object store zero-copy; batches are cut from them.
-            table = pa.concat_tables(ray.get(cached[name].refs))
-            return CachedBatches(
-                table,
-                data.batch_size,
-                rank=rank,
-                world_size=world_size,
-                shuffle_seed=seed,
-                tuple_columns=columns,
-            )
-        return ShardBatches(
-            ray.train.get_dataset_shard(name),
-            data.batch_size,
-            shuffle_seed=seed,
-            shuffle_buffer=shuffle.buffer_size if shuffle else 0,
-            rank=rank,
-            world_size=world_size,
-            tuple_columns=columns,
-        )
+    @property
+    def window(self) -> int:
+        """Rows a streamed loader shuffles within (1: no shuffle)."""
+        return self.data.shuffle.buffer_size if self.data.shuffle else 1
 
-    def source_of(name: str) -> SourceSpec:
-        source = data.train if name == "train" else data.val
+    def source(self, name: str) -> SourceSpec:
+        source = self.data.train if name == "train" else self.data.val
         assert isinstance(source, SourceSpec)
         return source
 
-    train = loader("train", shuffle.seed if shuffle else None)
-    val = loader("val", None) if data.val is not None else None
-    return train, val
+
+def _loader(
+    here: _Worker,
+    name: str,
+    seed: int | None,
+    cached: Mapping[str, CachedSet],
+    streamed: Mapping[str, StreamedSet | ImageSet],
+    mixed: Mapping[str, MixedSet],
+) -> Any:
+    """The loader of split ``name``, by the path its data took (``sources.choose_path``)."""
+    data, rank, world = here.data, here.rank, here.world_size
+    if name in mixed:
+        from raytrain.data.mix import mixed_loader
+
+        return mixed_loader(
+            mixed[name],
+            here.options,
+            data.columns,
+            data.batch_size,
+            rank=rank,
+            world_size=world,
+            shuffle_seed=seed,
+            window_rows=here.window,
+            tuple_columns=here.columns,
+        )
+    part = streamed.get(name)
+    if isinstance(part, ImageSet) or (isinstance(part, StreamedSet) and part.images):
+        return image_loader(
+            data,
+            part,
+            here.options,
+            here.source(name),
+            rank=rank,
+            world_size=world,
+            seed=seed,
+            tuple_columns=here.columns,
+        )
+    if isinstance(part, StreamedSet):
+        return _parquet_loader(here, part, seed)
+    if name in cached:
+        return _cached_loader(here, cached[name], seed)
+    import ray.train
+
+    return ShardBatches(
+        ray.train.get_dataset_shard(name),
+        data.batch_size,
+        shuffle_seed=seed,
+        shuffle_buffer=data.shuffle.buffer_size if data.shuffle else 0,
+        rank=rank,
+        world_size=world,
+        tuple_columns=here.columns,
+    )
+
+
+def _parquet_loader(here: _Worker, part: StreamedSet, seed: int | None) -> Any:
+    """A streamed split, read by this rank from its store."""
+    from raytrain import storage
+    from raytrain.data.parquet_stream import ParquetStream
+
+    fs, _ = storage.filesystem(part.uri, here.options)
+    return ParquetStream(
+        part,
+        fs,
+        here.data.columns,
+        here.data.batch_size,
+        rank=here.rank,
+        world_size=here.world_size,
+        shuffle_seed=seed,
+        window_rows=here.window,
+        tuple_columns=here.columns,
+        preprocess=here.data.preprocess,
+    )
+
+
+def _cached_loader(here: _Worker, cached: CachedSet, seed: int | None) -> CachedBatches:
+    """A cached split: its Arrow blocks come out of the object store zero-copy, and the
+    batches are cut from them."""
+    import pyarrow as pa
+    import ray
+
+    return CachedBatches(
+        pa.concat_tables(ray.get(cached.refs)),
+        here.data.batch_size,
+        rank=here.rank,
+        world_size=here.world_size,
+        shuffle_seed=seed,
+        tuple_columns=here.columns,
+    )
 
 
 def image_loader(
