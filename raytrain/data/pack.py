@@ -94,7 +94,6 @@ def pack(
     a ``PackError`` naming it; a file that does not decode (images) or parse (CSV, JSON)
     too, with the shards before it kept (``skip_bad``: images that do not decode are left
     out and counted instead)."""
-    import pyarrow.fs as pafs
 
     from raytrain import storage
 
@@ -103,15 +102,8 @@ def pack(
         raise PackError(f"--shard-mb {shard_mb:g}: a size in MB, more than 0")
     src_fs, src_path = storage.filesystem(src, options)
     dest_fs, dest_path = storage.filesystem(dest, options)
-    if fmt == "images":
-        if src_fs.get_file_info(src_path).type == pafs.FileType.File:
-            raise PackError(f"{src} is a file: pack a folder of images")
-        source = _image_source(src, src_fs, src_path, skip_bad)
-    elif fmt in ("csv", "json"):
-        source = _text_source(src, src_fs, src_path, fmt)
-    else:
-        raise PackError(f"--format {fmt}: images, csv or json")
-    units, sizes, write = source.units, source.sizes, source.write
+    source = _source(src, src_fs, src_path, fmt, skip_bad)
+    sizes = source.sizes
     plan = plan_shards(sizes, max(1, int(min(shard_mb, 2**40) * 2**20)))
     manifest_uri = f"{dest.rstrip('/')}/{MANIFEST}"
     _claim(dest_fs, dest_path, dest)
@@ -119,30 +111,7 @@ def pack(
     storage.write_text(
         manifest_uri, json.dumps({"format": fmt, "source": src, "complete": False}), options
     )
-    skipped, rows = 0, 0
-    for index, run in enumerate(plan):
-        path = f"{dest_path.rstrip('/')}/{shard_name(index)}"
-        key = _plan_key(fmt, [units[i] for i in run], [sizes[i] for i in run], source.stamps)
-        held = _whole_shard(dest_fs, path, key)
-        if held is not None:
-            skipped += 1
-            rows += held
-            print(
-                f"raytrain pack: shard {index + 1}/{len(plan)} already packed", file=out, flush=True
-            )
-            continue
-        shard_began = time.monotonic()
-        data, count = write(list(run), {PLAN_KEY: key, KIND_KEY: fmt.encode()})
-        _put(dest_fs, path, data)
-        rows += count
-        unit, megabytes = "files" if fmt == "images" else "blocks", sum(sizes[i] for i in run) / 1e6
-        print(
-            f"raytrain pack: shard {index + 1}/{len(plan)}: {len(run):,} {unit}, "
-            f"{megabytes:,.1f} MB "
-            f"({time.monotonic() - shard_began:.1f} s)",
-            file=out,
-            flush=True,
-        )
+    skipped, rows = _write_shards(source, fmt, plan, dest_fs, dest_path, out)
     _remove_stale(dest_fs, dest_path, len(plan))
     summary = PackSummary(
         files=source.files,
@@ -168,6 +137,51 @@ def pack(
     }
     storage.write_text(manifest_uri, json.dumps(manifest, indent=1), options)
     return summary
+
+
+def _source(src: str, fs: Any, path: str, fmt: str, skip_bad: bool) -> Any:
+    """What is packed from ``src``, by its format: its units (files or blocks), their sizes
+    and stamps, and how to write a shard of them."""
+    import pyarrow.fs as pafs
+
+    if fmt == "images":
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            raise PackError(f"{src} is a file: pack a folder of images")
+        return _image_source(src, fs, path, skip_bad)
+    if fmt in ("csv", "json"):
+        return _text_source(src, fs, path, fmt)
+    raise PackError(f"--format {fmt}: images, csv or json")
+
+
+def _write_shards(
+    source: Any, fmt: str, plan: list[range], fs: Any, path: str, out: TextIO
+) -> tuple[int, int]:
+    """Every shard of ``plan`` not already whole under ``path`` (a rerun's), written and put
+    in place, a line each on ``out``: (shards skipped, rows in all the shards)."""
+    units, sizes = source.units, source.sizes
+    skipped, rows = 0, 0
+    for index, run in enumerate(plan):
+        where = f"{path.rstrip('/')}/{shard_name(index)}"
+        key = _plan_key(fmt, [units[i] for i in run], [sizes[i] for i in run], source.stamps)
+        held = _whole_shard(fs, where, key)
+        if held is not None:
+            skipped, rows = skipped + 1, rows + held
+            print(
+                f"raytrain pack: shard {index + 1}/{len(plan)} already packed", file=out, flush=True
+            )
+            continue
+        began = time.monotonic()
+        data, count = source.write(list(run), {PLAN_KEY: key, KIND_KEY: fmt.encode()})
+        _put(fs, where, data)
+        rows += count
+        unit, megabytes = "files" if fmt == "images" else "blocks", sum(sizes[i] for i in run) / 1e6
+        print(
+            f"raytrain pack: shard {index + 1}/{len(plan)}: {len(run):,} {unit}, "
+            f"{megabytes:,.1f} MB ({time.monotonic() - began:.1f} s)",
+            file=out,
+            flush=True,
+        )
+    return skipped, rows
 
 
 def _claim(fs: Any, path: str, dest: str) -> None:
