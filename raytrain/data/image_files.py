@@ -185,6 +185,45 @@ def _labelled(
     return [index[v] for v in values], classes
 
 
+def _readable(fs: Any, files: list[str], bad: str) -> tuple[list[str], int]:
+    """The files whose header Pillow reads (``header_problem``, in threads), and how many
+    were left out (``bad: skip``); with ``bad: error`` the first that does not is a
+    ``BadImages`` naming it."""
+    with ThreadPoolExecutor(CHECK_THREADS) as pool:
+        problems = list(pool.map(lambda f: header_problem(fs, f), files))
+    broken = [(f, why) for f, why in zip(files, problems, strict=True) if why]
+    if broken and bad == "error":
+        first, why = broken[0]
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise BadImages(
+            f"{first} does not decode: {why}{more}; set data.bad_images: skip "
+            "to train without such files"
+        )
+    gone = {f for f, _ in broken}
+    return [f for f in files if f not in gone], len(broken)
+
+
+def _by_class_folder(files: list[str], root: str, top: list[str]) -> tuple[list[str], list[int]]:
+    """The files inside the class folders ``top`` of ``root``, and each one's class index
+    (a file beside the folders has none: left out); a class folder without images is a
+    ``BadImages`` naming it."""
+    index = {name: i for i, name in enumerate(top)}
+    indices: list[int] = []
+    kept: list[str] = []
+    for f in files:
+        parts = f[len(root) + 1 :].split("/")
+        if len(parts) > 1:  # a file beside the class folders has no class: left out
+            kept.append(f)
+            indices.append(index[parts[0]])
+    empty = sorted(set(top) - {top[i] for i in indices})
+    if empty:
+        raise BadImages(
+            f"the class folder {root}/{empty[0]} has no image files"
+            + (f" (nor have {len(empty) - 1} more)" if len(empty) > 1 else "")
+        )
+    return kept, indices
+
+
 def list_images(
     uri: str,
     fs: Any,
@@ -212,20 +251,7 @@ def list_images(
     top = image_classes(fs, root)
     if not files:
         raise BadImages(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) under {uri}")
-    skipped = 0
-    if check:
-        with ThreadPoolExecutor(CHECK_THREADS) as pool:
-            problems = list(pool.map(lambda f: header_problem(fs, f), files))
-        broken = [(f, why) for f, why in zip(files, problems, strict=True) if why]
-        if broken and bad == "error":
-            first, why = broken[0]
-            more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
-            raise BadImages(
-                f"{first} does not decode: {why}{more}; set data.bad_images: skip "
-                "to train without such files"
-            )
-        gone = {f for f, _ in broken}
-        files, skipped = [f for f in files if f not in gone], len(broken)
+    files, skipped = _readable(fs, files, bad) if check else (files, 0)
     if labels is not None:
         given, classes = _labelled(files, root, labels, uri)
         return ImageSet(
@@ -244,20 +270,7 @@ def list_images(
             skipped=skipped,
             sizes=tuple(found[f] for f in files),
         )
-    index = {name: i for i, name in enumerate(top)}
-    indices: list[int] = []
-    kept: list[str] = []
-    for f in files:
-        parts = f[len(root) + 1 :].split("/")
-        if len(parts) > 1:  # a file beside the class folders has no class: left out
-            kept.append(f)
-            indices.append(index[parts[0]])
-    empty = sorted(set(top) - {top[i] for i in indices})
-    if empty:
-        raise BadImages(
-            f"the class folder {root}/{empty[0]} has no image files"
-            + (f" (nor have {len(empty) - 1} more)" if len(empty) > 1 else "")
-        )
+    kept, indices = _by_class_folder(files, root, top)
     return ImageSet(
         uri=uri,
         files=tuple(kept),
