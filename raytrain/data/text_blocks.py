@@ -139,25 +139,42 @@ def _where(fs: Any, path: str, at: int, exc: Exception) -> str:
     return f"line {line}: {said.replace(row.group(0), '')}"
 
 
+def _text_files(fs: Any, path: str, fmt: str) -> list[Any]:
+    """The file ``path``, or the files under it (hidden and ``_`` ones left out; those named
+    for ``fmt`` alone, when there are any), sorted by path."""
+    import pyarrow.fs as pafs
+
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [info]
+    infos = [
+        i
+        for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))
+    ]
+    named = [i for i in infos if i.extension.lower() in EXTENSIONS[fmt]]
+    return sorted(named or infos, key=lambda i: i.path)
+
+
+def _one_header(files: list[str], firsts: list[Any]) -> list[str]:
+    """The CSV files' header names (from each file's first block), the same in every file;
+    a file with another header is a ``BadRows`` naming it."""
+    names = _header_names(firsts[0], files[0])
+    for f, first in zip(files[1:], firsts[1:], strict=True):
+        if _header_names(first, f) != names:
+            raise BadRows(
+                f"{f}: its header {_header_names(first, f)} differs from {files[0]}'s {names}"
+            )
+    return names
+
+
 def plan_text(uri: str, fs: Any, path: str, fmt: str) -> StreamedSet:
     """The CSV or JSON Lines files under ``path``, split into blocks and parsed once (see
     the module docstring). A file that does not parse is a ``BadRows`` naming it, with
     where in it and pyarrow's words (for a CSV row with the wrong field count, the row)."""
     import pyarrow as pa
-    import pyarrow.fs as pafs
 
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.File:
-        infos = [info]
-    else:
-        infos = [
-            i
-            for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-            if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))
-        ]
-        named = [i for i in infos if i.extension.lower() in EXTENSIONS[fmt]]
-        infos = named or infos  # files named for their format, when there are any
-    infos.sort(key=lambda i: i.path)
+    infos = _text_files(fs, path, fmt)
     key = (uri, fmt, tuple((i.path, i.size, i.mtime_ns) for i in infos))
     with _MEMO_LOCK:
         if key in _MEMO:
@@ -167,14 +184,7 @@ def plan_text(uri: str, fs: Any, path: str, fmt: str) -> StreamedSet:
     files = [i.path for i in infos]
     with ThreadPoolExecutor(PARSE_THREADS) as pool:
         splits = list(pool.map(lambda f: _split(fs, f, fmt == "csv"), files))
-    names: list[str] | None = None
-    if fmt == "csv":
-        names = _header_names(splits[0][0], files[0])
-        for f, (first, _) in zip(files[1:], splits[1:], strict=True):
-            if _header_names(first, f) != names:
-                raise BadRows(
-                    f"{f}: its header {_header_names(first, f)} differs from {files[0]}'s {names}"
-                )
+    names = _one_header(files, [first for first, _ in splits]) if fmt == "csv" else None
     units = [(j, at, length) for j, (_, blocks) in enumerate(splits) for at, length in blocks]
 
     def count(unit: tuple[int, int, int]) -> tuple[int, Any]:
