@@ -556,8 +556,6 @@ def _finish(
     """The best trial's spec written out, the parent run's record of the sweep. Everything
     written or returned holds redacted values (``rows``); only ``best.yaml``'s spec is made
     from the best trial's own ``values``, and written redacted."""
-    from raytrain.sweep.plot import plot_sweep
-
     assert job.tune is not None
     sweep = job.tune
     best = best_of(rows, sweep.metric, sweep.mode)
@@ -575,22 +573,7 @@ def _finish(
                 **sampled,
             }
         )
-    with tempfile.TemporaryDirectory(prefix="raytrain-sweep-") as local:
-        plot_sweep(rows, sweep.metric, sweep.mode, os.path.join(local, "sweep.png"))
-        table = [
-            {
-                "trial": r.name,
-                "status": r.status,
-                "epochs": r.epochs,
-                sweep.metric: r.score(sweep.metric),
-                "mlflow_run_id": r.mlflow_run_id,
-                **r.values,
-            }
-            for r in rows
-        ]
-        with open(os.path.join(local, "trials.json"), "w", encoding="utf-8") as handle:
-            json.dump(table, handle, indent=2)
-        parent.log_folder(local, "sweep")
+    _log_trials(parent, rows, sweep.metric, sweep.mode)
     if best is not None:
         best_checkpoint = _best_checkpoint(plan, best)
     parent.finish("FINISHED")
@@ -606,6 +589,29 @@ def _finish(
         tracking_uri=redact(plan.tracking_uri),
         sweep_dir=folder,
     )
+
+
+def _log_trials(parent: Any, rows: list[TrialRow], metric: str, mode: str) -> None:
+    """The sweep's plot and every trial's row (``trials.json``), under ``sweep/`` of the
+    parent run."""
+    from raytrain.sweep.plot import plot_sweep
+
+    with tempfile.TemporaryDirectory(prefix="raytrain-sweep-") as local:
+        plot_sweep(rows, metric, mode, os.path.join(local, "sweep.png"))
+        table = [
+            {
+                "trial": r.name,
+                "status": r.status,
+                "epochs": r.epochs,
+                metric: r.score(metric),
+                "mlflow_run_id": r.mlflow_run_id,
+                **r.values,
+            }
+            for r in rows
+        ]
+        with open(os.path.join(local, "trials.json"), "w", encoding="utf-8") as handle:
+            json.dump(table, handle, indent=2)
+        parent.log_folder(local, "sweep")
 
 
 def best_spec_yaml(spec: JobSpec) -> str:
