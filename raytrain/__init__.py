@@ -18,8 +18,8 @@ from raytrain.errors import (
     TrackingError,
     TrainingFailed,
 )
-from raytrain.run_status import RunStatus
-from raytrain.run_status import status_of as status
+from raytrain.records.run_status import RunStatus
+from raytrain.records.run_status import status_of as status
 from raytrain.spec import JobSpec, load_spec
 from raytrain.submit.client import JobHandle, JobsError, attach, list_jobs, submit
 from raytrain.submit.supervisor import SupervisionError, supervise

@@ -1,4 +1,4 @@
-"""``raytrain status``: a run's live status record (``raytrain.run_status``), found by a
+"""``raytrain status``: a run's live status record (``raytrain.records.run_status``), found by a
 submitted job's id, by its spec, or by its name and storage.
 
     raytrain status JOB_ID [--address URL]     the job's state, then its run's record
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
 from raytrain.errors import EXIT_OK, RaytrainError, RunStateError, SpecError
-from raytrain.run_status import RunStatus, describe, read_status, status_path
+from raytrain.records.run_status import RunStatus, describe, read_status, status_path
 from raytrain.util.terminal import printable
 
 if TYPE_CHECKING:

@@ -25,14 +25,11 @@ from raytrain.driver import (
     cluster_record,
     preflight,
     ray_runtime,
-    run_folder,
-    runstate,
     source_check,
     training,
 )
 from raytrain.driver.background import Background
 from raytrain.driver.cluster_watch import lost_line
-from raytrain.driver.lease import Lease
 from raytrain.driver.profiles import log_profiles
 from raytrain.driver.results import (
     FitResult,
@@ -43,8 +40,10 @@ from raytrain.driver.results import (
     worker_timings,
 )
 from raytrain.driver.run_record import RunRecord
-from raytrain.driver.status_record import StatusRecord, failure_kind
 from raytrain.errors import ClusterLost, ModelNotRegistered, SpecError
+from raytrain.records import run_folder, runstate
+from raytrain.records.lease import Lease
+from raytrain.records.status_record import StatusRecord, failure_kind
 from raytrain.spec import JobSpec, load_spec
 from raytrain.spec.strategy_checks import strategy_problems
 from raytrain.util.imports import import_object

@@ -253,7 +253,7 @@ def check_stores(spec: JobSpec, *, allow_prepare: bool = False) -> list[str]:
 def check_storage(spec: JobSpec) -> list[str]:
     """The run's folder under ``checkpoint.storage`` can be listed, written and deleted
     from (object stores: a small probe file, removed again; local: permissions only)."""
-    from raytrain.driver.runstate import run_dir
+    from raytrain.records.runstate import run_dir
 
     location = storage.resolve(spec.checkpoint.storage)
     if not storage.is_uri(location):

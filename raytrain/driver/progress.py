@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from raytrain.checkpoints.layout import FAILURE_KEY, TIMELINE_KEY
 from raytrain.hang_report import HANG_KEY
-from raytrain.rollback_record import ROLLBACK_KEY
+from raytrain.records.rollback_record import ROLLBACK_KEY
 
 
 class MetricsSink:

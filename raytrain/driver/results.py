@@ -16,8 +16,8 @@ from raytrain.checkpoints.layout import (
     latest_committed,
     real_score,
 )
-from raytrain.driver import runstate
 from raytrain.errors import root_cause
+from raytrain.records import runstate
 from raytrain.spec import JobSpec
 
 

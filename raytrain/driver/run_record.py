@@ -23,10 +23,10 @@ from raytrain.checkpoints.layout import (
     RESUMED_KEY,
     STOPPED_KEY,
 )
-from raytrain.driver import runstate
 from raytrain.driver.background import Background
 from raytrain.driver.model_log import ModelLog
 from raytrain.errors import TrackingError
+from raytrain.records import runstate
 from raytrain.spec import JobSpec
 from raytrain.util.redaction import redact, redact_tree
 

@@ -35,7 +35,7 @@ from raytrain import storage
 from raytrain._compat.ray_core import NOISY_LOGGERS
 from raytrain.checkpoints.layout import run_dir
 from raytrain.errors import one_line
-from raytrain.run_status import RunStatus, read_status
+from raytrain.records.run_status import RunStatus, read_status
 from raytrain.spec import StorageSpec
 from raytrain.spec.fields import check_name
 from raytrain.submit.connection import (
@@ -154,7 +154,7 @@ class JobHandle:
         return self._call("logs", self.server.client.get_job_logs)
 
     def progress(self) -> RunStatus | None:
-        """The run's live status record (``raytrain.run_status``), read from its storage as
+        """The run's live status record (``raytrain.records.run_status``), read from its storage as
         the job's driver writes it: how far along, its ETA, its last checkpoint, its
         restarts; its ``age()`` says how old, which keeps growing once a driver died. None
         until the driver wrote one. A job whose run folder cannot be read from here (a

@@ -33,7 +33,7 @@ from raytrain.util.redaction import redact
 from raytrain.util.terminal import printable
 
 if TYPE_CHECKING:
-    from raytrain.run_status import RunStatus
+    from raytrain.records.run_status import RunStatus
 
 # The supervisor's exit code when it gave up on the cluster: the resubmission budget was
 # spent, or the head did not come back in time. 1 and 2 keep their meaning (the run

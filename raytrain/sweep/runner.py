@@ -39,9 +39,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from raytrain import storage
-from raytrain.driver import preflight, ray_runtime, run_folder
-from raytrain.driver.lease import Lease, check_free
+from raytrain.driver import preflight, ray_runtime
 from raytrain.errors import RunStateError, SpecError
+from raytrain.records import run_folder
+from raytrain.records.lease import Lease, check_free
 from raytrain.spec import JobSpec, load_spec
 from raytrain.spec.tune import TuneSpec
 from raytrain.sweep.results import SweepResult, TrialRow, best_of
@@ -484,7 +485,7 @@ def _rows(grid: Any, plan: TrialPlan) -> tuple[list[TrialRow], dict[str, dict[st
 def _row(result: Any, plan: TrialPlan) -> TrialRow:
     """A trial's row from its Tune result (its values redacted), and its MLflow run from
     its run folder."""
-    from raytrain.driver import runstate
+    from raytrain.records import runstate
 
     metrics = dict(result.metrics or {})
     config = dict(result.config or {})

@@ -25,7 +25,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from raytrain.run_status import RunStatus
+from raytrain.records.run_status import RunStatus
 
 DATA_SHARE = 0.25
 COMM_SHARE = 0.25

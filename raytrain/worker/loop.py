@@ -301,7 +301,7 @@ def _rollback_pending(spec: JobSpec, rank: int) -> bool:
     if rank != 0 or spec.failure.spike is None:
         return False
     from raytrain.checkpoints.layout import run_dir
-    from raytrain.rollback_record import read_rollbacks
+    from raytrain.records.rollback_record import read_rollbacks
 
     past = read_rollbacks(run_dir(spec), spec.storage)
     return bool(past) and past[-1].restored_step is None

@@ -36,7 +36,7 @@ import torch
 
 from raytrain.data.order import rows_trained, span
 from raytrain.errors import LossSpikeError, LossSpikeLimitError
-from raytrain.rollback_record import (
+from raytrain.records.rollback_record import (
     ROLLBACK_KEY,
     Rollback,
     read_rollbacks,

@@ -18,7 +18,7 @@ import torch
 import raytrain
 from raytrain.checkpoints.layout import CKPT_FILE
 from raytrain.cli.app import main
-from raytrain.run_status import read_status
+from raytrain.records.run_status import read_status
 from tests.conftest import digits_spec, write_spec
 from tests.integration.ray_head import processes_below
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import raytrain
-from raytrain.driver import runstate
+from raytrain.records import runstate
 from raytrain.spec import parse_spec
 from tests.conftest import digits_spec
 

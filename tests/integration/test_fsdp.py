@@ -17,7 +17,7 @@ from raytrain.checkpoints.export import export_checkpoint
 from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
 from raytrain.datasets.text import write_splits
 from raytrain.models.tinygpt import TinyGPT
-from raytrain.run_status import read_status
+from raytrain.records.run_status import read_status
 from tests.integration.models import probe_loss
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

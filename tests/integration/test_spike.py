@@ -22,7 +22,7 @@ import torch
 
 import raytrain
 from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
-from raytrain.rollback_record import read_rollbacks
+from raytrain.records.rollback_record import read_rollbacks
 from tests.conftest import digits_spec
 
 pytestmark = pytest.mark.integration

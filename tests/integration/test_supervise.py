@@ -16,7 +16,7 @@ import pytest
 
 import raytrain
 from raytrain.checkpoints.layout import latest_committed
-from raytrain.run_status import read_status
+from raytrain.records.run_status import read_status
 from tests.conftest import digits_spec, write_spec
 from tests.integration.cli_runs import ROOT
 from tests.integration.ray_head import ray_head

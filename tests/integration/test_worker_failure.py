@@ -19,7 +19,7 @@ import pytest
 
 import raytrain
 from raytrain.checkpoints.layout import META_FILE
-from raytrain.run_status import read_status
+from raytrain.records.run_status import read_status
 from tests.conftest import digits_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -276,7 +276,7 @@ TUNE_EXPECTED: dict[str, str] = {
 def _tune_files(work: Path, digits_dir: Path) -> dict[str, list[str]]:
     """The sweep cases: a valid sweep (its space over no class's arguments: checking those
     imports the model, and so Lightning) and the folders and files the cases need."""
-    from raytrain.driver import lease, runstate
+    from raytrain.records import lease, runstate
     from raytrain.spec import load_spec
     from raytrain.sweep.runner import write_record
 

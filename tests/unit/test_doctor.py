@@ -3,7 +3,7 @@ what bounds it, with the numbers."""
 
 from __future__ import annotations
 
-from raytrain.run_status import Restart, RunStatus
+from raytrain.records.run_status import Restart, RunStatus
 from raytrain.tracking.doctor import describe, diagnose, step_parts
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.driver import runstate
 from raytrain.driver.run_record import RunRecord
 from raytrain.errors import RunStateError, TrackingError
+from raytrain.records import runstate
 from raytrain.spec import load_spec, parse_spec
 from raytrain.tracking.mlflow_tracker import redacted_params
 from raytrain.util.redaction import REDACTED, is_secret_name, redact, redact_flat

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from raytrain.cli import app as cli
-from raytrain.run_status import STATUS_FILE, RunStatus
+from raytrain.records.run_status import STATUS_FILE, RunStatus
 from raytrain.tracking.mlflow_tracker import READ_SETTINGS
 from raytrain.tracking.report import Curve, plot
 

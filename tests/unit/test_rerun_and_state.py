@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from raytrain.driver import run_folder, runstate
 from raytrain.errors import RunStateError
+from raytrain.records import run_folder, runstate
 from raytrain.spec import load_spec
 from tests.conftest import digits_spec, write_spec
 from tests.fresh_process import run_fresh

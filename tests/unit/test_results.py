@@ -5,7 +5,7 @@ from __future__ import annotations
 from raytrain.checkpoints import layout
 from raytrain.driver.results import final_metrics
 from raytrain.hang_report import HANG_KEY
-from raytrain.rollback_record import ROLLBACK_KEY
+from raytrain.records.rollback_record import ROLLBACK_KEY
 from raytrain.spec import JobSpec
 
 

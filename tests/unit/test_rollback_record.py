@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from raytrain.rollback_record import Rollback, read_rollbacks, robust_z, write_rollbacks
+from raytrain.records.rollback_record import Rollback, read_rollbacks, robust_z, write_rollbacks
 
 
 def test_a_spike_scores_far_above_a_falling_noisy_curve_and_the_curve_does_not() -> None:

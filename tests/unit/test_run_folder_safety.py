@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from raytrain.checkpoints.layout import SCORE_KEY, SNAPSHOT_FILE, uncommitted
-from raytrain.driver import lease
 from raytrain.errors import RunStateError, StorageError
+from raytrain.records import lease
 
 OLD, LATEST, NEWER = (f"checkpoint_2026-12-02_03-{m}-00.000000" for m in ("10", "20", "30"))
 
@@ -104,7 +104,7 @@ def test_a_snapshot_of_odd_shape_is_refused_naming_it(tmp_path: Path, text: str)
 def test_a_forced_takeover_deletes_no_upload_of_the_run_it_displaced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from raytrain.driver.run_folder import drop_uncommitted
+    from raytrain.records.run_folder import drop_uncommitted
     from raytrain.spec import parse_spec
     from tests.conftest import digits_spec
 

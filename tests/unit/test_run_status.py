@@ -14,15 +14,15 @@ import pytest
 
 from raytrain.checkpoints.layout import CHECKPOINT_KEY, FAILURE_KEY, RESUMED_KEY
 from raytrain.driver.failure_policy import Decision, FailurePolicy, describe_failure
-from raytrain.driver.status_record import WRITE_EVERY_S, StatusRecord
 from raytrain.errors import NonFiniteLossError, RunStateError
-from raytrain.run_status import (
+from raytrain.records.run_status import (
     HEARTBEAT_S,
     STATUS_FILE,
     RunStatus,
     describe,
     read_status,
 )
+from raytrain.records.status_record import WRITE_EVERY_S, StatusRecord
 from raytrain.spec import load_spec
 from tests.conftest import digits_spec
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.driver import runstate
 from raytrain.errors import RunStateError
+from raytrain.records import runstate
 from raytrain.spec import load_spec, parse_spec
 from tests.conftest import digits_spec
 

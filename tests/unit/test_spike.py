@@ -15,7 +15,7 @@ import torch
 from raytrain.data.loaders import ShardBatches
 from raytrain.data.order import EpochSchedule, StreamSchedule
 from raytrain.errors import LossSpikeError, LossSpikeLimitError
-from raytrain.rollback_record import read_rollbacks
+from raytrain.records.rollback_record import read_rollbacks
 from raytrain.spec import SpikeSpec
 from raytrain.worker.spike import SpikeGuard, _progress
 from tests.unit.row_loaders import RowIndices

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from raytrain.cli.app import main
-from raytrain.driver.status_record import failure_kind
 from raytrain.errors import NonFiniteLossError, SpecError, TrainingFailed
+from raytrain.records.status_record import failure_kind
 from raytrain.submit.connection import JobsError, JobUnknown, ServerUnreachable, TokenRefused
 from raytrain.submit.supervisor import (
     EXIT_INFRASTRUCTURE,

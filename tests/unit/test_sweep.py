@@ -591,7 +591,7 @@ def test_a_sweep_and_a_run_of_one_name_never_share_a_folder_nor_delete_it(
     (checkpoints and all); `raytrain run` of a sweep's name wrote into the sweep's. Both
     are refused before Ray, exit 2, naming the folder and what it holds; nothing changes."""
     from raytrain.cli.app import main
-    from raytrain.driver import runstate
+    from raytrain.records import runstate
     from raytrain.sweep.runner import sweep_dir, write_record
     from tests.conftest import write_spec
 
@@ -633,8 +633,8 @@ def test_a_sweep_and_a_run_of_one_name_never_share_a_folder_nor_delete_it(
 def test_a_sweeps_own_folder_is_what_fresh_deletes_saying_so(
     digits_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from raytrain.driver import run_folder
-    from raytrain.driver.lease import LEASE_FILE, Lease
+    from raytrain.records import run_folder
+    from raytrain.records.lease import LEASE_FILE, Lease
     from raytrain.sweep.runner import sweep_dir, write_record
 
     job = load_spec(_sweep(digits_dir, tmp_path))
@@ -658,8 +658,8 @@ def test_a_sweep_holds_a_runs_lease_and_stops_when_another_takes_it(tmp_path: Pa
     experiment (a restored sweep's gate)."""
     import pickle
 
-    from raytrain.driver.lease import Lease, check_free
     from raytrain.errors import RunStateError
+    from raytrain.records.lease import Lease, check_free
     from raytrain.sweep.tune_callbacks import LOST_LEASES, MetricGate
 
     folder = str(tmp_path / "runs" / "lr-sweep")

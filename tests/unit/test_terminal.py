@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from raytrain.cli import app as cli
-from raytrain.run_status import STATUS_FILE, Restart, RunStatus
+from raytrain.records.run_status import STATUS_FILE, Restart, RunStatus
 from raytrain.tracking.report import text_table
 from raytrain.util.terminal import JOB_OUTPUT, printable
 

@@ -36,7 +36,7 @@ MAX_CLASS_LINES = 150
 LONG_CLASSES = {
     "raytrain/worker/memory_state.py:MemoryState": 389,
     "raytrain/tracking/mlflow_tracker.py:MlflowTracker": 222,
-    "raytrain/driver/status_record.py:StatusRecord": 220,
+    "raytrain/records/status_record.py:StatusRecord": 220,
     "raytrain/worker/hang_watchdog.py:HangWatchdog": 213,
     "raytrain/worker/checkpointing.py:CheckpointCallback": 202,
     "raytrain/spec/data.py:DataSpec": 198,

@@ -26,10 +26,10 @@ from raytrain.checkpoints.layout import (
     repair_snapshot_scores,
     uncommitted,
 )
-from raytrain.driver import runstate
-from raytrain.driver.lease import Lease, check_free
 from raytrain.driver.results import FitResult, user_metrics
 from raytrain.errors import RunStateError
+from raytrain.records import runstate
+from raytrain.records.lease import Lease, check_free
 from raytrain.spec import JobSpec, StorageSpec
 from raytrain.util.redaction import redact
 

@@ -1,4 +1,4 @@
-"""The driver's writer of the run's live status record (``raytrain.run_status``).
+"""The driver's writer of the run's live status record (``raytrain.records.run_status``).
 
 ``StatusRecord`` is a handler of the run's events (beside MLflow and the progress line):
 each report moves the record on (step, epoch, throughput, ETA, the last validation, the
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raytrain import run_status, storage
+from raytrain import storage
 from raytrain.checkpoints.layout import (
     CHECKPOINT_KEY,
     FAILURE_KEY,
@@ -39,7 +39,8 @@ from raytrain.errors import (
     TrainingFailed,
     wraps,
 )
-from raytrain.run_status import CheckpointMark, FailureKind, Restart, RunStatus, State
+from raytrain.records import run_status
+from raytrain.records.run_status import CheckpointMark, FailureKind, Restart, RunStatus, State
 from raytrain.spec import JobSpec
 
 WRITE_EVERY_S = 2.0
