@@ -11,7 +11,9 @@
 - ``epoch_last_batch``: ``fit_loop.epoch_loop.batch_progress.is_last_batch``: the batch
   just run was its epoch's last (the epoch's end has not run yet).
 - ``accumulate_from``: ``fit_loop.epoch_loop._accumulated_batches_reached`` and its
-  ``batch_progress.current.ready``: where an accumulation of gradients starts.
+  ``batch_progress.current.ready``: where an accumulation of gradients starts;
+  ``restored_mid_epoch``: the same progress (``current.ready``, ``is_last_batch``) read
+  as where a restore stands in its epoch.
 - ``checkpoint_loader_states`` and ``checkpoint_at_epoch_end``: a Lightning checkpoint's
   ``loops.fit_loop.state_dict.combined_loader`` (the train loaders' saved states, which the
   fit loop loads into them before it first iterates them) and
@@ -89,6 +91,14 @@ def set_epoch_length(trainer: Any, length: int) -> None:
         fetcher.length = length
     if isinstance(trainer.val_check_interval, float) and trainer.val_check_batch != float("inf"):
         trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))
+
+
+def restored_mid_epoch(trainer: Any) -> int:
+    """The batches of the epoch a restore stands at when it is mid-epoch (Lightning then
+    resumes that epoch without ``on_train_epoch_start``); 0 at an epoch's start or end."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    mid_epoch = progress.current.ready > 0 and not progress.is_last_batch
+    return int(progress.current.ready) if mid_epoch else 0
 
 
 def accumulate_from(trainer: Any, offset: Callable[[], int]) -> None:

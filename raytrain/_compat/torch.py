@@ -3,10 +3,11 @@
 - ``grad_norms``: ``torch._foreach_norm``, one fused kernel for the norm of every gradient.
 - ``LAYOUT_REBUILDER``: ``torch.serialization._get_layout``, the global a pickled
   ``torch.layout`` names (DCP metadata holds them).
-- ``set_element``: ``torch.distributed.checkpoint._nested_dict.set_element``, which puts a
-  value read from a flattened DCP key back into the nested state dict.
-- ``empty_state_dict_planner``: ``default_planner._EmptyStateDictLoadPlanner``, the planner
-  that loads a whole DCP checkpoint into an empty dict (as ``dcp_to_torch_save`` does).
+- ``whole_load_planner``: ``default_planner._EmptyStateDictLoadPlanner``, the planner that
+  loads a whole DCP checkpoint into an empty dict (as ``dcp_to_torch_save`` does),
+  subclassed so that every non-tensor entry is read by the caller's loader, not
+  ``torch.load``; it puts each value back with
+  ``torch.distributed.checkpoint._nested_dict.set_element``.
 - ``load_without_process_group``: ``state_dict_loader._load_state_dict(..., no_dist=True)``,
   a DCP load on one process without a process group.
 - ``copy_all``: ``torch._foreach_copy_``, one call that copies a list of tensors into a
@@ -17,6 +18,8 @@
   pickle (of protocol 2, torch's) with no tensors in it: a packed state's skeleton, read by
   the same allow-list as a checkpoint without ``torch.save``'s zip container (0.3 ms of a
   0.5 ms keep on digits).
+- ``storage_info_class``: ``filesystem._StorageInfo`` itself, which a DCP checkpoint's
+  metadata pickles: the safe loader allows it by its module and name.
 - ``dcp_storage_entries``: the fields of ``filesystem._StorageInfo``, the file reader's
   record of where each entry's bytes lie (``relative_path``, joined to the checkpoint
   folder by ``FileSystemReader.read_data``; ``offset``, ``length``;
@@ -25,6 +28,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -47,18 +51,23 @@ def layout_rebuilder() -> Any:
     return torch.serialization._get_layout
 
 
-def set_element(root: dict[str, Any], path: Any, value: Any) -> None:
-    """Set ``value`` at ``path`` (DCP's object path) inside ``root``."""
-    from torch.distributed.checkpoint._nested_dict import set_element as _set
-
-    _set(root, path, value)
-
-
-def empty_state_dict_planner() -> type:
-    """DCP's planner that fills an empty state dict with everything a checkpoint holds."""
+def whole_load_planner(load: Callable[[str, Any], Any], keys: set[str] | None = None) -> Any:
+    """DCP's planner that fills an empty state dict with everything a checkpoint holds
+    (only ``keys``' entries when given), each non-tensor entry read by ``load(fqn, bytes)``
+    (the bytes a ``BytesIO``)."""
+    from torch.distributed.checkpoint._nested_dict import set_element
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
-    return _EmptyStateDictLoadPlanner
+    class Planner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            fqn = read_item.dest_index.fqn
+            loaded = load(fqn, value)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    return Planner(keys=keys)
 
 
 def load_without_process_group(state: dict[str, Any], reader: Any, planner: Any) -> None:
@@ -112,3 +121,10 @@ def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
 
     with torch.no_grad():
         torch._foreach_copy_(targets, sources)
+
+
+def storage_info_class() -> type:
+    """DCP's file reader's record of where an entry's bytes lie (``_StorageInfo``)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    return _StorageInfo

@@ -35,10 +35,10 @@ from typing import Any
 
 from raytrain._compat.torch import (
     LAYOUT_REBUILDER,
-    empty_state_dict_planner,
     layout_rebuilder,
     load_without_process_group,
-    set_element,
+    storage_info_class,
+    whole_load_planner,
 )
 from raytrain.checkpoints.layout import DCP_METADATA
 from raytrain.errors import StorageError
@@ -124,7 +124,6 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
     import pathlib
 
     import torch
-    import torch.distributed.checkpoint.filesystem as dcp_fs
     import torch.distributed.checkpoint.metadata as dcp_md
 
     allowed: dict[tuple[str, str], Any] = {}
@@ -132,7 +131,8 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
         own = isinstance(value, type) and value.__module__ == dcp_md.__name__
         if own and (dataclasses.is_dataclass(value) or issubclass(value, enum.Enum)):
             allowed[(dcp_md.__name__, name)] = value
-    allowed[(dcp_fs.__name__, "_StorageInfo")] = dcp_fs._StorageInfo
+    info = storage_info_class()
+    allowed[(info.__module__, info.__name__)] = info
     for name, value in vars(torch).items():
         if isinstance(value, torch.dtype | torch.layout | torch.memory_format):
             allowed[("torch", name)] = value
@@ -353,18 +353,9 @@ def load_dcp(folder: str, keys: set[str] | None = None, label: str | None = None
     metadata = read_dcp_metadata(folder, label)
     refusals = _Refusals(name)
 
-    class SafePlanner(empty_state_dict_planner()):  # type: ignore[misc]
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            fqn = read_item.dest_index.fqn
-            loaded = refusals.load(fqn, value)
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[fqn], loaded)
-            else:
-                self.state_dict[fqn] = loaded
-
     # as torch's dcp_to_torch_save does: the public load() fills a copy of the dict
     state: dict[str, Any] = {}
-    reader, planner = _safe_reader(folder, metadata, name), SafePlanner(keys=keys)
+    reader, planner = _safe_reader(folder, metadata, name), whole_load_planner(refusals.load, keys)
     refusals.run(lambda: load_without_process_group(state, reader, planner))
     return state
 

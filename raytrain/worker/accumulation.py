@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from raytrain._compat.lightning import accumulate_from
+from raytrain._compat.lightning import accumulate_from, restored_mid_epoch
 
 
 class AccumulationAlignment(pl.Callback):
@@ -24,10 +24,7 @@ class AccumulationAlignment(pl.Callback):
         self.offset = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        progress = trainer.fit_loop.epoch_loop.batch_progress
-        # Restored mid-epoch: Lightning resumes that epoch without on_train_epoch_start.
-        mid_epoch = progress.current.ready > 0 and not progress.is_last_batch
-        self.offset = progress.current.ready % trainer.accumulate_grad_batches if mid_epoch else 0
+        self.offset = restored_mid_epoch(trainer) % trainer.accumulate_grad_batches
         accumulate_from(trainer, lambda: self.offset)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -271,7 +271,9 @@ def private_uses(tree: ast.Module) -> list[str]:
             root = base
             while isinstance(root, ast.Attribute):
                 root = root.value
-            if isinstance(root, ast.Name) and (root.id in FOREIGN or root.id in foreign_names):
+            if isinstance(root, ast.Name) and (
+                root.id in FOREIGN or root.id in foreign_names or root.id in aliases
+            ):
                 found.append(f"line {node.lineno}: .{node.attr}")
             if isinstance(base, ast.Call) and getattr(base.func, "id", "") == "super":
                 found.append(f"line {node.lineno}: super().{node.attr}")
@@ -303,6 +305,8 @@ def test_only_compat_names_private_apis_of_other_libraries() -> None:
         "from torch.distributed.checkpoint.state_dict_loader import _load_state_dict",
         "import ray._private.ray_constants",
         "x = torch._foreach_norm(grads)",
+        "import torch.distributed.checkpoint.filesystem as dcp_fs\ninfo = dcp_fs._StorageInfo",
+        "from torch.distributed.checkpoint import filesystem\ninfo = filesystem._StorageInfo",
         "def f(trainer):\n    return trainer.fit_loop._combined_loader",
         "logger = 'ray._private.runtime_env.working_dir'",
         "from ray.train.lightning import RayFSDPStrategy\n"

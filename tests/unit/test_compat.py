@@ -191,13 +191,20 @@ def test_a_pickled_layout_names_the_rebuilder() -> None:
 def test_dcp_loads_whole_without_a_process_group(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from raytrain._compat.torch import empty_state_dict_planner, load_without_process_group
+    from raytrain._compat.torch import load_without_process_group, whole_load_planner
 
     dcp.save({"model": {"w": torch.arange(3.0)}, "step": 7}, checkpoint_id=str(tmp_path))
     state: dict[str, Any] = {}
     reader = dcp.FileSystemReader(str(tmp_path))
-    load_without_process_group(state, reader, empty_state_dict_planner()())
+    read: list[str] = []
+
+    def load(fqn: str, value: Any) -> Any:  # the caller's loader reads each non-tensor
+        read.append(fqn)
+        return torch.load(value, weights_only=True)
+
+    load_without_process_group(state, reader, whole_load_planner(load))
     assert torch.equal(state["model"]["w"], torch.arange(3.0)) and state["step"] == 7
+    assert read == ["step"]
 
 
 # -- MLflow -----------------------------------------------------------------------------------
