@@ -70,6 +70,37 @@ def _timed_allreduce(timeline, bucket):  # type: ignore[no-untyped-def]  # see b
     return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group
 
 
+def _hook_ddp(model: Any, timeline: StepTimeline) -> bool:
+    """Whether ``timeline``'s communication hook now marks ``model``'s gradient buckets:
+    it is DDP, and no hook of the user's strategy is there already."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return False
+    try:
+        model.register_comm_hook(timeline, _timed_allreduce)
+    except RuntimeError:  # a hook of the user's strategy is there already
+        return False
+    return True
+
+
+class _Waits:
+    """Seconds in collectives between the timeline's marks of one batch, read from a
+    ``CollectiveTimer``'s running total."""
+
+    def __init__(self, timer: CollectiveTimer):
+        self._timer = timer
+        self._at: dict[str, float] = {}
+
+    def note(self, mark: str) -> None:
+        self._at[mark] = self._timer.total
+
+    def since(self, mark: str) -> float:
+        """Seconds in collectives since ``mark`` was noted (0 if it was not)."""
+        now = self._timer.total
+        return max(now - self._at.get(mark, now), 0.0)
+
+
 class StepTimeline(pl.Callback):
     """Times each batch's parts (see the module docstring). Put it first among the
     callbacks and its ``end_marker()`` last."""
@@ -90,7 +121,7 @@ class StepTimeline(pl.Callback):
         self._clock = clock
         # seconds in blocking collectives so far, read at each mark (installed at train start)
         self.collectives = collectives if collectives is not None else CollectiveTimer(clock)
-        self._waited_at: dict[str, float] = {}
+        self._waits = _Waits(self.collectives)
         self._samples: dict[str, list[float]] = {part: [] for part in PARTS}
         self._now: dict[str, float] = {}  # this batch's part so far
         self._marks: dict[str, float] = {}
@@ -102,30 +133,13 @@ class StepTimeline(pl.Callback):
     # -- the clock's marks, in Lightning's order -------------------------------------------
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-
         if trainer.world_size > 1:
             self.collectives.install()
-            self.comm_measured = True
-        model = getattr(trainer.strategy, "model", None)
-        if isinstance(model, DistributedDataParallel):
-            try:
-                model.register_comm_hook(self, _timed_allreduce)
-                self.comm_measured = True
-            except RuntimeError:  # a hook of the user's strategy is there already
-                pass
+        hooked = _hook_ddp(getattr(trainer.strategy, "model", None), self)
+        self.comm_measured = trainer.world_size > 1 or hooked
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.collectives.remove()
-
-    def _collective_since(self, mark: str) -> float:
-        """Seconds spent in collectives since ``mark`` was noted; notes the next mark."""
-        now = self.collectives.total
-        since = now - self._waited_at.get(mark, now)
-        return max(since, 0.0)
-
-    def _note(self, mark: str) -> None:
-        self._waited_at[mark] = self.collectives.total
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
@@ -134,18 +148,18 @@ class StepTimeline(pl.Callback):
         self._now = {"data_wait": now - self._last_end if self._last_end is not None else 0.0}
         self._marks = {"start": now}
         self._ready_at = None
-        self._waited_at = {}
-        self._note("start")
+        self._waits = _Waits(self.collectives)
+        self._waits.note("start")
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
     ) -> None:
         now = self._clock()
-        waited = self._collective_since("start")
+        waited = self._waits.since("start")
         self._now["forward"] = max(now - self._marks.get("start", now) - waited, 0.0)
         self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
         self._marks["backward"] = now
-        self._note("backward")
+        self._waits.note("backward")
 
     def grads_ready(self) -> None:
         """A gradient bucket is ready (the communication hook's mark)."""
@@ -155,7 +169,7 @@ class StepTimeline(pl.Callback):
         now = self._clock()
         total = now - self._marks.get("backward", now)
         waited = now - self._ready_at if self._ready_at is not None else 0.0
-        waited = min(max(waited, 0.0) + self._collective_since("backward"), total)
+        waited = min(max(waited, 0.0) + self._waits.since("backward"), total)
         self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
         self._now["backward"] = self._now.get("backward", 0.0) + total - waited
 
@@ -163,14 +177,14 @@ class StepTimeline(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
         self._marks["optimizer"] = self._clock()
-        self._note("optimizer")
+        self._waits.note("optimizer")
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         now = self._clock()
         began = self._marks.get("optimizer")
-        waited = self._collective_since("optimizer") if began is not None else 0.0
+        waited = self._waits.since("optimizer") if began is not None else 0.0
         self._now["optimizer"] = max(now - began - waited, 0.0) if began is not None else 0.0
         self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
         self._marks["hooks"] = now

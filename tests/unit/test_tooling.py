@@ -41,7 +41,6 @@ LONG_CLASSES = {
     "raytrain/worker/checkpointing.py:CheckpointCallback": 202,
     "raytrain/spec/data.py:DataSpec": 198,
     "raytrain/worker/reporting.py:MetricsReporter": 193,
-    "raytrain/worker/step_timeline.py:StepTimeline": 161,
 }
 
 
