@@ -66,6 +66,10 @@ FAILURE_KEY = "_failure"
 # The key of a rank's step-timeline summary (every rank sends one per report window): its
 # value maps each part of a step to [p50, p90] seconds.
 TIMELINE_KEY = "_timeline"
+# The run folder's folder of hang reports, one folder per attempt that hung (``{token}``,
+# the attempt's start as rank 0 gave it), one stacks file per rank; also their folder in
+# MLflow's artifacts.
+HANGS = "hangs"
 
 
 # The file a sharded (torch distributed) checkpoint's folder is recognised by.

@@ -2,7 +2,7 @@
 
 ``Hangs`` is a handler of every rank's ``HangReport``: each is said on stderr in one line
 with its stacks file, the stacks go to MLflow (``hangs/{attempt}/rank{r}.txt``), and the
-hang's summary (``hang_report.hang_summary``: the ranks not in a collective first) goes to
+hang's summary (``hang_summary``: the ranks not in a collective first) goes to
 the run's tag ``raytrain.hang`` and to ``on_hang`` (the status record, whose next restart
 gives it as the reason). The attempt's ranks end their processes themselves; the failure
 policy restarts it.
@@ -11,10 +11,11 @@ policy restarts it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from raytrain.hang_report import HANGS, HangReport, hang_summary
+from raytrain.checkpoints.layout import HANGS
+from raytrain.contract import HangReport
 
 
 class Hangs:
@@ -53,3 +54,23 @@ class Hangs:
         text = self._read(report.stacks)
         if text is not None:
             self._log(text, f"{HANGS}/{report.attempt}/rank{report.rank}.txt")
+
+
+def hang_summary(reports: Sequence[HangReport]) -> str:
+    """One line for a hang from the ranks' reports: the ranks not in a collective (the
+    likely cause) first, then how many waited in one."""
+    if not reports:
+        return ""
+    first = min(reports, key=lambda r: r.at)
+    ranked = sorted(reports, key=lambda r: r.rank)
+    culprits = [f"rank {r.rank} in {r.phase}" for r in ranked if r.collective is None]
+    waiting = [str(r.rank) for r in ranked if r.collective is not None]
+    parts = [f"hang at step {first.step}: no batch finished for {first.idle_s:.0f} s"]
+    if culprits:
+        parts.append(f"not in a collective: {', '.join(culprits)}")
+    if waiting:
+        parts.append(f"waiting in a collective: rank {', '.join(waiting)}")
+    reported = len(reports)
+    if reported < first.world_size:
+        parts.append(f"{first.world_size - reported} rank(s) sent no stacks")
+    return "; ".join(parts)

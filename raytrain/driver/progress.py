@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from raytrain.checkpoints.layout import FAILURE_KEY, TIMELINE_KEY
-from raytrain.hang_report import HANG_KEY
+from raytrain.contract import HANG_KEY
 from raytrain.records.rollback_record import ROLLBACK_KEY
 
 

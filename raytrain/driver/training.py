@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from raytrain import storage
 from raytrain.checkpoints.layout import FAILURE_KEY, SCORE_KEY, TIMELINE_KEY
-from raytrain.contract import WorkerConfig
+from raytrain.contract import HANG_KEY, WorkerConfig
 from raytrain.driver.hangs import Hangs
 from raytrain.driver.progress import ProgressLine
 from raytrain.driver.ray_runtime import RayHandle
@@ -24,7 +24,6 @@ from raytrain.driver.results import Trained, worker_errors
 from raytrain.driver.run_record import RunRecord
 from raytrain.driver.timeline import Straggler, Timelines
 from raytrain.errors import RunStateError, TrainingFailed
-from raytrain.hang_report import HANG_KEY
 from raytrain.records.lease import Lease
 from raytrain.records.rollback_record import ROLLBACK_KEY, Rollback
 from raytrain.records.status_record import StatusRecord

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import (
@@ -18,7 +19,6 @@ from pydantic import (
     model_validator,
 )
 
-from raytrain.hang_report import HangLimits
 from raytrain.spec.classes import ClassSpec, OptimizerSpec, SchedulerSpec
 from raytrain.spec.data import Data, DataSpec
 from raytrain.spec.fields import (
@@ -46,6 +46,19 @@ class ModelSpec(ClassSpec):
 # The most workers a run may ask for: one Ray actor and process-group rank each, all
 # coordinated by one driver; more is a typo (an elastic [1, 1e9]), not a cluster.
 MAX_WORKERS = 10_000
+
+
+@dataclass(frozen=True)
+class HangLimits:
+    """``failure``'s hang settings: ``timeout_s`` None is automatic, 0 is off."""
+
+    timeout_s: float | None
+    first_step_s: float
+    checkpoint_s: float
+
+    @property
+    def enabled(self) -> bool:
+        return self.timeout_s != 0
 
 
 class ScalingSpec(_Section):

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raytrain.checkpoints.layout import TIMELINE_KEY, number
-from raytrain.hang_report import HANG_KEY
+from raytrain.contract import HANG_KEY
 
 # name -> (description, tag keys besides run and rank)
 GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {

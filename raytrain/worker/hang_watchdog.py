@@ -2,12 +2,12 @@
 failed, long before gloo's or NCCL's 30-minute collective timeout would.
 
 ``HangWatchdog`` (a Lightning callback on every rank) keeps where the rank is
-(``hang_report.Phase``) and when it last moved on: a batch's end, a validation batch's,
+(``Phase``) and when it last moved on: a batch's end, a validation batch's,
 the start of an epoch or validation. After a batch that a validation may follow it is
 ``starting``: Lightning builds the validation's loader and fetches its first batch before
 any hook. A
 daemon thread looks every ``POLL_S``. Once the rank has gone longer than its phase's
-``hang_report.allowance`` without moving on, the thread:
+``allowance`` without moving on, the thread:
 
 1. writes the stacks of every thread of this process (Python's frames, as faulthandler
    prints them, with their source lines) to ``{run}/hangs/{token}/rank{r}.txt``, headed by
@@ -35,30 +35,74 @@ from __future__ import annotations
 import logging
 import os
 import re
+import statistics
 import sys
 import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 
 from raytrain import storage
 from raytrain._compat.lightning import validation_may_follow
-from raytrain.hang_report import (
-    HANGS,
-    HangLimits,
-    HangReport,
-    Phase,
-    allowance,
-    collective_of,
-    step_timeout,
-)
+from raytrain.checkpoints.layout import HANGS
+from raytrain.contract import HangReport
 from raytrain.spec import StorageSpec
+from raytrain.spec.sections import HangLimits
 from raytrain.worker.batch_end import BatchEnd
+
+# The floor of the automatic step timeout, and its multiple of the median step time.
+AUTO_FLOOR_S = 60.0
+AUTO_STEPS = 20
+# Where a rank is between batch ends. ``starting``: from the start of training, of an
+# epoch or of a validation to its first batch (compiling, a loader's workers starting);
+# ``saving``: a batch's, validation's or epoch's end hooks (reports, checkpoint saves).
+Phase = Literal["starting", "data", "forward", "backward", "optimizer", "saving", "validation"]
+
+
+def step_timeout(limits: HangLimits, step_times: Sequence[float]) -> float:
+    """How long a batch may take: ``timeout_s``, or max(``AUTO_FLOOR_S``, ``AUTO_STEPS`` x
+    the median of ``step_times``); before a step was timed, the first step's allowance."""
+    if limits.timeout_s:
+        return limits.timeout_s
+    if not step_times:
+        return max(limits.first_step_s, AUTO_FLOOR_S)
+    return max(AUTO_FLOOR_S, AUTO_STEPS * statistics.median(step_times))
+
+
+def allowance(phase: Phase, limits: HangLimits, step_times: Sequence[float]) -> float:
+    """How long ``phase`` may go on without a batch finishing. Invariant: never below the
+    step timeout; ``starting`` gets at least ``first_step_s``, ``saving`` at least
+    ``checkpoint_s``: the first batch and a checkpoint's save are not hangs because they
+    are slow."""
+    base = step_timeout(limits, step_times)
+    if phase == "starting":
+        return max(base, limits.first_step_s)
+    if phase == "saving":
+        return max(base, limits.checkpoint_s)
+    return base
+
+
+# Files of torch's collectives: a rank whose main thread is in one waits for the others.
+_COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d")
+
+
+def collective_of(phase: str, files: Sequence[str], world_size: int) -> str | None:
+    """The collective a rank waits in, or None: a call into torch.distributed in the thread
+    that trains (``files``: its frames' file names, outermost first), or, in a world of more
+    than one, the backward pass: DDP waits there for the gradients' all-reduce, and
+    backward compute does not take 20 steps' time."""
+    for name in reversed(files):
+        if any(mark in name.replace("\\", "/") for mark in _COLLECTIVE_FILES):
+            return "a torch.distributed collective"
+    if phase == "backward" and world_size > 1:
+        return "the gradients' all-reduce (backward)"
+    return None
+
 
 logger = logging.getLogger(__name__)
 

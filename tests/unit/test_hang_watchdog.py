@@ -11,18 +11,17 @@ from typing import Any
 
 import pytest
 
-from raytrain.driver.hangs import Hangs
+from raytrain.contract import HANG_KEY, HangReport
+from raytrain.driver.hangs import Hangs, hang_summary
 from raytrain.driver.progress import ProgressLine
-from raytrain.hang_report import (
-    HANG_KEY,
-    HangLimits,
-    HangReport,
+from raytrain.spec.sections import HangLimits
+from raytrain.worker.hang_watchdog import (
+    HANG_EXIT,
+    HangWatchdog,
     allowance,
     collective_of,
-    hang_summary,
     step_timeout,
 )
-from raytrain.worker.hang_watchdog import HANG_EXIT, HangWatchdog
 
 LIMITS = HangLimits(timeout_s=None, first_step_s=300.0, checkpoint_s=120.0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain.checkpoints.layout import TIMELINE_KEY
-from raytrain.hang_report import HANG_KEY
+from raytrain.contract import HANG_KEY
 from raytrain.tracking.prometheus import GAUGES, RayMetrics
 
 DASHBOARD = Path(__file__).parents[2] / "cluster" / "grafana" / "raytrain.json"

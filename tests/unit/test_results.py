@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from raytrain.checkpoints import layout
+from raytrain.contract import HANG_KEY
 from raytrain.driver.results import final_metrics
-from raytrain.hang_report import HANG_KEY
 from raytrain.records.rollback_record import ROLLBACK_KEY
 from raytrain.spec import JobSpec
 
