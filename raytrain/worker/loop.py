@@ -18,10 +18,16 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.contract import WorkerConfig
 from raytrain.spec import JobSpec
+
+if TYPE_CHECKING:
+    from raytrain.worker.hang_watchdog import HangWatchdog
+    from raytrain.worker.memory_state import Restored
+    from raytrain.worker.step_timeline import StepTimeline
+    from raytrain.worker.threads import ThreadChoice
 
 
 def _publisher(sink: Any, wait: bool = False) -> Callable[[dict[str, Any]], None] | None:
@@ -160,7 +166,7 @@ def train(config: dict[str, Any], entered: float) -> None:
         ray.get(work.sink.ping.remote())  # the driver has every event before the run ends
 
 
-def _keeping(work: WorkerConfig, restored: Any) -> dict[str, Any]:
+def _keeping(work: WorkerConfig, restored: Restored | None) -> dict[str, Any]:
     """``build_callbacks``' keeper arguments: the run's keeper with the token and key it
     was opened with, or none (no keeper, or one that could not be reached: this group
     keeps nothing in memory)."""
@@ -195,7 +201,7 @@ def _with_chaos(work: WorkerConfig, ordered: list[Any]) -> list[Any]:
     return [*ordered, ChaosMarks(work.chaos, ray.get_runtime_context().get_node_id())]
 
 
-def _set_threads(spec: JobSpec) -> Any:
+def _set_threads(spec: JobSpec) -> ThreadChoice:
     """torch's intra-op threads as torchrun sets them (``worker.threads``), exported to this
     worker's own processes; the spec's seed set everywhere."""
     import torch
@@ -214,7 +220,7 @@ def _set_threads(spec: JobSpec) -> Any:
 
 def _timers(
     work: WorkerConfig, to_driver: Callable[[dict[str, Any]], None] | None, rank: int
-) -> tuple[Any, Any]:
+) -> tuple[StepTimeline | None, HangWatchdog | None]:
     """This rank's step timeline (None: no sink, or ``tracking.timeline`` off) and hang
     watchdog (None: ``failure.hang`` off)."""
     import ray
@@ -243,7 +249,7 @@ def _timers(
     return timeline, watchdog
 
 
-def _from_memory(work: WorkerConfig, rank: int, checkpoint: Any) -> Any:
+def _from_memory(work: WorkerConfig, rank: int, checkpoint: Any) -> Restored | None:
     """``checkpoint.memory_every_n_steps``: what ``memory_state.restore_from_memory`` found
     (a state newer than ``checkpoint``, and the keeper's token: None when the keeper could
     not be reached, the same on every rank, and this group keeps nothing); None: no keeper."""
