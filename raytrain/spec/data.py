@@ -194,16 +194,7 @@ class DataSpec(_Section):
     @field_validator("preprocess_on")
     @classmethod
     def _selector(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        for key, want in (value or {}).items():
-            if not _LABEL_KEY.fullmatch(key):
-                raise ValueError(
-                    f"{key!r} is not a node label's name (letters, digits, "
-                    "'-', '_', '.', and one '/' after a prefix)"
-                )
-            if not _LABEL_VALUE.fullmatch(want):
-                raise ValueError(
-                    f"{key}: {want!r} is not a label value, '!value', 'in(a,b)' or '!in(a,b)'"
-                )
+        _check_selector(value or {})
         return value
 
     transform: str | None = Field(
@@ -273,74 +264,14 @@ class DataSpec(_Section):
     @classmethod
     def _mix(cls, value: SourceSpec | list[MixSourceSpec]) -> SourceSpec | list[MixSourceSpec]:
         if isinstance(value, list):
-            if not value:
-                raise ValueError("a mix needs at least one source")
-            formats = sorted({s.format for s in value} - {"parquet"})
-            if formats:
-                raise ValueError(f"a mix reads Parquet sources only, not {', '.join(formats)}")
-            total = 0.0
-            for j, source in enumerate(value):  # quotas divide by the weights' sum
-                total += source.weight
-                if not math.isfinite(total):
-                    raise field_problem(
-                        f"{j}.weight",
-                        "the sources' weights sum past the "
-                        "largest float (to infinity): scale them down, only "
-                        "their ratios count",
-                    )
-            names = [s.label() for s in value]
-            twice = sorted({n for n in names if names.count(n) > 1})
-            if twice:
-                raise ValueError(
-                    f"the sources' names must differ: {', '.join(twice)} is "
-                    "given twice (set `name`)"
-                )
+            _check_mix(value)
         return value
 
     @model_validator(mode="after")
-    def _mix_options(self) -> DataSpec:
-        if self.epoch_rows is not None and not self.mixed:
-            raise ValueError("epoch_rows is for a mixed train set (a list of sources)")
-        if self.mixed and self.preprocess is not None:
-            raise ValueError("preprocess is not supported with a mixed train set")
-        return self
-
-    @model_validator(mode="after")
-    def _transform_reads_images(self) -> DataSpec:
-        if self.transform is None:
-            return self
-        formats = {s.format for _, s in self.train_sources()} | (
-            {self.val.format} if self.val else set()
-        )
-        if "images" not in formats:
-            raise ValueError(
-                "transform is each image's augmentation: it needs an `images` "
-                "source (use preprocess for other formats)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _labels_read_per_rank(self) -> DataSpec:
-        labelled = [
-            f
-            for f, s in [*self.train_sources(), ("data.val", self.val)]
-            if s is not None and s.labels is not None
-        ]
-        if labelled and self.preprocess_on is not None:
-            raise ValueError(
-                f"{labelled[0]}.labels: a labels file is read where each rank "
-                "reads its images, not by Ray Data (preprocess_on)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _transform_not_on_ray_data(self) -> DataSpec:
-        if self.transform is not None and self.preprocess_on is not None:
-            raise ValueError(
-                "transform runs where each rank decodes its images; with "
-                "preprocess_on, images are decoded by Ray Data on those nodes: "
-                "do the augmentation in preprocess there"
-            )
+    def _options_go_together(self) -> DataSpec:
+        problem = _combination_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @property
@@ -393,3 +324,72 @@ Data = Annotated[
     Annotated[DataSpec, Tag("files")] | Annotated[DataModuleSpec, Tag("module")],
     Discriminator(_data_kind),
 ]
+
+
+def _check_selector(selector: dict[str, str]) -> None:
+    """``preprocess_on`` is a Ray label selector: each key a label's name, each value a
+    value, ``!value``, ``in(a,b)`` or ``!in(a,b)``."""
+    for key, want in selector.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise ValueError(
+                f"{key!r} is not a node label's name (letters, digits, "
+                "'-', '_', '.', and one '/' after a prefix)"
+            )
+        if not _LABEL_VALUE.fullmatch(want):
+            raise ValueError(
+                f"{key}: {want!r} is not a label value, '!value', 'in(a,b)' or '!in(a,b)'"
+            )
+
+
+def _check_mix(sources: list[MixSourceSpec]) -> None:
+    """A mix: at least one source, Parquet only, weights with a finite sum (quotas divide
+    by it), and names that differ."""
+    if not sources:
+        raise ValueError("a mix needs at least one source")
+    formats = sorted({s.format for s in sources} - {"parquet"})
+    if formats:
+        raise ValueError(f"a mix reads Parquet sources only, not {', '.join(formats)}")
+    total = 0.0
+    for j, source in enumerate(sources):
+        total += source.weight
+        if not math.isfinite(total):
+            raise field_problem(
+                f"{j}.weight",
+                "the sources' weights sum past the largest float (to infinity): scale them "
+                "down, only their ratios count",
+            )
+    names = [s.label() for s in sources]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(
+            f"the sources' names must differ: {', '.join(twice)} is given twice (set `name`)"
+        )
+
+
+def _combination_problem(data: DataSpec) -> str | None:
+    """The first of the data section's options that do not go together, said; None."""
+    if data.epoch_rows is not None and not data.mixed:
+        return "epoch_rows is for a mixed train set (a list of sources)"
+    if data.mixed and data.preprocess is not None:
+        return "preprocess is not supported with a mixed train set"
+    formats = {s.format for _, s in data.train_sources()} | (
+        {data.val.format} if data.val else set()
+    )
+    if data.transform is not None and "images" not in formats:
+        return (
+            "transform is each image's augmentation: it needs an `images` source (use "
+            "preprocess for other formats)"
+        )
+    sources = [*data.train_sources(), ("data.val", data.val)]
+    labelled = [f for f, s in sources if s is not None and s.labels is not None]
+    if labelled and data.preprocess_on is not None:
+        return (
+            f"{labelled[0]}.labels: a labels file is read where each rank reads its images, "
+            "not by Ray Data (preprocess_on)"
+        )
+    if data.transform is not None and data.preprocess_on is not None:
+        return (
+            "transform runs where each rank decodes its images; with preprocess_on, images "
+            "are decoded by Ray Data on those nodes: do the augmentation in preprocess there"
+        )
+    return None

@@ -39,7 +39,6 @@ LONG_CLASSES = {
     "raytrain/records/status_record.py:StatusRecord": 220,
     "raytrain/worker/hang_watchdog.py:HangWatchdog": 213,
     "raytrain/worker/checkpointing.py:CheckpointCallback": 202,
-    "raytrain/spec/data.py:DataSpec": 198,
     "raytrain/worker/reporting.py:MetricsReporter": 193,
 }
 
