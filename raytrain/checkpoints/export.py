@@ -111,7 +111,7 @@ def trained_model(job: JobSpec, checkpoint: str) -> Any:
     """The spec's model, built as the workers build it (nested ``class_path`` blocks too:
     ``lightning_config.build_model``), with ``checkpoint``'s weights (strict), in eval mode,
     on CPU: what MLflow logs and serving loads."""
-    from raytrain.lightning_config import build_model
+    from raytrain.spec.lightning_config import build_model
 
     weights = checkpoint_weights(checkpoint, job.storage)  # checked before building the model
     model = build_model(job)

@@ -448,8 +448,8 @@ def _run_or_validate(args: argparse.Namespace) -> int:
     if args.cli:
         args.overrides.append(f"lightning_cli={args.cli}")
     if args.print_config:
-        from raytrain.lightning_config import print_config
         from raytrain.spec import load_spec
+        from raytrain.spec.lightning_config import print_config
 
         print(print_config(load_spec(args.spec, args.overrides)), end="")
         return EXIT_OK

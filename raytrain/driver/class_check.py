@@ -1,7 +1,7 @@
 """Preflight for the classes a LightningCLI config names: the model's arguments, the
 DataModule, ``trainer.callbacks``, ``trainer.logger``, ``optimizer`` and ``lr_scheduler``.
 
-They are parsed by LightningCLI's own parser (``raytrain.lightning_config``): each class
+They are parsed by LightningCLI's own parser (``raytrain.spec.lightning_config``): each class
 must import, be of its kind and take its ``init_args``, nested ``class_path`` blocks too,
 and a problem is jsonargparse's reason after the full field path. Without a ``data``
 section the model must make its own train loader.
@@ -29,7 +29,7 @@ def check_classes(spec: JobSpec) -> list[str]:
         if missing:
             return [f"data.class_path: {missing}"]
     problems: list[str] = []
-    from raytrain import lightning_config
+    from raytrain.spec import lightning_config
 
     if lightning_config.needs_lightning(spec):
         problems += lightning_config.config_problems(spec)

@@ -64,7 +64,7 @@ def check_model(spec: JobSpec) -> list[str]:
         if isinstance(cls, type) and old_namespace(cls):
             return [f"model.class_path: {path!r}: {OLD_NAMESPACE_HINT}"]
         return [f"model.class_path: {path!r} is not a lightning.pytorch.LightningModule subclass"]
-    from raytrain import lightning_config
+    from raytrain.spec import lightning_config
 
     # the model's arguments, by LightningCLI's parser (done before Ray when it names more)
     needs = lightning_config.needs_lightning(spec)

@@ -110,8 +110,8 @@ def train(config: dict[str, Any], entered: float) -> None:
     import ray.train
 
     from raytrain.checkpoints.layout import run_dir
-    from raytrain.lightning_config import instantiate
     from raytrain.spec.global_batch import global_batch
+    from raytrain.spec.lightning_config import instantiate
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
     from raytrain.worker.reporting import ReportLogger
     from raytrain.worker.strategy import data_rank

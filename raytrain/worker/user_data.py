@@ -32,8 +32,8 @@ from torch.utils.data import (
 from raytrain.contract import WorkerConfig
 from raytrain.data.loaders import worker_loaders
 from raytrain.data.order import EpochSchedule
-from raytrain.lightning_config import UserObjects
 from raytrain.spec import DataSpec, JobSpec
+from raytrain.spec.lightning_config import UserObjects
 
 # What a ShardedLoader keeps of the user's DataLoader: how a batch is made and loaded.
 KEPT = (

@@ -1,4 +1,4 @@
-"""LightningCLI's keys read by LightningCLI's own parser (``raytrain.lightning_config``) and a
+"""LightningCLI's keys read by LightningCLI's own parser (``raytrain.spec.lightning_config``) and a
 user's ModelCheckpoint read as ``checkpoint.*`` (``spec.model_checkpoint``): parsed,
 refused and built in this process, no Ray."""
 
@@ -14,8 +14,8 @@ import yaml
 
 from raytrain.cli.app import main
 from raytrain.errors import SpecError
-from raytrain.lightning_config import config_problems, explain, instantiate
 from raytrain.spec import load_spec
+from raytrain.spec.lightning_config import config_problems, explain, instantiate
 from raytrain.spec.model_checkpoint import as_written
 
 EXAMPLES = "tests.integration.lightning_examples"
