@@ -70,13 +70,14 @@ def _timed_allreduce(timeline, bucket):  # type: ignore[no-untyped-def]  # see b
     return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group
 
 
-def _hook_ddp(model: Any, timeline: StepTimeline) -> bool:
-    """Whether ``timeline``'s communication hook now marks ``model``'s gradient buckets:
-    it is DDP, and no hook of the user's strategy is there already."""
+def _hook_ddp(model: Any, timeline: StepTimeline) -> bool | None:
+    """Whether ``timeline``'s communication hook now marks the gradient buckets of DDP
+    ``model`` (False: a hook of the user's strategy is there already); None: not DDP.
+    Under DDP ``comm_wait`` is sent only with the hook: the gradients' wait is most of it."""
     from torch.nn.parallel import DistributedDataParallel
 
     if not isinstance(model, DistributedDataParallel):
-        return False
+        return None
     try:
         model.register_comm_hook(timeline, _timed_allreduce)
     except RuntimeError:  # a hook of the user's strategy is there already
@@ -136,27 +137,31 @@ class StepTimeline(pl.Callback):
         if trainer.world_size > 1:
             self.collectives.install()
         hooked = _hook_ddp(getattr(trainer.strategy, "model", None), self)
-        self.comm_measured = trainer.world_size > 1 or hooked
+        self.comm_measured = hooked if hooked is not None else trainer.world_size > 1
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.collectives.remove()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, err: Any) -> None:
+        self.collectives.remove()  # a failed fit runs no callback's teardown
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
     ) -> None:
         now = self._clock()
         self._now = {"data_wait": now - self._last_end if self._last_end is not None else 0.0}
-        self._marks = {"start": now}
+        self._marks = {"start": now, "forward": now}
         self._ready_at = None
         self._waits = _Waits(self.collectives)
-        self._waits.note("start")
+        self._waits.note("forward")
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
     ) -> None:
-        now = self._clock()
-        waited = self._waits.since("start")
-        self._now["forward"] = max(now - self._marks.get("start", now) - waited, 0.0)
+        now = self._clock()  # forward: since the batch's start, or the last backward's end
+        waited = self._waits.since("forward")
+        ran = max(now - self._marks.get("forward", now) - waited, 0.0)
+        self._now["forward"] = self._now.get("forward", 0.0) + ran
         self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
         self._marks["backward"] = now
         self._waits.note("backward")
@@ -172,6 +177,8 @@ class StepTimeline(pl.Callback):
         waited = min(max(waited, 0.0) + self._waits.since("backward"), total)
         self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
         self._now["backward"] = self._now.get("backward", 0.0) + total - waited
+        self._marks["forward"] = now  # a next backward's forward starts here
+        self._waits.note("forward")
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any

@@ -122,6 +122,44 @@ def test_a_wait_in_a_collective_inside_the_step_is_comm_wait_not_the_ranks_own_w
     assert got["comm_wait"] == 0.063 and got["busy"] == 0.028
 
 
+def test_two_backward_passes_in_a_batch_count_each_collective_wait_once() -> None:
+    """Manual optimization (two ``manual_backward`` calls): the forward before each is
+    the rank's own, and a collective in the first backward is counted there only."""
+    clock, sent = Clock(), []
+    collectives = Collectives(clock)
+    timeline = StepTimeline(
+        every_n_steps=1, publish=sent.append, rank=0, node="n", clock=clock, collectives=collectives
+    )
+    timeline.comm_measured = True
+    trainer = SimpleNamespace(global_step=0, world_size=2)
+    timeline.on_train_batch_start(trainer, None, None, 0)
+    for fwd, bwd, wait in ((1.0, 0.5, 0.25), (0.5, 0.5, 0.0)):
+        clock.now += fwd
+        timeline.on_before_backward(trainer, None, None)
+        clock.now += bwd
+        collectives.wait(clock, wait)
+        timeline.on_after_backward(trainer, None)
+    timeline.on_train_batch_end(trainer, None, None, None, 0)
+    trainer.global_step += 1
+    timeline.end_marker().on_train_batch_end(trainer, None, None, None, 0)
+    got = {part: values[0] for part, values in sent[0][TIMELINE_KEY].items()}
+    assert (got["forward"], got["backward"], got["comm_wait"]) == (1.5, 1.0, 0.25)
+    assert got["busy"] + got["comm_wait"] == got["step"] == 2.75
+
+
+def test_a_failed_fit_puts_torchs_collectives_back() -> None:
+    """Lightning runs no callback's ``teardown`` when ``fit`` raises: ``on_exception``
+    removes the timer's wrappers."""
+    import torch.distributed as dist
+
+    original = dist.all_reduce
+    timeline = StepTimeline(every_n_steps=1, publish=None, rank=0, node="n")
+    timeline.on_train_start(SimpleNamespace(strategy=None, world_size=2), None)
+    assert dist.all_reduce is not original
+    timeline.on_exception(SimpleNamespace(), None, RuntimeError("a NaN"))
+    assert dist.all_reduce is original
+
+
 def test_validation_is_not_a_wait_for_data_and_unmeasured_comm_is_not_sent() -> None:
     clock, sent = Clock(), []
     timeline = StepTimeline(every_n_steps=2, publish=sent.append, rank=0, node="n", clock=clock)
