@@ -152,8 +152,7 @@ class StepTimeline(pl.Callback):
         self._now = {"data_wait": now - self._last_end if self._last_end is not None else 0.0}
         self._marks = {"start": now, "forward": now}
         self._ready_at = None
-        self._waits = _Waits(self.collectives)
-        self._waits.note("forward")
+        self._waits.note("forward")  # the batch's other marks are noted before they are read
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any

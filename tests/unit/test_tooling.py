@@ -44,8 +44,8 @@ LONG_CLASSES = {
 
 
 def lengths(root: Path, top: str) -> tuple[dict[str, int], dict[str, int]]:
-    """The line count of every function and every class under ``root/top``, by
-    ``path:name`` (a method's name is its class's and its own)."""
+    """The line count of every function (nested and methods too) and every class under
+    ``root/top``, by ``path:name``; of two with one name in a file, the longer."""
     import ast
 
     functions: dict[str, int] = {}
@@ -53,18 +53,13 @@ def lengths(root: Path, top: str) -> tuple[dict[str, int], dict[str, int]]:
     for path in sorted((root / top).rglob("*.py")):
         where = str(path.relative_to(root))
         for node in ast.walk(ast.parse(path.read_text())):
-            size = (
-                (node.end_lineno or node.lineno) - node.lineno + 1 if hasattr(node, "lineno") else 0
-            )
-            if isinstance(node, ast.ClassDef):
-                classes[f"{where}:{node.name}"] = size
-                for item in node.body:
-                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                        functions[f"{where}:{node.name}.{item.name}"] = (
-                            (item.end_lineno or item.lineno) - item.lineno + 1
-                        )
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                functions.setdefault(f"{where}:{node.name}", size)
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                found = classes if isinstance(node, ast.ClassDef) else functions
+                key, size = (
+                    f"{where}:{node.name}",
+                    (node.end_lineno or node.lineno) - node.lineno + 1,
+                )
+                found[key] = max(found.get(key, 0), size)
     return functions, classes
 
 
