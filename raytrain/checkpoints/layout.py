@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
+from raytrain.contract import events
+from raytrain.contract.events import SCORE_KEY
 from raytrain.errors import StorageError
 
 if TYPE_CHECKING:
@@ -33,39 +35,10 @@ CKPT_FILE = "checkpoint.ckpt"
 # MLflow's artifacts.
 PROFILES = "profiles"
 META_FILE = "raytrain.json"
-# The reported key Ray Train ranks checkpoints by: the value of ``checkpoint.monitor``.
-SCORE_KEY = "_score"
 # The score of a checkpoint taken while the monitored metric had no finite value (before
 # the first validation, or a NaN): the worst a float can be and still be finite (see
 # ``checkpoint_score``).
 UNSCORED = {"max": -sys.float_info.max, "min": sys.float_info.max}
-# The key of the one report that says the monitored metric was not among the metrics of the
-# first validation; its value lists the keys that were.
-MONITOR_MISSING = "_monitor_missing"
-# The key of rank 0's report that a callback stopped training before its limits (a user's
-# EarlyStopping); its value says why.
-STOPPED_KEY = "_stopped"
-# The key of rank 0's first report that says the precision it trains at, and why.
-PRECISION_KEY = "_precision"
-# The key of rank 0's report of the checkpoint interval ``every_n_steps: auto`` chose, and
-# the figures that chose it, when it changes (the interval itself: ``checkpoint_interval``).
-INTERVAL_KEY = "_checkpoint_interval"
-# checkpoint.memory_every_n_steps: auto's interval and the figures that chose it, when it
-# changes (rank 0's report; the driver prints it and tags the MLflow run).
-MEMORY_INTERVAL_KEY = "_memory_interval"
-# The key of rank 0's first report of a worker group: the step its fit resumed at, as the
-# trainer holds it once restored (from the in-memory state, from storage, or 0 from the
-# start). The driver's status record names it as the restart's step: the checkpoint Ray
-# committed is not where a restore from memory began.
-RESUMED_KEY = "_resumed_step"
-# The key of rank 0's event of a report that carries a checkpoint (not in the checkpoint's
-# own metrics): the status record waits for Ray's snapshot to show it committed.
-CHECKPOINT_KEY = "_checkpoint"
-# The key of the failure policy's notice of a worker-group failure; its value says why.
-FAILURE_KEY = "_failure"
-# The key of a rank's step-timeline summary (every rank sends one per report window): its
-# value maps each part of a step to [p50, p90] seconds.
-TIMELINE_KEY = "_timeline"
 # The run folder's folder of hang reports, one folder per attempt that hung (``{token}``,
 # the attempt's start as rank 0 gave it), one stacks file per rank; also their folder in
 # MLflow's artifacts.
@@ -281,9 +254,9 @@ def number(value: Any) -> float | None:
 
 
 def epochs_done(metrics: dict[str, Any]) -> int:
-    """Epochs completed as of a report: a report at an epoch's end (``kind: epoch``) carries
-    that epoch's 0-based number; any other, the number of the epoch it was in."""
-    return int(metrics.get("epoch", 0)) + (1 if metrics.get("kind") == "epoch" else 0)
+    """Epochs completed as of a checkpoint's metrics (``Report.for_ray``): see
+    ``contract.events.epochs_done``."""
+    return events.epochs_done(int(metrics.get("epoch", 0)), str(metrics.get("kind", "")))
 
 
 def latest_committed(

@@ -1,6 +1,6 @@
 """The ranks' hang reports on the driver (``worker.hang_watchdog`` finds a hung rank).
 
-``Hangs`` is a handler of every rank's ``HangReport``: each is said on stderr in one line
+``Hangs`` is a listener of every rank's ``HangReport``: each is said on stderr in one line
 with its stacks file, the stacks go to MLflow (``hangs/{attempt}/rank{r}.txt``), and the
 hang's summary (``hang_summary``: the ranks not in a collective first) goes to
 the run's tag ``raytrain.hang`` and to ``on_hang`` (the status record, whose next restart
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 from raytrain.checkpoints.layout import HANGS
-from raytrain.contract import HangReport
+from raytrain.contract import HangReport, RunListener
 
 
-class Hangs:
-    """The handler of hang reports (see the module docstring). ``read_text`` reads a
+class Hangs(RunListener):
+    """The listener of hang reports (see the module docstring). ``read_text`` reads a
     stacks file (None: not there); the others are MLflow's and the status record's."""
 
     def __init__(
@@ -35,8 +35,7 @@ class Hangs:
         self.reports: list[HangReport] = []  # the latest hang's, one per rank
         self.summaries: list[str] = []  # every hang's summary, in order
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        report = HangReport.from_event(event)
+    def on_hang(self, report: HangReport) -> None:
         if self.reports and self.reports[0].attempt != report.attempt:
             self.reports = []  # a hang of a later attempt
         self.reports.append(report)

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from raytrain import storage
 from raytrain._compat.versions import check_supported
-from raytrain.checkpoints.layout import STOPPED_KEY
+from raytrain.contract import RunListener
 from raytrain.driver import (
     class_check,
     cluster_record,
@@ -151,12 +151,12 @@ def run_job(
     force: bool = False,
     progress: bool | TextIO = True,
     verbose: bool = False,
-    listeners: Sequence[Callable[[dict[str, Any]], None]] = (),
+    listeners: Sequence[RunListener] = (),
     start: float | None = None,
     close_on_failure: bool = True,
 ) -> FitResult:
     """``fit`` after the checks that need no Ray (``check_before_ray``): a sweep's trial
-    runs this, its spec checked once for the whole sweep. ``listeners`` get rank 0's
+    runs this, its spec checked once for the whole sweep. ``listeners`` hear the run's
     events (``training.train``). ``close_on_failure`` False leaves a failed run's MLflow
     record open for the caller to close: a sweep's trial, whose failure may be its own
     actor ending after the scheduler stopped it, and whose driver alone knows which."""
@@ -181,7 +181,7 @@ def run_job(
         trained = training.train(job, ray_handle, record, held, progress, mark, listeners, status)
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
-        timings.update(worker_timings(trained.latest, start))
+        timings.update(worker_timings(trained.startup, start))
         # the environment is put back on this thread, once Ray is left (see RayHandle)
         stopping = Background(lambda: _stop_ray(ray_handle, mark, restore_env=False))
     except BaseException as exc:
@@ -307,7 +307,7 @@ def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark
         data_paths=trained.data_paths,
         checkpoints=[u for c, _ in result.best_checkpoints or [] if (u := checkpoint_uri(job, c))],
         model_uri=model_uri,
-        stopped=trained.latest.get(STOPPED_KEY),
+        stopped=trained.stopped,
         chaos=trained.chaos,
     )
 

@@ -1,8 +1,9 @@
-"""The driver's view of training: one live progress line built from rank 0's metrics.
+"""The driver's view of training: the run's events, and one live progress line.
 
-Rank 0 sends metric events to a ``MetricsSink`` actor; ``ReportPump`` on the driver drains it
-and hands each event to the progress line and the tracker. One line replaces N interleaved
-per-rank Lightning bars.
+The ranks send their events (``contract.events``) to a ``MetricsSink`` actor; ``ReportPump``
+on the driver drains it and hands each event to every ``RunListener`` by its type: the
+progress line, MLflow, the status record, the timelines, ... ``ProgressLine`` is one line
+in place of N interleaved per-rank Lightning bars; ``Latest`` keeps what the run ends with.
 """
 
 from __future__ import annotations
@@ -11,12 +12,10 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from raytrain.checkpoints.layout import FAILURE_KEY, TIMELINE_KEY
-from raytrain.contract import HANG_KEY
-from raytrain.records.rollback_record import ROLLBACK_KEY
+from raytrain.contract import Event, FailureNotice, Report, RunListener, Startup, deliver
 
 
 class MetricsSink:
@@ -30,13 +29,13 @@ class MetricsSink:
     """
 
     def __init__(self) -> None:
-        self._events: list[dict[str, Any]] = []
+        self._events: list[Event] = []
         self._started = time.time()
         self._failures = 0
 
-    def put(self, event: dict[str, Any]) -> None:
+    def put(self, event: Event) -> None:
         self._events.append(event)
-        if FAILURE_KEY in event:  # the failure policy's notice of a worker-group failure
+        if isinstance(event, FailureNotice):  # the failure policy's, of a worker-group failure
             self._failures += 1
 
     def mtbf(self) -> float | None:
@@ -49,7 +48,7 @@ class MetricsSink:
         """Returns once every event this caller sent before has been stored."""
         return True
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[Event]:
         events, self._events = self._events, []
         return events
 
@@ -70,15 +69,15 @@ def start_sink() -> Any:
 
 
 class SinkNotice:
-    """A one-line notice sent to the sink as an event of its own, ``{key: text}``: what the
-    failure policy, in Ray Train's controller, tells the driver (why the workers restart).
-    Picklable: it travels with the policy to the controller."""
+    """Sends a ``FailureNotice`` to the sink: what the failure policy, in Ray Train's
+    controller, tells the driver (why the workers restart). Picklable: it travels with the
+    policy to the controller."""
 
-    def __init__(self, sink: Any, key: str):
-        self.sink, self.key = sink, key
+    def __init__(self, sink: Any):
+        self.sink = sink
 
     def __call__(self, text: str) -> None:
-        self.sink.put.remote({self.key: text})
+        self.sink.put.remote(FailureNotice(text))
 
 
 def stop_sink(sink: Any) -> None:
@@ -98,33 +97,24 @@ class StopRun(Exception):
         self.error = error
 
 
-# The keys of events that every rank sends (not rank 0's reports): a step timeline's
-# summary, a hang report.
-RANK_KEYS = (TIMELINE_KEY, HANG_KEY, ROLLBACK_KEY)
-
-
 class ReportPump:
-    """A driver thread that drains the sink into handlers until stopped: rank 0's reports
-    (and notices) to ``handlers``; an event of every rank (a step timeline, a hang report)
-    to the ``rank_handlers`` of the key it carries. A
-    handler's error is kept (``errors``) and training goes on, unless it is a ``StopRun``:
+    """A driver thread that drains the sink until stopped, handing every event to each of
+    ``listeners`` in turn (``contract.deliver``: the listener's method for its type). A
+    listener's error is kept (``errors``) and training goes on, unless it is a ``StopRun``:
     then ``on_stop`` is called once (it aborts the trainer) and ``stopped`` holds it."""
 
     def __init__(
         self,
         sink: Any,
-        handlers: list[Callable[[dict[str, Any]], None]],
+        listeners: Sequence[RunListener],
         interval_s: float = 1.0,
         on_stop: Callable[[], None] | None = None,
-        rank_handlers: Mapping[str, Sequence[Callable[[dict[str, Any]], None]]] | None = None,
     ):
         self.sink = sink
-        self.handlers = handlers
-        self.rank_handlers = dict(rank_handlers or {})  # every rank's events, by their key
+        self.listeners = list(listeners)
         self.interval_s = interval_s
         self.on_stop = on_stop
         self.stopped: StopRun | None = None
-        self.latest: dict[str, Any] = {}  # the newest value of every metric seen
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raytrain-reports", daemon=True)
@@ -151,12 +141,9 @@ class ReportPump:
             self.errors.append(exc)
             return
         for event in events:
-            key = next((k for k in RANK_KEYS if k in event), None)
-            if key is None:  # one of rank 0's reports
-                self.latest.update(event)
-            for handler in self.handlers if key is None else self.rank_handlers.get(key, ()):
+            for listener in self.listeners:
                 try:
-                    handler(event)
+                    deliver(event, listener)
                 except StopRun as stop:
                     if self.stopped is None:
                         self.stopped = stop
@@ -166,13 +153,30 @@ class ReportPump:
                     self.errors.append(exc)
 
 
+class Latest(RunListener):
+    """What the run ends with, from rank 0's reports: the newest value of every number
+    (``values``), the newest worker group's ``startup``, and why a callback stopped it."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self.startup: Startup | None = None
+        self.stopped: str | None = None
+
+    def on_report(self, report: Report) -> None:
+        self.values.update(report.values())
+        if report.startup is not None:
+            self.startup = report.startup
+        if report.stopped is not None:
+            self.stopped = report.stopped
+
+
 def _fmt_duration(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-class ProgressLine:
+class ProgressLine(RunListener):
     """Formats reports as one line: epoch, step, loss, val metrics, samples/s, ETA, and the
     straggler the ranks' timelines name (``straggler``, set by the driver).
 
@@ -206,19 +210,20 @@ class ProgressLine:
             return self.max_epochs * self._steps_per_epoch
         return None
 
-    def format(self, event: dict[str, Any]) -> str:
-        step, epoch = int(event.get("step", 0)), int(event.get("epoch", 0))
+    def format(self, report: Report) -> str:
+        step, epoch, metrics = report.step, report.epoch, report.metrics
         now = time.monotonic()
-        if event.get("kind") in ("epoch", "end") and step:
+        if report.kind in ("epoch", "end") and step:
             self._steps_per_epoch = step / (epoch + 1)
         if self._first_step is None:
             self._first_step = (now, step)
         parts = [f"epoch {epoch + 1}/{self.max_epochs or '?'}", f"step {step}"]
         for key in ("train_loss", "val_loss", "val_acc"):
-            if isinstance(event.get(key), float) and math.isfinite(event[key]):
-                parts.append(f"{key} {event[key]:.4f}")
-        if "samples_per_s" in event:
-            parts.append(f"{event['samples_per_s']:.0f} samples/s")
+            value = metrics.get(key)
+            if isinstance(value, float) and math.isfinite(value):
+                parts.append(f"{key} {value:.4f}")
+        if "samples_per_s" in metrics:
+            parts.append(f"{metrics['samples_per_s']:.0f} samples/s")
         t0, s0 = self._first_step
         total = self.total_steps()
         if total and step > s0 and now > t0:
@@ -229,16 +234,14 @@ class ProgressLine:
             parts.append(f"straggler {self.straggler}")
         return " | ".join(parts)
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        if "step" not in event:  # a notice (a failure), not a report
-            return
-        line = self.format(event)
+    def on_report(self, report: Report) -> None:
+        line = self.format(report)
         now = time.monotonic()
         if self.tty:
             pad = max(self._width - len(line), 0)
             self.stream.write("\r" + line + " " * pad)
             self._width = len(line)
-        elif event.get("kind") in ("epoch", "end") or now - self._printed_at >= self.interval_s:
+        elif report.kind in ("epoch", "end") or now - self._printed_at >= self.interval_s:
             self.stream.write(line + "\n")
             self._printed_at = now
         self.stream.flush()

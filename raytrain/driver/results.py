@@ -11,11 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain import storage
-from raytrain.checkpoints.layout import (
-    SCORE_KEY,
-    latest_committed,
-    real_score,
-)
+from raytrain.checkpoints.layout import latest_committed, real_score
+from raytrain.contract import SCORE_KEY, Startup
 from raytrain.errors import root_cause
 from raytrain.records import runstate
 from raytrain.spec import JobSpec
@@ -53,29 +50,27 @@ class Trained:
     """What the training phase hands back to ``fit``."""
 
     result: Any  # ray.train.Result
-    latest: dict[str, Any]  # the newest value of every metric rank 0 reported
+    latest: dict[str, float]  # the newest value of every number rank 0 reported
     data_paths: dict[str, str]  # split -> "cached" | "streamed" | "mixed"
     chaos: dict[str, Any] | None = None  # failure.chaos: the faults and their cost
+    startup: Startup | None = None  # the newest worker group's, as rank 0 reported it
+    stopped: str | None = None  # why a callback (EarlyStopping) stopped training, if one did
 
 
-# Wall-clock times rank 0 reports once (see worker.loop), as startup phases.
-WORKER_PHASES = {
-    "_worker_started_at": "worker_started",
-    "_loop_entered_at": "train_loop_entered",
-    "_lightning_imported_at": "lightning_imported",
-    "_fit_started_at": "fit_started",
-    "_first_step_at": "first_step",
-}
+# The startup phases rank 0 reports once (``Startup.marks``, see worker.loop), in order.
+WORKER_PHASES = (
+    "worker_started",
+    "train_loop_entered",
+    "lightning_imported",
+    "fit_started",
+    "first_step",
+)
 
 
-def worker_timings(latest: dict[str, Any], start: float) -> dict[str, float]:
-    """The workers' startup phases in ``latest`` (removed from it), in seconds from
-    ``start``."""
-    return {
-        phase: round(latest.pop(key) - start, 3)
-        for key, phase in WORKER_PHASES.items()
-        if key in latest
-    }
+def worker_timings(startup: Startup | None, start: float) -> dict[str, float]:
+    """The workers' startup phases, in seconds from ``start``."""
+    marks = startup.marks if startup is not None else {}
+    return {phase: round(marks[phase] - start, 3) for phase in WORKER_PHASES if phase in marks}
 
 
 def checkpoint_uri(spec: JobSpec, checkpoint: Any) -> str | None:
@@ -104,10 +99,9 @@ def final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> d
 
 
 def user_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """``metrics`` without what raytrain adds to reports for itself: every such key begins
-    with ``_`` (``layout``'s ``*_KEY``s: the score, a failure's notice, the checkpoint
-    interval's figures, ...), and ``kind``. A list of keys to drop missed each new one: the
-    summary of a run with ``--chaos`` printed ``_failure=WorkerHealthCheckFailedError``."""
+    """``metrics`` (a checkpoint's, as Ray keeps them: ``Report.for_ray``) without what
+    raytrain adds for itself: every such key begins with ``_`` (``contract.SCORE_KEY``),
+    and ``kind``."""
     return {k: v for k, v in metrics.items() if not k.startswith("_") and k != "kind"}
 
 

@@ -8,21 +8,15 @@ instead of before. Events that arrive first wait for it. If it fails, ``on_error
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
 
-from raytrain.checkpoints.layout import (
-    INTERVAL_KEY,
-    MEMORY_INTERVAL_KEY,
-    MONITOR_MISSING,
-    PRECISION_KEY,
-    RESUMED_KEY,
-    STOPPED_KEY,
-)
+from raytrain.contract import Report, RollbackNotice, RunListener
 from raytrain.driver.background import Background
 from raytrain.driver.model_log import ModelLog
 from raytrain.errors import TrackingError
@@ -53,8 +47,9 @@ def tracking_error(tracking_uri: str, exc: BaseException) -> TrackingError:
     )
 
 
-class RunRecord:
-    """The run's state file and MLflow run (see module docstring)."""
+class RunRecord(RunListener):
+    """The run's state file and MLflow run (see module docstring); it hears rank 0's
+    reports and rollbacks, and records them."""
 
     def __init__(self, job: JobSpec, state: runstate.RunState | None):
         self.job = job
@@ -114,15 +109,17 @@ class RunRecord:
         assert self._opening is not None, "RunRecord.start() was not called"
         return self._opening.result()
 
-    def log_metrics(self, event: dict[str, Any]) -> None:
-        """Log a report's metrics at its step. A report that opens a worker group (rank 0's
-        startup times ride on its first report) after the first is a restart: it is
-        counted on the run (``raytrain.restarts``, across attempts) and described."""
+    def on_report(self, report: Report) -> None:
+        """Log a report's numbers at its step, and what it says of the run in tags. A
+        report that opens a worker group (it carries the group's ``Startup``) after the
+        first is a restart: it is counted on the run (``raytrain.restarts``, across
+        attempts) and described."""
         tracker = self.tracker()
-        step = int(event.get("step", 0))
+        step = report.step
         self.model.preload()  # what logging the model at the end imports, from now on
-        if "_worker_started_at" in event:
+        if report.startup is not None:
             self._group_starts += 1
+            tracker.set_tags({"raytrain.precision": report.startup.precision})
             if self._group_starts > 1:
                 self.state.restarts += 1
                 tracker.set_tags(
@@ -130,27 +127,38 @@ class RunRecord:
                         "raytrain.restarts": str(self.state.restarts),
                         f"raytrain.restart.{self.state.restarts}": (
                             f"attempt {self.state.attempts}: workers restarted, "
-                            f"{event.get('world_size', '?')} of them, resumed at step "
-                            f"{event.get(RESUMED_KEY, '?')}, first report at step {step}"
+                            f"{report.world_size} of them, resumed at step "
+                            f"{report.startup.resumed_step}, first report at step {step}"
                         ),
                     }
                 )
-        if MONITOR_MISSING in event:
-            self._monitor_missing(tracker, event[MONITOR_MISSING])
-        if PRECISION_KEY in event:
-            tracker.set_tags({"raytrain.precision": str(event[PRECISION_KEY])})
-        if INTERVAL_KEY in event:  # checkpoint.every_n_steps: auto chose anew
-            print(f"raytrain: at step {step}: {event[INTERVAL_KEY]}", file=sys.stderr)
-            tracker.set_tags({"raytrain.checkpoint_interval": str(event[INTERVAL_KEY])})
-        if MEMORY_INTERVAL_KEY in event:  # checkpoint.memory_every_n_steps: auto chose anew
-            print(f"raytrain: at step {step}: {event[MEMORY_INTERVAL_KEY]}", file=sys.stderr)
-            tracker.set_tags({"raytrain.memory_interval": str(event[MEMORY_INTERVAL_KEY])})
-        if STOPPED_KEY in event:
-            print(f"raytrain: stopped early at step {step}: {event[STOPPED_KEY]}", file=sys.stderr)
-            tracker.set_tags({"raytrain.stopped": str(event[STOPPED_KEY])})
-        tracker.log_metrics(event, step=step)
+        if report.monitor_missing is not None:
+            self._monitor_missing(tracker, report.monitor_missing)
+        for text, tag in (
+            (report.checkpoint_interval, "raytrain.checkpoint_interval"),  # auto chose anew
+            (report.memory_interval, "raytrain.memory_interval"),
+        ):
+            if text is not None:
+                print(f"raytrain: at step {step}: {text}", file=sys.stderr)
+                tracker.set_tags({tag: text})
+        if report.stopped is not None:
+            print(f"raytrain: stopped early at step {step}: {report.stopped}", file=sys.stderr)
+            tracker.set_tags({"raytrain.stopped": report.stopped})
+        tracker.log_metrics(report.values(), step=step)
 
-    def _monitor_missing(self, tracker: Any, reported: list[str]) -> None:
+    def on_rollback(self, notice: RollbackNotice) -> None:
+        """Rank 0's rollback past a spike (``worker.spike``): stderr, and MLflow's
+        ``raytrain.rollbacks`` count, a tag per rollback and the ``rollbacks.json``
+        artifact (the run folder's record as it stands)."""
+        count = len(notice.rollbacks)
+        line = notice.rollbacks[-1].describe()
+        print(f"raytrain: rollback {count}: {line}", file=sys.stderr)
+        tracker = self.tracker()
+        tracker.set_tags({"raytrain.rollbacks": str(count), f"raytrain.rollback.{count}": line})
+        entries = [rollback.to_json() for rollback in notice.rollbacks]
+        tracker.log_text(json.dumps(entries, indent=1), "rollbacks.json")
+
+    def _monitor_missing(self, tracker: Any, reported: Sequence[str]) -> None:
         """Say, once, that ``checkpoint.monitor`` was not among the first validation's
         metrics: checkpoints are ranked by recency until it appears."""
         monitor = self.job.checkpoint.monitor

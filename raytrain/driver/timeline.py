@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from raytrain.checkpoints.layout import TIMELINE_KEY
+from raytrain.contract import RunListener, TimelineWindow
 
 FACTOR = 1.5
 WINDOWS = 3
@@ -69,8 +69,8 @@ def straggler_in(
     return rank, recent[-1][rank]
 
 
-class Timelines:
-    """The driver's handler of the ranks' timeline events (see the module docstring)."""
+class Timelines(RunListener):
+    """The driver's listener of the ranks' timeline windows (see the module docstring)."""
 
     def __init__(
         self,
@@ -79,16 +79,16 @@ class Timelines:
         on_straggler: Callable[[Straggler | None], None] = lambda s: None,
     ):
         self._log, self._tag, self._on_straggler = log_metrics, set_tags, on_straggler
-        self.windows: dict[int, dict[int, dict[str, Any]]] = {}  # step -> rank -> event
+        self.windows: dict[int, dict[int, TimelineWindow]] = {}  # step -> rank -> window
         self._judged: list[dict[int, float]] = []  # complete windows' busy p50 per rank
         self.straggler: Straggler | None = None
         self.named: list[Straggler] = []
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        step, rank = int(event["step"]), int(event["rank"])
+    def on_timeline(self, event: TimelineWindow) -> None:
+        step, rank = event.step, event.rank
         window = self.windows.setdefault(step, {})
         window[rank] = event
-        parts = event[TIMELINE_KEY]
+        parts = event.parts
         self._log(
             {
                 f"timeline/rank{rank}/{part}_{q}_s": value
@@ -97,15 +97,11 @@ class Timelines:
             },
             step,
         )
-        if len(window) == int(event.get("world_size", 1)):
+        if len(window) == event.world_size:
             self._judge(step, window)
 
-    def _judge(self, step: int, window: dict[int, dict[str, Any]]) -> None:
-        busy = {
-            r: float(e[TIMELINE_KEY]["busy"][0])
-            for r, e in window.items()
-            if "busy" in e[TIMELINE_KEY]
-        }
+    def _judge(self, step: int, window: dict[int, TimelineWindow]) -> None:
+        busy = {r: float(e.parts["busy"][0]) for r, e in window.items() if "busy" in e.parts}
         self._judged.append(busy)
         found = straggler_in(self._judged)
         if found is None:
@@ -115,7 +111,7 @@ class Timelines:
             return
         rank, factor = found
         if self.straggler is None or self.straggler.rank != rank:
-            node = str(window[rank].get("node", "?"))
+            node = window[rank].node
             self.straggler = Straggler(rank=rank, node=node, factor=factor, step=step)
             self.named.append(self.straggler)
             text = self.straggler.describe()
@@ -132,7 +128,7 @@ class Timelines:
                 {
                     "step": step,
                     "ranks": {
-                        str(r): {"node": e.get("node"), "parts": e[TIMELINE_KEY]}
+                        str(r): {"node": e.node, "parts": dict(e.parts)}
                         for r, e in sorted(ranks.items())
                     },
                 }

@@ -2,8 +2,8 @@
 
 ``train`` builds the datasets and Ray Train's configs, opens the run's records while the
 workers start (a failure to open them aborts the run; so does another run taking the lease
-over), drains rank 0's metric events into the progress line and MLflow, and turns Ray's
-failures into raytrain's errors.
+over), hands the ranks' events to their listeners (the progress line, MLflow, the status
+record, the timelines, Ray's metrics), and turns Ray's failures into raytrain's errors.
 """
 
 from __future__ import annotations
@@ -15,17 +15,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from raytrain import storage
-from raytrain.checkpoints.layout import FAILURE_KEY, SCORE_KEY, TIMELINE_KEY
-from raytrain.contract import HANG_KEY, WorkerConfig
+from raytrain.contract import SCORE_KEY, RunListener, WorkerConfig
 from raytrain.driver.hangs import Hangs
-from raytrain.driver.progress import ProgressLine
+from raytrain.driver.progress import Latest, ProgressLine
 from raytrain.driver.ray_runtime import RayHandle
 from raytrain.driver.results import Trained, worker_errors
 from raytrain.driver.run_record import RunRecord
 from raytrain.driver.timeline import Straggler, Timelines
 from raytrain.errors import RunStateError, TrainingFailed
 from raytrain.records.lease import Lease
-from raytrain.records.rollback_record import ROLLBACK_KEY, Rollback
 from raytrain.records.status_record import StatusRecord
 from raytrain.spec import JobSpec
 from raytrain.tracking.prometheus import RayMetrics
@@ -34,7 +32,6 @@ if TYPE_CHECKING:
     from raytrain.data.sources import Splits
 
 Mark = Callable[[str], None]
-Handler = Callable[[dict[str, Any]], None]
 
 
 def for_workers(job: JobSpec) -> JobSpec:
@@ -108,7 +105,7 @@ def make_trainer(
         embedded_env=ray_handle.embedded_env,
         ends_with_run=ray_handle.ends_with_run,
         max_preemptions=job.failure.max_preemptions,
-        notify=SinkNotice(sink, FAILURE_KEY),
+        notify=SinkNotice(sink),
         injected=ChaosClaim(chaos) if chaos is not None else None,
         train_loop_per_worker=train_loop,
         train_loop_config=work.as_train_loop_config(),
@@ -132,13 +129,13 @@ def train(
     held: Lease,
     progress: bool | TextIO,
     mark: Mark,
-    listeners: Sequence[Handler] = (),
+    listeners: Sequence[RunListener] = (),
     status: StatusRecord | None = None,
 ) -> Trained:
     """Build the datasets and the trainer, open the run's records while the workers start,
-    and train (see the module docstring). ``listeners`` get every event of rank 0 beside
-    MLflow and the progress line (a sweep's trial reports to Ray Tune from them); one may
-    raise ``progress.StopRun`` to end the run. The ranks' step timelines go to MLflow,
+    and train (see the module docstring). ``listeners`` hear every event beside MLflow and
+    the progress line (a sweep's trial reports to Ray Tune from them); one may raise
+    ``progress.StopRun`` to end the run. The ranks' step timelines go to MLflow,
     their straggler to ``status`` too, and all of them to ``timeline.json`` at the end;
     the ranks' hang reports to stderr, MLflow and ``status``; the reports, timelines and
     hangs also to Ray's metrics (``tracking.prometheus``)."""
@@ -158,14 +155,15 @@ def train(
     chaos = _start_chaos(job)
     keeper = start_keeper() if keeps_memory_state(job) else None
     began = time.time()
+    latest = Latest()
     try:
         trainer = make_trainer(job, ray_handle, sink, splits, chaos, keeper)
         # A run that cannot be recorded does not train: opening the records aborts it; so
         # does another run taking the lease over.
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
-        handlers, by_rank = _handlers(job, record, status, listeners, timelines, hangs)
-        result, latest = _fit(job, trainer, sink, record, held, line, mark, handlers, by_rank)
+        heard = _listeners(job, record, status, line, listeners, timelines, hangs)
+        result = _fit(trainer, sink, record, held, line, mark, [*heard, latest])
     finally:
         stop_sink(sink)
         stop_keeper(keeper)
@@ -176,31 +174,35 @@ def train(
     summary = None
     if faults is not None and job.failure.chaos is not None:
         summary = _chaos_summary(job, record, faults, time.time() - began, latest)
-    return Trained(result=result, latest=latest, data_paths=splits.paths(), chaos=summary)
+    return Trained(
+        result=result,
+        latest=latest.values,
+        data_paths=splits.paths(),
+        chaos=summary,
+        startup=latest.startup,
+        stopped=latest.stopped,
+    )
 
 
-def _handlers(
+def _listeners(
     job: JobSpec,
     record: RunRecord,
     status: StatusRecord | None,
-    listeners: Sequence[Handler],
-    timelines: Handler,
-    hangs: Handler,
-) -> tuple[list[Handler], dict[str, list[Handler]]]:
-    """Who hears rank 0's reports (the listeners, the status record, Ray's metrics), and
-    who hears each kind of event every rank sends (timelines, hangs, rollbacks)."""
-    handlers: list[Handler] = [*listeners, *([status] if status else [])]
-    by_rank: dict[str, list[Handler]] = {
-        TIMELINE_KEY: [timelines],
-        HANG_KEY: [hangs],
-        ROLLBACK_KEY: [_rollbacks(record)],
-    }
+    line: ProgressLine | None,
+    listeners: Sequence[RunListener],
+    timelines: Timelines,
+    hangs: Hangs,
+) -> list[RunListener]:
+    """Who hears the run's events, in this order: MLflow (``record``), the caller's
+    ``listeners``, the progress line, the status record, the timelines, the hangs, and
+    Ray's metrics (``tracking.prometheus``)."""
+    heard: list[RunListener] = [record, *listeners]
+    heard += [line] if line is not None else []
+    heard += [status] if status is not None else []
+    heard += [timelines, hangs]
     if job.tracking.prometheus:
-        gauges = RayMetrics(job.name)
-        handlers.append(gauges.report)
-        by_rank[TIMELINE_KEY].append(gauges.timeline)
-        by_rank[HANG_KEY].append(gauges.hang)
-    return handlers, by_rank
+        heard.append(RayMetrics(job.name))
+    return heard
 
 
 def _start_chaos(job: JobSpec) -> Any:
@@ -221,14 +223,14 @@ def _stop_chaos(chaos: Any) -> list[Any] | None:
 
 
 def _chaos_summary(
-    job: JobSpec, record: RunRecord, faults: list[Any], wall_s: float, latest: dict[str, Any]
+    job: JobSpec, record: RunRecord, faults: list[Any], wall_s: float, latest: Latest
 ) -> dict[str, Any]:
     """The injected faults and what they cost: printed, and in MLflow (``chaos/...`` at the
     last step, ``chaos.json``)."""
     from raytrain.driver.chaos import chaos_summary
 
     assert job.failure.chaos is not None
-    step = int(latest.get("step", 0) or 0)
+    step = int(latest.values.get("step", 0))
     summary = chaos_summary(faults, job.failure.chaos.mtbf_s, job.failure.chaos.seed, wall_s, step)
     for text in summary.lines():
         print(f"raytrain: {text}" if not text.startswith(" ") else text, file=sys.stderr)
@@ -267,24 +269,6 @@ def _hangs(job: JobSpec, record: RunRecord, status: StatusRecord | None) -> Hang
     )
 
 
-def _rollbacks(record: RunRecord) -> Handler:
-    """The handler of rank 0's rollback events (``worker.spike``): stderr, and MLflow's
-    ``raytrain.rollbacks`` count, a tag per rollback and the ``rollbacks.json`` artifact
-    (the run folder's record as it stands)."""
-
-    def handle(event: dict[str, Any]) -> None:
-        rollbacks = [Rollback.from_json(entry) for entry in event[ROLLBACK_KEY]]
-        line = rollbacks[-1].describe()
-        print(f"raytrain: rollback {len(rollbacks)}: {line}", file=sys.stderr)
-        tracker = record.tracker()
-        tracker.set_tags(
-            {"raytrain.rollbacks": str(len(rollbacks)), f"raytrain.rollback.{len(rollbacks)}": line}
-        )
-        tracker.log_text(json.dumps(event[ROLLBACK_KEY], indent=1), "rollbacks.json")
-
-    return handle
-
-
 def _log_timelines(record: RunRecord, timelines: Timelines) -> None:
     """Every rank's timeline windows as the run's ``timeline.json`` artifact, whatever the
     run's end (nothing if the records never opened)."""
@@ -297,28 +281,23 @@ def _log_timelines(record: RunRecord, timelines: Timelines) -> None:
 
 
 def _fit(
-    job: JobSpec,
     trainer: Any,
     sink: Any,
     record: RunRecord,
     held: Lease,
     line: ProgressLine | None,
     mark: Mark,
-    listeners: Sequence[Handler],
-    rank_handlers: dict[str, list[Handler]],
-) -> tuple[Any, dict[str, Any]]:
-    """``trainer.fit()`` with rank 0's events pumped to MLflow and the progress line;
-    returns Ray's result and the newest value of every metric."""
+    listeners: Sequence[RunListener],
+) -> Any:
+    """``trainer.fit()`` with the ranks' events pumped to ``listeners``; returns Ray's
+    result."""
     from ray.train import TrainingFailedError
 
     from raytrain._compat.ray_train import RunAborted
     from raytrain.driver.progress import ReportPump
 
-    handlers: list[Handler] = [record.log_metrics, *listeners]
-    if line is not None:
-        handlers.append(line)
     try:
-        pump = ReportPump(sink, handlers, on_stop=trainer.abort, rank_handlers=rank_handlers)
+        pump = ReportPump(sink, listeners, on_stop=trainer.abort)
         with pump:
             result = trainer.fit()
             mark("trained")
@@ -348,7 +327,7 @@ def _fit(
             f"first: {type(pump.errors[0]).__name__}: {pump.errors[0]}",
             file=sys.stderr,
         )
-    return result, pump.latest
+    return result
 
 
 def _clear_node_copies(job: JobSpec) -> None:

@@ -24,8 +24,6 @@ from raytrain import storage
 if TYPE_CHECKING:
     from raytrain.spec import StorageSpec
 
-# The key of rank 0's rollback event in the run's events: its value is a ``Rollback``'s fields.
-ROLLBACK_KEY = "_rollback"
 ROLLBACKS_FILE = "rollbacks.json"
 # The median absolute deviation of normal data, times this, is its standard deviation.
 MAD_TO_SD = 1.4826

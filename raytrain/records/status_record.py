@@ -19,19 +19,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from raytrain import storage
-from raytrain.checkpoints.layout import (
-    CHECKPOINT_KEY,
-    FAILURE_KEY,
-    RESUMED_KEY,
-    STOPPED_KEY,
-    epochs_done,
-    latest_committed,
-    number,
-    run_dir,
-)
+from raytrain.checkpoints.layout import latest_committed, number, run_dir
+from raytrain.contract import FailureNotice, Report, RunListener
 from raytrain.errors import (
     LossSpikeLimitError,
     NonFiniteLossError,
@@ -92,7 +83,21 @@ def failure_kind(error: BaseException) -> FailureKind:
     return "driver"
 
 
-class StatusRecord:
+def eta(
+    first: tuple[float, int] | None, now: float, step: int, total: int | None, last: float | None
+) -> float | None:
+    """Seconds to ``total`` steps at the rate since ``first`` (when, at which step, the
+    worker group's first report came); None before it or with no total; ``last`` (the
+    previous estimate) while no step or time has passed since it."""
+    if first is None or not total:
+        return None
+    t0, s0 = first
+    if step <= s0 or now <= t0:
+        return last
+    return max(0.0, (total - step) * (now - t0) / (step - s0))
+
+
+class StatusRecord(RunListener):
     """The run's status record, kept from its events (see the module docstring).
 
     ``clock`` and ``write`` are parameters so that a unit test can drive it event by event
@@ -188,78 +193,72 @@ class StatusRecord:
 
     # -- events ----------------------------------------------------------------------------
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        """A report from rank 0 (or the failure policy's notice of a failure)."""
+    def on_failure(self, notice: FailureNotice) -> None:
+        """The failure policy's notice: the failed group reports nothing more, the new one
+        has not started."""
         with self._lock:
-            changed = self._apply(event)
+            before = self.status.state
+            self._failure = f"{self._hang} ({notice.text})" if self._hang else notice.text
+            self._hang = None  # a later failure is its own
+            self._failed_at = self.status.step
+            self.status.state = "restarting"
+        self._save(force=before != "restarting")
+
+    def on_report(self, report: Report) -> None:
+        """A report from rank 0."""
+        with self._lock:
+            changed = self._apply(report)
         self._save(force=changed)
 
-    def _apply(self, event: dict[str, Any]) -> bool:
-        """Move the record on by ``event``; whether its state changed."""
-        status, before = self.status, self.status.state
-        if FAILURE_KEY in event:
-            # the failed group reports nothing more, the new one has not started
-            failure = str(event[FAILURE_KEY])
-            self._failure = f"{self._hang} ({failure})" if self._hang else failure
-            self._hang = None  # a later failure is its own
-            self._failed_at = status.step
-            status.state = "restarting"
-            return status.state != before
-        if "step" not in event:
-            return False
-        now, step = self._clock(), int(event["step"])
-        if "_worker_started_at" in event:  # rank 0's startup times: a new worker group
-            self._groups += 1
-            if self._groups > 1:
-                reason = self._failure or "the workers were restarted"
-                # the trainer's own restored step (from memory or storage), which rank 0's
-                # first report of a group carries with its startup times
-                start = int(event.get(RESUMED_KEY, 0))
-                status.restarts.append(
-                    Restart(
-                        at=now,
-                        step=start,
-                        reason=reason,
-                        world_size=event.get("world_size"),
-                        lost_steps=max(0, self._failed_at - start),
-                    )
+    def _restarted(self, report: Report, now: float) -> None:
+        """A report that opens a worker group (it carries the group's ``Startup``): after
+        the first, a restart, from the step the trainer restored (from memory or storage)."""
+        assert report.startup is not None
+        self._groups += 1
+        if self._groups > 1:
+            start = report.startup.resumed_step
+            self.status.restarts.append(
+                Restart(
+                    at=now,
+                    step=start,
+                    reason=self._failure or "the workers were restarted",
+                    world_size=report.world_size,
+                    lost_steps=max(0, self._failed_at - start),
                 )
-            self._failure, self._first, self._hang = None, None, None
+            )
+        self._failure, self._first, self._hang = None, None, None
+
+    def _apply(self, report: Report) -> bool:
+        """Move the record on by ``report``; whether its state changed."""
+        status, before = self.status, self.status.state
+        now, step = self._clock(), report.step
+        if report.startup is not None:
+            self._restarted(report, now)
         if self._first is None:
             self._first = (now, step)
             if status.first_report_at is None:
                 status.first_report_at = now
-        status.step, status.epoch = step, int(event.get("epoch", status.epoch))
-        if isinstance(event.get("world_size"), int):
-            status.world_size = event["world_size"]
-        if (rate := number(event.get("samples_per_s"))) is not None:
+        status.step, status.epoch = step, report.epoch
+        status.world_size = report.world_size
+        if (rate := number(report.metrics.get("samples_per_s"))) is not None:
             status.samples_per_s = rate
-        vals = {k: v for k, v in event.items() if k.startswith("val") and number(v) is not None}
+        vals = {k: float(v) for k, v in report.metrics.items() if k.startswith("val")}
         if vals:
-            status.val_metrics = {k: float(v) for k, v in vals.items()}
-        if STOPPED_KEY in event:
-            status.stopped = str(event[STOPPED_KEY])
-        if event.get("kind") in ("epoch", "end") and not status.total_steps and step:
-            epochs = max(epochs_done(event), 1)
+            status.val_metrics = vals
+        if report.stopped is not None:
+            status.stopped = report.stopped
+        if report.kind in ("epoch", "end") and not status.total_steps and step:
+            epochs = max(report.epochs_done, 1)
             if status.max_epochs and status.max_epochs > 0:
                 status.total_steps = round(step / epochs * status.max_epochs)
-        status.eta_s = self._eta(now, step)
-        if event.get(CHECKPOINT_KEY):
+        status.eta_s = eta(self._first, now, step, status.total_steps, status.eta_s)
+        if report.checkpoint:
             self._pending = (step, status.epoch)
             status.state = "checkpointing"
         elif status.state in ("starting", "restarting"):
             status.state = "training"
         self._check_committed()
         return status.state != before
-
-    def _eta(self, now: float, step: int) -> float | None:
-        total = self.status.total_steps
-        if self._first is None or not total:
-            return None
-        t0, s0 = self._first
-        if step <= s0 or now <= t0:
-            return self.status.eta_s
-        return max(0.0, (total - step) * (now - t0) / (step - s0))
 
     def _check_committed(self) -> None:
         """Once a reported checkpoint shows in Ray's snapshot: the last checkpoint, and the

@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from raytrain.checkpoints.layout import MONITOR_MISSING, epochs_done, latest_committed, run_dir
+from raytrain.checkpoints.layout import epochs_done, latest_committed, run_dir
+from raytrain.contract import Report, RunListener
 from raytrain.errors import SpecError
 
 # The result keys a trial reports beside its metrics: what the sweep's driver reads back.
@@ -86,16 +87,16 @@ def trial_values(plan: TrialPlan, config: dict[str, Any], name: str) -> dict[str
     }
 
 
-class TuneReporter:
+class TuneReporter(RunListener):
     """A listener of the trial's events: each report that carries the sweep's metric goes
     to Tune, with ``epoch`` as epochs completed and ``step``, except the one at the trial's
     end (``end``, counted in ``time_attr``): a scheduler may stop a trial at any result it
     gets, and one stopped there would lose its last checkpoint and MLflow records, so the
     end's result (a report of ``kind: end``, or one at ``end``: ``max_steps`` may end a
     trial within its last epoch) is reported once the run is done (``run_trial``). The
-    first validation's report that lacks the metric (``MONITOR_MISSING``: the trial ranks
-    checkpoints by the sweep's metric) ends the trial with an error naming ``tune.metric``
-    and what is reported. A report made after the scheduler stopped the trial raises
+    first validation's report that lacks the metric (``Report.monitor_missing``: the trial
+    ranks checkpoints by the sweep's metric) ends the trial with an error naming
+    ``tune.metric`` and what is reported. A report made after the scheduler stopped the trial raises
     ``SystemExit`` in Tune's ``report``; here that would only end the report thread while
     training went on, so it ends the run instead (``TrialStopped``), and nothing more is
     reported (Tune raises once; another report would wait for it forever)."""
@@ -107,22 +108,22 @@ class TuneReporter:
         self.latest: dict[str, Any] = {}  # the latest result, reported or not
         self.stopped = False  # by the scheduler: nothing more is reported
 
-    def __call__(self, event: dict[str, Any]) -> None:
+    def on_report(self, report: Report) -> None:
         from raytrain.driver.progress import StopRun
 
-        if MONITOR_MISSING in event:
-            keys = ", ".join(sorted(event[MONITOR_MISSING])) or "nothing"
+        if report.monitor_missing is not None:
+            keys = ", ".join(sorted(report.monitor_missing)) or "nothing"
             raise StopRun(
                 SpecError(
                     f"tune.metric: {self.metric!r} is not reported by the "
                     f"trials (they report: {keys})"
                 )
             )
-        value = event.get(self.metric)
+        value = report.metrics.get(self.metric)
         if not isinstance(value, int | float) or not math.isfinite(value):
             return
-        self.latest = tune_result(event)
-        if self.stopped or event.get("kind") == "end":
+        self.latest = tune_result(report.for_ray())
+        if self.stopped or report.kind == "end":
             return
         if not self.end or self.latest[self.time_attr] < self.end:
             try:

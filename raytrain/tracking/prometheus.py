@@ -1,6 +1,6 @@
 """Training metrics through Ray's metrics API, for the Prometheus that scrapes a cluster.
 
-``RayMetrics`` handles the run's events on the driver, beside MLflow and the status record:
+``RayMetrics`` hears the run's events on the driver, beside MLflow and the status record:
 rank 0's reports (step, epoch, samples/s, train loss, every other metric, checkpoint
 stall, restarts), every rank's step timeline (each part's p50, p90 and mean) and hang
 reports. It sets them as ``ray.util.metrics`` gauges. Ray serves them from the metrics
@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from raytrain.checkpoints.layout import TIMELINE_KEY, number
-from raytrain.contract import HANG_KEY
+from raytrain.contract import HangReport, Report, RunListener, TimelineWindow
 
 # name -> (description, tag keys besides run and rank)
 GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -57,7 +56,7 @@ def ray_gauge(name: str, description: str, tag_keys: tuple[str, ...]) -> Any:
     return Gauge(name, description=description, tag_keys=tag_keys)
 
 
-class RayMetrics:
+class RayMetrics(RunListener):
     """The run's gauges (see the module docstring). ``make`` builds a gauge from a name, a
     description and tag keys (a unit test passes a recorder)."""
 
@@ -72,31 +71,28 @@ class RayMetrics:
     def _set(self, gauge: str, value: float, rank: int = 0, **tags: str) -> None:
         self._gauges[gauge].set(value, tags={"run": self.run, "rank": str(rank), **tags})
 
-    def report(self, event: dict[str, Any]) -> None:
+    def on_report(self, report: Report) -> None:
         """One of rank 0's reports."""
-        if "step" not in event:  # a notice (a failure), not a report
-            return
-        if "_worker_started_at" in event:  # a new worker group's first report
+        if report.startup is not None:  # a new worker group's first report
             self._groups += 1
             self._set("raytrain_restarts", self._groups - 1)
-        for key, value in event.items():
-            reported = number(value)
-            if reported is None or key.startswith("_") or key in ("world_size", "kind"):
-                continue
+        numbers = {**report.metrics, "step": report.step, "epoch": report.epoch}
+        for key, value in numbers.items():
             if key in _OWN:
-                self._set(_OWN[key], reported)
+                self._set(_OWN[key], float(value))
             elif not key.startswith("system/"):
-                self._set("raytrain_metric", reported, name=key)
+                self._set("raytrain_metric", float(value), name=key)
 
-    def timeline(self, event: dict[str, Any]) -> None:
+    def on_timeline(self, window: TimelineWindow) -> None:
         """A rank's step-timeline window."""
-        rank = int(event.get("rank", 0))
-        for part, values in event[TIMELINE_KEY].items():
+        for part, values in window.parts.items():
             for stat, value in zip(_STATS, values, strict=False):
-                self._set("raytrain_step_part_seconds", float(value), rank, part=part, stat=stat)
+                self._set(
+                    "raytrain_step_part_seconds", float(value), window.rank, part=part, stat=stat
+                )
 
-    def hang(self, event: dict[str, Any]) -> None:
+    def on_hang(self, report: HangReport) -> None:
         """A rank's hang report."""
-        rank = int(event[HANG_KEY]["rank"])
+        rank = report.rank
         self._hangs[rank] = self._hangs.get(rank, 0) + 1
         self._set("raytrain_hangs", self._hangs[rank], rank)

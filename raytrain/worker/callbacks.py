@@ -39,6 +39,7 @@ import lightning.pytorch as pl
 from raytrain.checkpoints.interval import FIRST_AUTO_STEPS, AutoInterval
 from raytrain.checkpoints.layout import run_dir
 from raytrain.checkpoints.node_slots import keep_scratch_name
+from raytrain.contract import Publish, Startup
 from raytrain.spec import JobSpec
 from raytrain.spec.global_batch import GlobalBatch
 from raytrain.worker.accumulation import AccumulationAlignment
@@ -48,7 +49,7 @@ from raytrain.worker.hang_watchdog import HangWatchdog
 from raytrain.worker.loader_position import LoaderPosition
 from raytrain.worker.memory_state import MemoryState
 from raytrain.worker.mix_rows import MixRows
-from raytrain.worker.reporting import MetricsReporter, Publish
+from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.spike import RollbackSkip, SpikeGuard
 from raytrain.worker.step_timeline import StepTimeline
@@ -63,7 +64,7 @@ def _reports_and_checkpoints(
     spec: JobSpec,
     train_loader: Callable[[], Any],
     publish: Publish | None,
-    startup: dict[str, Any],
+    startup: Startup,
     system: SystemMetrics | None,
     batching: GlobalBatch | None,
     mtbf: Callable[[], float | None] | None,
@@ -157,7 +158,7 @@ def build_callbacks(
     spec: JobSpec,
     train_loader: Callable[[], Any],
     publish: Publish | None,
-    startup: dict[str, Any],
+    startup: Startup,
     timeline: StepTimeline | None,
     watchdog: HangWatchdog | None = None,
     batching: GlobalBatch | None = None,

@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -36,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from raytrain._compat.lightning import epoch_cut_short, epoch_last_batch, uncount_cut_epoch
 from raytrain.checkpoints.interval import AutoInterval
-from raytrain.checkpoints.layout import CHECKPOINT_KEY, CKPT_FILE, META_FILE
+from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
 from raytrain.worker.loader_position import keeps_position
 from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
@@ -150,10 +151,10 @@ class CheckpointCallback(pl.Callback):
         ray.train.report({"step": trainer.global_step}, checkpoint_upload_mode=mode)
 
     def _checkpoint(self, trainer: pl.Trainer, kind: str, upload: str | None = None) -> None:
-        metrics = self.reporter.collect(trainer, kind)
-        self.reporter.publish({**metrics, CHECKPOINT_KEY: True})
+        report = replace(self.reporter.collect(trainer, kind), checkpoint=True)
+        self.reporter.publish(report)
         began = time.perf_counter()
-        self._commit(trainer, metrics, upload or self.upload)
+        self._commit(trainer, report.for_ray(), upload or self.upload)
         blocked = time.perf_counter() - began
         self.reporter.checkpoint_blocked(blocked)
         if kind in ("step", "epoch"):  # every rank checkpoints here (a preemption's: maybe not)

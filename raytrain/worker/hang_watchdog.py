@@ -50,7 +50,7 @@ import lightning.pytorch as pl
 from raytrain import storage
 from raytrain._compat.lightning import validation_may_follow
 from raytrain.checkpoints.layout import HANGS
-from raytrain.contract import HangReport
+from raytrain.contract import HangReport, Publish
 from raytrain.spec import StorageSpec
 from raytrain.spec.sections import HangLimits
 from raytrain.worker.batch_end import BatchEnd
@@ -161,7 +161,7 @@ class HangWatchdog(pl.Callback):
         options: StorageSpec | None,
         rank: int,
         node: str,
-        publish: Callable[[dict[str, Any]], None] | None,
+        publish: Publish | None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         exit: Callable[[int], Any] = os._exit,
@@ -349,7 +349,7 @@ class HangWatchdog(pl.Callback):
             logger.exception("raytrain: the stacks could not be written to %s", report.stacks)
         if self.publish is not None:
             try:
-                self.publish(report.to_event())
+                self.publish(report)
             except Exception:
                 logger.exception("raytrain: the hang could not be told to the driver")
         try:  # the others may end now as far as this rank goes

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from raytrain.contract import WorkerConfig
+from raytrain.contract import Publish, Startup, WorkerConfig
 from raytrain.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from raytrain.worker.threads import ThreadChoice
 
 
-def _publisher(sink: Any, wait: bool = False) -> Callable[[dict[str, Any]], None] | None:
+def _publisher(sink: Any, wait: bool = False) -> Publish | None:
     """What sends an event to the driver's sink (None: no sink), without waiting, or
     (``wait``) until the sink has it: a rank about to end its process would lose a send
     still under way."""
@@ -118,7 +118,7 @@ def train(config: dict[str, Any], entered: float) -> None:
     from raytrain.worker.user_code import build_profiler, upload_profiles
     from raytrain.worker.user_data import worker_data
 
-    startup = {"_loop_entered_at": entered, "_lightning_imported_at": time.time()}
+    startup = {"train_loop_entered": entered, "lightning_imported": time.time()}
     _quiet_lightning()
     work = WorkerConfig.from_train_loop_config(config)
     spec = work.spec
@@ -175,18 +175,18 @@ def _keeping(work: WorkerConfig, restored: Restored | None) -> dict[str, Any]:
     return {"keeper": work.keeper, "keeper_token": restored.token, "keeper_key": restored.key}
 
 
-def _startup(spec: JobSpec, marks: dict[str, float]) -> dict[str, Any]:
-    """What rank 0 reports once of its start: the wall-clock ``marks``, the process's own
-    start before them, and the precision this worker decided on and why."""
-    from raytrain.checkpoints.layout import PRECISION_KEY
+def _startup(spec: JobSpec, marks: dict[str, float]) -> Startup:
+    """What rank 0 reports once of its start (the reporter completes it): the wall-clock
+    ``marks``, the process's own start before them, and the precision this worker decided
+    on and why."""
     from raytrain.util.precision import decide
 
     precision = decide(spec.trainer.precision, spec.scaling.use_gpu is True)
-    return {
-        "_worker_started_at": _process_started_at(marks["_loop_entered_at"]),
-        **marks,
-        PRECISION_KEY: "{} ({})".format(*precision),
-    }
+    return Startup(
+        marks={"worker_started": _process_started_at(marks["train_loop_entered"]), **marks},
+        resumed_step=0,
+        precision="{} ({})".format(*precision),
+    )
 
 
 def _with_chaos(work: WorkerConfig, ordered: list[Any]) -> list[Any]:
@@ -219,7 +219,7 @@ def _set_threads(spec: JobSpec) -> ThreadChoice:
 
 
 def _timers(
-    work: WorkerConfig, to_driver: Callable[[dict[str, Any]], None] | None, rank: int
+    work: WorkerConfig, to_driver: Publish | None, rank: int
 ) -> tuple[StepTimeline | None, HangWatchdog | None]:
     """This rank's step timeline (None: no sink, or ``tracking.timeline`` off) and hang
     watchdog (None: ``failure.hang`` off)."""

@@ -14,26 +14,17 @@ global batch (``global_batch``: the same before and after a resize with
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger
 
 from raytrain._compat.lightning import epoch_cut_short, epoch_in_progress
-from raytrain.checkpoints.layout import (
-    INTERVAL_KEY,
-    MEMORY_INTERVAL_KEY,
-    MONITOR_MISSING,
-    RESUMED_KEY,
-    SCORE_KEY,
-    STOPPED_KEY,
-    checkpoint_score,
-)
+from raytrain.checkpoints.layout import checkpoint_score
+from raytrain.contract import Publish, Report, Startup
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.system_metrics import SystemMetrics
-
-Publish = Callable[[dict[str, Any]], None]
 
 
 def scalar_metrics(trainer: pl.Trainer) -> dict[str, float]:
@@ -83,6 +74,36 @@ def stop_reason(trainer: pl.Trainer) -> str | None:
     return f"stopped at step {trainer.global_step} by a callback (trainer.should_stop)"
 
 
+class Ranking:
+    """What Ray ranks a report's checkpoint by: the newest value of ``monitor`` (in
+    ``mode``), and once, the first validation's keys when ``monitor`` is not among them."""
+
+    def __init__(self, monitor: str | None, mode: str):
+        self.monitor, self.mode = monitor, mode
+        self._score: float | None = None
+        self._checked = False
+
+    def rank(
+        self, metrics: dict[str, float], values: dict[str, float], validated: bool
+    ) -> tuple[float | None, tuple[str, ...] | None]:
+        """The score of a report of ``metrics`` (None: no monitor), and the keys seen when
+        the monitored metric is missing (once; None otherwise). ``values``: every metric
+        known; ``validated``: a validation has ended."""
+        if not self.monitor:
+            return None, None
+        if self.monitor in metrics:
+            self._score = metrics[self.monitor]
+        said = None
+        if not self._checked:
+            missing = monitor_missing(self.monitor, values, validated=validated)
+            if missing is not None:
+                self._checked = True
+                said = tuple(missing) if missing else None
+        # A checkpoint taken before the monitored metric was first seen carries the worst
+        # finite score, so it never displaces a scored one (and Ray's snapshot keeps it).
+        return checkpoint_score(self._score, self.mode), said
+
+
 class MetricsReporter(pl.Callback):
     """Builds and publishes a worker's reports (see the module docstring)."""
 
@@ -94,27 +115,29 @@ class MetricsReporter(pl.Callback):
         monitor: str | None = None,
         mode: str = "min",
         publish: Publish | None = None,
-        startup: dict[str, Any] | None = None,
+        startup: Startup | None = None,
         system: SystemMetrics | None = None,
         global_batch: int | None = None,
         readers_per_row: int = 1,
     ):
         """``publish`` receives rank 0's metric events; None on the other ranks.
         ``system`` adds its ``system/...`` metrics to each report of training steps.
-        ``startup`` holds wall-clock times of the worker's startup phases; they go out with
-        the first event, beside the fit's start and the first step's end.
+        ``startup``: the worker's startup so far (its phases' wall-clock times, the
+        precision); it goes out with the first report, completed with the fit's start, the
+        first step's end and the step the fit resumed at.
         ``global_batch``: the samples of an optimizer step, reported with the train metrics
         (None: the user's loaders decide the batch). ``readers_per_row``: ranks that read
         each row (a tensor-parallel group), so throughput counts every row once."""
         self.log_every_n_steps = log_every_n_steps
         self.schedule = schedule
-        self.monitor = monitor
-        self.mode = mode
+        self.ranking = Ranking(monitor, mode)
         self.publish_to = publish
         self.system = system
         self.global_batch = global_batch
         self.readers_per_row = readers_per_row
-        self._startup: dict[str, Any] | None = dict(startup or {})
+        self._begun = startup or Startup(marks={}, resumed_step=0, precision="")
+        self._startup: dict[str, float] | None = dict(self._begun.marks)
+        self._resumed_step = 0
         self._blocked_s: float | None = None  # the last checkpoint's hold-up, sent once
         # checkpoint.every_n_steps: auto's interval as a checkpoint left it, and when it
         # changed, what chose it; each sent once
@@ -130,8 +153,6 @@ class MetricsReporter(pl.Callback):
         self._val_keys: set[str] = set()
         self._keys_before_val: set[str] = set()
         self._val_fresh = False
-        self._score: float | None = None
-        self._monitor_checked = False
         self._validated = False  # a validation (not the sanity check) has ended
         # What Lightning's loggers were given that callback_metrics lacks (a callback's
         # log_metrics, e.g. LearningRateMonitor's): ``ReportLogger`` puts it here.
@@ -141,19 +162,19 @@ class MetricsReporter(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._startup is not None:
-            self._startup["_fit_started_at"] = time.time()
+            self._startup["fit_started"] = time.time()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_step = trainer.global_step
         if self._startup is not None:  # restored by now: where this group resumed
-            self._startup[RESUMED_KEY] = trainer.global_step
+            self._resumed_step = trainer.global_step
         self._window_start = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
-        if self._startup is not None and "_first_step_at" not in self._startup:
-            self._startup["_first_step_at"] = time.time()
+        if self._startup is not None and "first_step" not in self._startup:
+            self._startup["first_step"] = time.time()
         self._samples += batch_rows(batch)
         step = trainer.global_step
         if step == self._last_step:  # still accumulating gradients
@@ -181,12 +202,13 @@ class MetricsReporter(pl.Callback):
         why = stop_reason(trainer)
         if why is not None:
             self.publish(
-                {
-                    STOPPED_KEY: why,
-                    "step": trainer.global_step,
-                    "epoch": epoch_in_progress(trainer),
-                    "kind": "stopped",
-                }
+                Report(
+                    step=trainer.global_step,
+                    epoch=epoch_in_progress(trainer),
+                    kind="stopped",
+                    world_size=trainer.world_size,
+                    stopped=why,
+                )
             )
 
     # -- reports ---------------------------------------------------------------------------
@@ -202,50 +224,56 @@ class MetricsReporter(pl.Callback):
         if self._val_fresh:
             self.publish(self.collect(trainer, "end"))
 
-    def publish(self, metrics: dict[str, Any]) -> None:
-        """Send ``metrics`` to the driver (rank 0 only; a no-op elsewhere)."""
+    def publish(self, report: Report) -> None:
+        """Send ``report`` to the driver (rank 0 only; a no-op elsewhere)."""
         if self.publish_to is not None:
-            self.publish_to(metrics)
+            self.publish_to(report)
 
-    def collect(self, trainer: pl.Trainer, kind: str) -> dict[str, Any]:
-        """This report's metrics (see the module docstring); ``kind`` says what made it."""
+    def collect(self, trainer: pl.Trainer, kind: str) -> Report:
+        """This report (see the module docstring); ``kind`` says what made it. What it
+        says once (a checkpoint's hold-up, an interval chosen, the startup) is sent here
+        and not again."""
         values = scalar_metrics(trainer)
-        metrics: dict[str, Any] = {}
+        metrics: dict[str, float] = {}
         if trainer.global_step != self._last_report_step:
             metrics.update(self._train_window(trainer, values))
         if self._val_fresh:
             metrics.update({k: values[k] for k in self._val_keys if k in values})
             self._val_fresh = False
-        metrics.update(self._ranking(metrics, values))
         if self._blocked_s is not None:
             metrics["checkpoint_blocked_s"] = self._blocked_s
-            self._blocked_s = None
         if self.checkpoint_interval is not None:
             metrics["checkpoint_interval"] = self.checkpoint_interval
-            self.checkpoint_interval = None
-        if self.interval_choice is not None:
-            metrics[INTERVAL_KEY] = self.interval_choice
-            self.interval_choice = None
-        if self.memory_choice is not None:
-            metrics[MEMORY_INTERVAL_KEY] = self.memory_choice
-            self.memory_choice = None
-        if self._startup is not None and "_first_step_at" in self._startup:
-            metrics.update(self._startup)  # wall clock times, once: the startup breakdown
-            self._startup = None
-        metrics.update(
+        score, missing = self.ranking.rank(metrics, values, self._validated)
+        report = Report(
             step=trainer.global_step,
             epoch=epoch_in_progress(trainer),
             kind=kind,
             world_size=trainer.world_size,
+            metrics=metrics,
+            score=score,
+            startup=self._take_startup(),
+            checkpoint_interval=self.interval_choice,
+            memory_interval=self.memory_choice,
+            monitor_missing=missing,
         )
-        return metrics
+        self._blocked_s = self.checkpoint_interval = None
+        self.interval_choice = self.memory_choice = None
+        return report
 
-    def _train_window(self, trainer: pl.Trainer, values: dict[str, float]) -> dict[str, Any]:
+    def _take_startup(self) -> Startup | None:
+        """The worker group's startup, once its first step has ended; then never again."""
+        if self._startup is None or "first_step" not in self._startup:
+            return None
+        marks, self._startup = self._startup, None
+        return replace(self._begun, marks=marks, resumed_step=self._resumed_step)
+
+    def _train_window(self, trainer: pl.Trainer, values: dict[str, float]) -> dict[str, float]:
         """Train metrics, throughput and system samples since the last report; opens the
         next window."""
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
-        out: dict[str, Any] = {k: v for k, v in self.logged.items() if k not in values}
+        out: dict[str, float] = {k: v for k, v in self.logged.items() if k not in values}
         out.update({k: v for k, v in values.items() if k not in self._val_keys})
         self.logged = {}
         replicas = trainer.world_size // self.readers_per_row
@@ -256,25 +284,6 @@ class MetricsReporter(pl.Callback):
             out.update(self.system.sample(trainer.global_step))
         self._samples, self._window_start = 0, now
         self._last_report_step = trainer.global_step
-        return out
-
-    def _ranking(self, metrics: dict[str, Any], values: dict[str, float]) -> dict[str, Any]:
-        """The score Ray ranks checkpoints by, and once, the keys seen when the monitored
-        metric is missing."""
-        if not self.monitor:
-            return {}
-        out: dict[str, Any] = {}
-        if self.monitor in metrics:
-            self._score = metrics[self.monitor]
-        if not self._monitor_checked:
-            missing = monitor_missing(self.monitor, values, validated=self._validated)
-            if missing is not None:
-                self._monitor_checked = True
-                if missing:
-                    out[MONITOR_MISSING] = missing
-        # A checkpoint taken before the monitored metric was first seen carries the worst
-        # finite score, so it never displaces a scored one (and Ray's snapshot keeps it).
-        out[SCORE_KEY] = checkpoint_score(self._score, self.mode)
         return out
 
 

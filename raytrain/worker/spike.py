@@ -34,10 +34,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from raytrain.contract import Publish, RollbackNotice
 from raytrain.data.order import rows_trained, span
 from raytrain.errors import LossSpikeError, LossSpikeLimitError
 from raytrain.records.rollback_record import (
-    ROLLBACK_KEY,
     Rollback,
     read_rollbacks,
     robust_z,
@@ -170,7 +170,7 @@ class RollbackSkip(pl.Callback):
         run_dir: str,
         options: StorageSpec | None,
         train_loader: Callable[[], Any],
-        publish: Callable[[dict[str, Any]], None] | None,
+        publish: Publish | None,
     ):
         self.run_dir = run_dir
         self.options = options
@@ -269,6 +269,4 @@ class RollbackSkip(pl.Callback):
         write_rollbacks(self.run_dir, rollbacks, self.options)
         print(f"raytrain: rollback {len(rollbacks)}: {done.describe()}", flush=True)
         if self.publish is not None:
-            self.publish(
-                {ROLLBACK_KEY: [r.to_json() for r in rollbacks], "step": trainer.global_step}
-            )
+            self.publish(RollbackNotice(step=trainer.global_step, rollbacks=tuple(rollbacks)))

@@ -40,7 +40,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from raytrain._compat.torch_collectives import CollectiveTimer
-from raytrain.checkpoints.layout import TIMELINE_KEY
+from raytrain.contract import Publish, TimelineWindow
 from raytrain.worker.batch_end import BatchEnd
 
 PARTS = ("data_wait", "forward", "backward", "comm_wait", "optimizer", "hooks", "busy", "step")
@@ -110,7 +110,7 @@ class StepTimeline(pl.Callback):
         self,
         *,
         every_n_steps: int,
-        publish: Callable[[dict[str, Any]], None] | None,
+        publish: Publish | None,
         rank: int,
         node: str,
         clock: Callable[[], float] = time.perf_counter,
@@ -243,11 +243,7 @@ class StepTimeline(pl.Callback):
         if not self.comm_measured:
             summary.pop("comm_wait", None)
         self.publish(
-            {
-                TIMELINE_KEY: summary,
-                "rank": self.rank,
-                "node": self.node,
-                "step": step,
-                "world_size": world_size,
-            }
+            TimelineWindow(
+                rank=self.rank, node=self.node, step=step, world_size=world_size, parts=summary
+            )
         )

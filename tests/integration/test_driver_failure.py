@@ -31,7 +31,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from raytrain.checkpoints.layout import SCORE_KEY, SNAPSHOT_FILE, UNSCORED
+from raytrain.checkpoints.layout import SNAPSHOT_FILE, UNSCORED
+from raytrain.contract import SCORE_KEY
 from tests.integration.cli_runs import ROOT, checkpoint_dirs, cli_env, digits_on_s3, run_cli
 from tests.integration.s3_proxy import s3_proxy
 from tests.integration.s3_server import s3_filesystem

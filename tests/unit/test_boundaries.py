@@ -408,6 +408,55 @@ def test_only_storage_branches_on_the_uri_scheme() -> None:
         assert scheme_branches(ast.parse(code)), code
 
 
+def _private_key(node: ast.AST) -> bool:
+    """A string literal of the shape raytrain's event keys had: ``"_failure"``."""
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"_[a-z][a-z0-9_]*", node.value) is not None
+    )
+
+
+def _reads_by_key(node: ast.AST) -> bool:
+    """``x["_key"]`` or ``"_key" in x``."""
+    if isinstance(node, ast.Subscript):
+        return _private_key(node.slice)
+    return (
+        isinstance(node, ast.Compare)
+        and _private_key(node.left)
+        and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
+    )
+
+
+def event_keys(tree: ast.Module) -> list[int]:
+    """Lines that define a ``*_KEY`` constant of a private key (``FAILURE_KEY = "_failure"``)
+    or read a mapping by one (``event["_hang"]``, ``"_checkpoint" in event``)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _private_key(node.value):
+            if any(isinstance(t, ast.Name) and t.id.endswith("_KEY") for t in node.targets):
+                lines.append(node.lineno)
+        elif _reads_by_key(node):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_events_are_typed_and_read_by_no_string_key() -> None:
+    """What a worker sends the driver is ``contract.events``' frozen types, dispatched by
+    type; the one private key left is ``SCORE_KEY``, Ray Train's ranking attribute in the
+    dict ``ray.train.report`` takes, defined in ``contract`` and nowhere else."""
+    trees = sources()
+    found = {name: lines for name, tree in trees.items() if (lines := event_keys(tree))}
+    assert found == {"raytrain.contract.events": found.get("raytrain.contract.events", [])}
+    assert found["raytrain.contract.events"]  # where it is, the rule sees it
+    for code in (
+        'FAILURE_KEY = "_failure"',
+        'if "_worker_started_at" in event:\n    pass',
+        'why = event["_stopped"]',
+    ):
+        assert event_keys(ast.parse(code)), code
+
+
 # The strategy's checks on the spec (before Ray), and its construction in the workers.
 STRATEGY_MODULES = ("raytrain.spec.strategy_checks", "raytrain.worker.strategy")
 

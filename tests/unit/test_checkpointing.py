@@ -9,6 +9,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from raytrain.contract import Report
 from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.loader_position import LoaderPosition
 from raytrain.worker.reporting import MetricsReporter
@@ -123,11 +124,11 @@ def test_a_validation_after_the_last_steps_checkpoint_is_reported_at_the_end(
 ) -> None:
     # max_steps 4 ends epoch 0 at a step checkpoint, and a validation runs after it on
     # that batch: the cut epoch reports no epoch end, so the run's end reports it.
-    events: list[dict[str, Any]] = []
+    events: list[Report] = []
     saved = _fit(tmp_path, 4, [], None, every_n_steps=2, events=events)
     assert saved == [("step", 2, 0), ("step", 4, 0)]
     last = events[-1]
-    assert (last["kind"], last["step"], last["epoch"]) == ("end", 4, 0) and "val_loss" in last
+    assert (last.kind, last.step, last.epoch) == ("end", 4, 0) and "val_loss" in last.metrics
 
 
 def test_auto_chooses_the_interval_from_the_failure_rate_and_keeps_it_across_a_restore(
@@ -138,16 +139,17 @@ def test_auto_chooses_the_interval_from_the_failure_rate_and_keeps_it_across_a_r
     step, one whose failures come once in 30,000 years never again within 30 steps; the
     interval is reported, and a restore keeps the interval and the step it counts from."""
     from raytrain.checkpoints.interval import AutoInterval
-    from raytrain.checkpoints.layout import INTERVAL_KEY
 
     def fit(folder: Path, mtbf: float, steps: int, ckpt: Path | None = None) -> Any:
         folder.mkdir(exist_ok=True)
-        events: list[dict[str, Any]] = []
+        events: list[Report] = []
         auto = {"auto": AutoInterval(None), "mtbf": lambda: mtbf}
         saved = _fit(folder, steps, [], ckpt, every_n_steps=2, events=events, auto=auto)
-        chosen = [e[INTERVAL_KEY] for e in events if INTERVAL_KEY in e]
+        chosen = [e.checkpoint_interval for e in events if e.checkpoint_interval is not None]
         assert all("(measured)" in text and "sqrt(2 x save x MTBF)" in text for text in chosen)
-        intervals = [e["checkpoint_interval"] for e in events if "checkpoint_interval" in e]
+        intervals = [
+            e.metrics["checkpoint_interval"] for e in events if "checkpoint_interval" in e.metrics
+        ]
         return saved, intervals, chosen
 
     often, intervals, chosen = fit(tmp_path / "often", 1e-9, 12)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from raytrain.contract import HANG_KEY, HangReport
+from raytrain.contract import Event, HangReport, Report
 from raytrain.driver.hangs import Hangs, hang_summary
 from raytrain.driver.progress import ProgressLine
 from raytrain.spec.sections import HangLimits
@@ -66,7 +66,7 @@ def test_a_collective_is_a_torch_distributed_call_or_ddps_backward() -> None:
 def _watchdog(
     tmp_path: Path,
     clock: Clock,
-    sent: list[dict[str, Any]],
+    sent: list[Event],
     exits: list[int],
     rank: int = 1,
     limits: HangLimits = LIMITS,
@@ -120,8 +120,8 @@ def test_a_rank_idle_past_its_allowance_writes_its_stacks_reports_and_ends(
     assert not dog.check() and not sent  # max(60, 20 x 0.5 s): not yet
     clock.now += 0.5
     assert dog.check()
-    (event,) = sent
-    report = HangReport.from_event(event)
+    (report,) = sent
+    assert isinstance(report, HangReport)
     assert (report.rank, report.step, report.phase, report.collective) == (1, 11, "forward", None)
     assert report.idle_s == 60.5 and report.allowed_s == 60.0 and exits == [HANG_EXIT]
     text = Path(report.stacks).read_text()
@@ -174,7 +174,7 @@ def test_a_rank_allowed_longer_reports_once_a_peer_wrote_its_stacks(tmp_path: Pa
     assert hung.check() and len(sent) == 1
     clock.now += 5  # its next look at the folder
     assert saver.check() and len(sent) == 2 and exits == [HANG_EXIT, HANG_EXIT]
-    reports = [HangReport.from_event(e) for e in sent]
+    reports = [e for e in sent if isinstance(e, HangReport)]
     assert {r.attempt for r in reports} == {saver.token}
     written = sorted(p.name for p in Path(saver.folder).iterdir())
     assert written == ["rank0.sent", "rank0.txt", "rank1.sent", "rank1.txt"]
@@ -200,30 +200,28 @@ def test_the_driver_says_each_report_logs_its_stacks_and_keeps_the_summary(
             stream=stream,
         )
 
-        def report(rank: int, collective: str | None, attempt: str = "a1") -> dict[str, Any]:
+        def report(rank: int, collective: str | None, attempt: str = "a1") -> HangReport:
             where = stacks if rank == 1 else tmp_path / "missing.txt"
-            return {
-                HANG_KEY: dict(
-                    rank=rank,
-                    world_size=2,
-                    node="n",
-                    pid=1,
-                    step=7,
-                    phase="forward",
-                    idle_s=61.0,
-                    allowed_s=60.0,
-                    collective=collective,
-                    attempt=attempt,
-                    stacks=str(where),
-                    at=float(rank),
-                )
-            }
+            return HangReport(
+                rank=rank,
+                world_size=2,
+                node="n",
+                pid=1,
+                step=7,
+                phase="forward",
+                idle_s=61.0,
+                allowed_s=60.0,
+                collective=collective,
+                attempt=attempt,
+                stacks=str(where),
+                at=float(rank),
+            )
 
-        hangs(report(1, None))
+        hangs.on_hang(report(1, None))
         alone = "not in a collective: rank 1 in forward; 1 rank(s) sent no stacks"
         assert noted[-1].endswith(alone)
-        hangs(report(0, "the gradients' all-reduce (backward)"))
-        hangs(report(1, None, attempt="a2"))  # a later attempt's hang starts over
+        hangs.on_hang(report(0, "the gradients' all-reduce (backward)"))
+        hangs.on_hang(report(1, None, attempt="a2"))  # a later attempt's hang starts over
     assert noted[1] == (
         "hang at step 7: no batch finished for 61 s; not in a collective: "
         "rank 1 in forward; waiting in a collective: rank 0"
@@ -239,7 +237,7 @@ def test_the_driver_says_each_report_logs_its_stacks_and_keeps_the_summary(
 def test_the_progress_line_names_the_straggler(tmp_path: Path) -> None:
     with (tmp_path / "out").open("w") as stream:
         line = ProgressLine(max_epochs=2, max_steps=-1, stream=stream)
-        event = {"step": 5, "epoch": 0, "kind": "step"}
+        event = Report(step=5, epoch=0, kind="step", world_size=2)
         assert "straggler" not in line.format(event)
         line.straggler = "rank 1 4.0x"
         assert line.format(event).endswith(" | straggler rank 1 4.0x")

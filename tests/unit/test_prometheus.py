@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from raytrain.checkpoints.layout import TIMELINE_KEY
-from raytrain.contract import HANG_KEY
+from raytrain.contract import HangReport, TimelineWindow
 from raytrain.tracking.prometheus import GAUGES, RayMetrics
+from tests.unit.events import report
 
 DASHBOARD = Path(__file__).parents[2] / "cluster" / "grafana" / "raytrain.json"
 
@@ -43,55 +43,43 @@ def test_rank_0s_reports_timelines_and_hangs_set_the_gauges() -> None:
     metrics, made = _metrics()
     assert set(made) == set(GAUGES) and all(g.description for g in made.values())
     assert all(re.fullmatch(r"raytrain_[a-z_]+", name) for name in made)
-    first: dict[str, Any] = {
-        "step": 10,
-        "epoch": 0,
-        "kind": "step",
-        "train_loss": 0.5,
-        "samples_per_s": 900.0,
-        "world_size": 2,
-        "_worker_started_at": 1.0,
-        "system/cpu_percent": 80.0,
-        "lr-Adam": 1e-3,
-    }
-    metrics.report(first)
-    metrics.report(
-        {
-            "step": 23,
-            "epoch": 0,
-            "kind": "epoch",
-            "val_acc": 0.93,
-            "checkpoint_blocked_s": 0.2,
-            "flag": True,
-        }
+    metrics.on_report(
+        report(
+            10,
+            train_loss=0.5,
+            samples_per_s=900.0,
+            started=0,
+            **{"system/cpu_percent": 80.0, "lr-Adam": 1e-3},
+        )
     )
-    metrics.report({"_failure": "a worker died"})  # a notice: no gauge moves
-    metrics.report({"step": 24, "epoch": 1, "kind": "step", "_worker_started_at": 9.0})
+    metrics.on_report(report(23, kind="epoch", val_acc=0.93, checkpoint_blocked_s=0.2))
+    metrics.on_report(report(24, epoch=1, started=20))
     assert _values(made["raytrain_step"]) == {("0", "digits"): 24.0}
     assert _values(made["raytrain_epoch"]) == {("0", "digits"): 1.0}
     assert _values(made["raytrain_train_loss"]) == {("0", "digits"): 0.5}
     assert _values(made["raytrain_samples_per_second"]) == {("0", "digits"): 900.0}
     assert _values(made["raytrain_checkpoint_stall_seconds"]) == {("0", "digits"): 0.2}
     assert _values(made["raytrain_restarts"]) == {("0", "digits"): 1.0}  # two groups
-    # other numbers by name; no system samples, flags, private keys or the world size
+    # other numbers by name; no system samples or the world size
     assert _values(made["raytrain_metric"]) == {
         ("lr-Adam", "0", "digits"): 1e-3,
         ("val_acc", "0", "digits"): 0.93,
     }
 
-    metrics.timeline(
-        {
-            TIMELINE_KEY: {"busy": [0.05, 0.06, 0.055], "comm_wait": [0.01, 0.02, 0.012]},
-            "rank": 1,
-            "node": "n",
-            "step": 10,
-            "world_size": 2,
-        }
+    metrics.on_timeline(
+        TimelineWindow(
+            rank=1,
+            node="n",
+            step=10,
+            world_size=2,
+            parts={"busy": [0.05, 0.06, 0.055], "comm_wait": [0.01, 0.02, 0.012]},
+        )
     )
     parts = _values(made["raytrain_step_part_seconds"])
     assert parts[("busy", "1", "digits", "p90")] == 0.06 and len(parts) == 6
+    hang = HangReport(1, 2, "n", 9, 10, "training", 70.0, 60.0, None, "t", "s", 0.0)
     for _ in range(2):
-        metrics.hang({HANG_KEY: {"rank": 1}})
+        metrics.on_hang(hang)
     assert _values(made["raytrain_hangs"]) == {("1", "digits"): 2.0}
 
 

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from raytrain.checkpoints.layout import SCORE_KEY, SNAPSHOT_FILE, uncommitted
+from raytrain.checkpoints.layout import SNAPSHOT_FILE, uncommitted
+from raytrain.contract import SCORE_KEY
 from raytrain.errors import RunStateError, StorageError
 from raytrain.records import lease
+from tests.unit.events import report
 
 OLD, LATEST, NEWER = (f"checkpoint_2026-12-02_03-{m}-00.000000" for m in ("10", "20", "30"))
 
@@ -301,7 +303,7 @@ class _Tracker:
 def test_the_driver_warns_and_tags_the_run_when_the_monitor_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from raytrain.checkpoints.layout import MONITOR_MISSING
+    from raytrain.contract import Report
     from raytrain.driver.background import Background
     from raytrain.driver.run_record import RunRecord
     from raytrain.spec import parse_spec
@@ -321,7 +323,16 @@ def test_the_driver_warns_and_tags_the_run_when_the_monitor_is_missing(
     record = RunRecord(job, None)
     tracker = _Tracker()
     record._opening = Background(lambda: tracker)
-    record.log_metrics({"step": 23, "val_acc": 0.9, MONITOR_MISSING: ["train_loss", "val_acc"]})
+    record.on_report(
+        Report(
+            step=23,
+            epoch=0,
+            kind="epoch",
+            world_size=1,
+            metrics={"val_acc": 0.9},
+            monitor_missing=("train_loss", "val_acc"),
+        )
+    )
     err = capsys.readouterr().err
     assert "checkpoint.monitor 'val_accuracy' was not reported" in err
     assert "reported: train_loss, val_acc" in err
@@ -337,23 +348,26 @@ def test_an_unscored_checkpoint_survives_ray_s_snapshot_as_a_number() -> None:
     from pydantic import BaseModel
 
     from raytrain.checkpoints.layout import UNSCORED, checkpoint_score, real_score
-    from raytrain.worker.reporting import MetricsReporter
-    from raytrain.worker.schedule import CheckpointSchedule
+    from raytrain.worker.reporting import Ranking
 
     class Result(BaseModel):  # Ray's _TrainingResultState: a dict of metrics
         metrics: dict
 
     for mode in ("max", "min"):
-        reporter = MetricsReporter(
-            log_every_n_steps=1, schedule=CheckpointSchedule(None, 2), monitor="val_acc", mode=mode
-        )
-        before_validation = reporter._ranking({"train_loss": 1.0}, {"train_loss": 1.0})
-        nan = reporter._ranking({"val_acc": float("nan")}, {"val_acc": float("nan")})
+        ranking = Ranking("val_acc", mode)
+
+        def reported(metrics: dict[str, float], ranking: Ranking = ranking) -> dict[str, Any]:
+            """A checkpoint's report as Ray gets it (``Report.for_ray``)."""
+            score, _ = ranking.rank(metrics, metrics, validated=False)
+            return report(3, score=score, **metrics).for_ray()
+
+        before_validation = reported({"train_loss": 1.0})
+        nan = reported({"val_acc": float("nan")})
         for ranked in (before_validation, nan):
             back = json.loads(Result(metrics=ranked).model_dump_json())["metrics"]
             assert back[SCORE_KEY] == UNSCORED[mode]
             assert real_score(back[SCORE_KEY]) is None
-        scored = reporter._ranking({"val_acc": 0.5}, {"val_acc": 0.5})
+        scored = reported({"val_acc": 0.5})
         assert json.loads(Result(metrics=scored).model_dump_json())["metrics"][SCORE_KEY] == 0.5
     # every value, finite or not, ranks below every real score, in its mode
     assert checkpoint_score(None, "max") < checkpoint_score(-1e300, "max")

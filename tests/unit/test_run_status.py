@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from raytrain.checkpoints.layout import CHECKPOINT_KEY, FAILURE_KEY, RESUMED_KEY
+from raytrain.contract import FailureNotice
 from raytrain.driver.failure_policy import Decision, FailurePolicy, describe_failure
 from raytrain.errors import NonFiniteLossError, RunStateError
 from raytrain.records.run_status import (
@@ -25,6 +25,7 @@ from raytrain.records.run_status import (
 from raytrain.records.status_record import WRITE_EVERY_S, StatusRecord
 from raytrain.spec import load_spec
 from tests.conftest import digits_spec
+from tests.unit.events import report
 
 
 class Clock:
@@ -49,24 +50,20 @@ def _record(tmp_path: Path, **trainer: Any) -> tuple[StatusRecord, Clock, list[R
     return record, clock, written, committed
 
 
-def _report(step: int, epoch: int = 0, **extra: Any) -> dict[str, Any]:
-    return {"step": step, "epoch": epoch, "kind": "step", "world_size": 2, **extra}
-
-
 def test_reports_move_the_record_on_with_an_eta_and_writes_are_spaced(tmp_path: Path) -> None:
     record, clock, written, _ = _record(tmp_path, max_steps=100)
     record._save(force=True)
     assert written[-1].state == "starting" and written[-1].total_steps == 100
 
-    record(_report(10, _worker_started_at=1.0, samples_per_s=320.0))  # a state change: written
+    record.on_report(report(10, started=0, samples_per_s=320.0))  # a state change: written
     assert (written[-1].state, written[-1].step, written[-1].world_size) == ("training", 10, 2)
     assert written[-1].mlflow_run_id == "run-1" and written[-1].attempt == 2
 
     clock.now += 1.0
-    record(_report(15))  # within WRITE_EVERY_S of the last write: kept, not written
+    record.on_report(report(15))  # within WRITE_EVERY_S of the last write: kept, not written
     assert written[-1].step == 10
     clock.now += WRITE_EVERY_S
-    record(_report(20, val_loss=0.5, val_acc=0.9))
+    record.on_report(report(20, val_loss=0.5, val_acc=0.9))
     last = written[-1]
     assert last.step == 20 and last.val_metrics == {"val_loss": 0.5, "val_acc": 0.9}
     # 10 steps in 3 s since this attempt's first report: 80 left take 24 s
@@ -78,40 +75,40 @@ def test_the_total_is_learnt_from_the_first_epoch_when_only_epochs_are_set(
     tmp_path: Path,
 ) -> None:
     record, clock, written, _ = _record(tmp_path)
-    record(_report(0, _worker_started_at=1.0))
+    record.on_report(report(0, started=0))
     clock.now += 5
-    record({**_report(45, epoch=0), "kind": "epoch"})  # 45 steps an epoch, 4 epochs
+    record.on_report(report(45, kind="epoch"))  # 45 steps an epoch, 4 epochs
     assert written[-1].total_steps == 180 and written[-1].epoch == 0
 
 
 def test_a_checkpoint_is_the_last_one_only_once_ray_committed_it(tmp_path: Path) -> None:
     record, clock, written, committed = _record(tmp_path)
-    record(_report(10, _worker_started_at=1.0))
+    record.on_report(report(10, started=0))
     clock.now += 1
-    record(_report(20, **{CHECKPOINT_KEY: True}))
+    record.on_report(report(20, checkpoint=True))
     assert written[-1].state == "checkpointing" and written[-1].last_checkpoint is None
     clock.now += 1
     committed[0] = (10, 0)  # an older one: still pending
-    record(_report(21))
+    record.on_report(report(21))
     assert record.status.last_checkpoint is None
     committed[0] = (20, 0)
     clock.now += WRITE_EVERY_S
-    record(_report(25))
+    record.on_report(report(25))
     mark = written[-1].last_checkpoint
     assert written[-1].state == "training" and mark is not None and mark.step == 20
 
 
 def test_a_restart_carries_the_failure_policys_reason(tmp_path: Path) -> None:
     record, clock, written, committed = _record(tmp_path)
-    record(_report(10, _worker_started_at=1.0))
+    record.on_report(report(10, started=0))
     clock.now += 1
     committed[0] = (5, 0)  # what Ray Train restores the new group from
-    record({FAILURE_KEY: "RuntimeError: rank 1 lost"})  # the policy's notice: no step
+    record.on_failure(FailureNotice("RuntimeError: rank 1 lost"))  # the policy's notice: no step
     assert written[-1].state == "restarting" and written[-1].step == 10
     clock.now += 10
     committed[0] = (9, 0)  # the new group trained on and committed before its report came
     # the new group's first report: it restored the checkpoint committed at 5
-    record(_report(12, _worker_started_at=2.0, world_size=1, **{RESUMED_KEY: 5}))
+    record.on_report(report(12, started=5, world_size=1))
     restart = written[-1].restarts[0]
     assert (restart.step, restart.world_size, restart.reason) == (5, 1, "RuntimeError: rank 1 lost")
     assert restart.lost_steps == 5  # reported step 10 before the failure, resumed at 5
@@ -119,8 +116,8 @@ def test_a_restart_carries_the_failure_policys_reason(tmp_path: Path) -> None:
     assert written[-1].state == "training" and written[-1].world_size == 1
     # a group that resumed from the in-memory state says so: its step, not storage's
     clock.now += 1
-    record({FAILURE_KEY: "RuntimeError: rank 0 lost"})
-    record(_report(16, _worker_started_at=3.0, **{RESUMED_KEY: 12}))
+    record.on_failure(FailureNotice("RuntimeError: rank 0 lost"))
+    record.on_report(report(16, started=12))
     restart = written[-1].restarts[1]
     assert (restart.step, restart.lost_steps) == (12, 0)
 
@@ -129,18 +126,18 @@ def test_a_hang_is_the_reason_of_the_restart_after_it_and_of_no_later_one(
     tmp_path: Path,
 ) -> None:
     record, clock, written, _ = _record(tmp_path)
-    record(_report(10, _worker_started_at=1.0))
+    record.on_report(report(10, started=0))
     record.note_hang("hang at step 11: not in a collective: rank 1 in forward")
     assert written[-1].hang == "hang at step 11: not in a collective: rank 1 in forward"
-    record({FAILURE_KEY: "ActorDiedError: the worker died"})
-    record({FAILURE_KEY: "RuntimeError: the retry failed before it reported"})
-    record(_report(12, _worker_started_at=2.0))
+    record.on_failure(FailureNotice("ActorDiedError: the worker died"))
+    record.on_failure(FailureNotice("RuntimeError: the retry failed before it reported"))
+    record.on_report(report(12, started=0))
     # the notice of the second failure replaced the first's reason: the hang's is gone
     (restart,) = written[-1].restarts
     assert restart.reason == "RuntimeError: the retry failed before it reported"
     record.note_hang("hang at step 13: ...")
-    record({FAILURE_KEY: "ActorDiedError: the worker died"})
-    record(_report(14, _worker_started_at=3.0))
+    record.on_failure(FailureNotice("ActorDiedError: the worker died"))
+    record.on_report(report(14, started=0))
     assert written[-1].restarts[-1].reason == (
         "hang at step 13: ... (ActorDiedError: the worker died)"
     )
@@ -151,7 +148,7 @@ def test_the_last_record_says_how_it_ended_and_a_failing_store_never_stops_train
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     record, clock, written, _ = _record(tmp_path)
-    record(_report(10, _worker_started_at=1.0))
+    record.on_report(report(10, started=0))
     record.finish("failed", error="TrainingFailed: rank 0: boom")
     assert written[-1].state == "failed" and written[-1].error == "TrainingFailed: rank 0: boom"
 
@@ -161,7 +158,7 @@ def test_the_last_record_says_how_it_ended_and_a_failing_store_never_stops_train
     record._write = refuse
     for step in (11, 12):
         clock.now += WRITE_EVERY_S
-        record(_report(step))
+        record.on_report(report(step))
     assert capsys.readouterr().err.count("could not be written") == 1
 
 

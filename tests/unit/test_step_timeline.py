@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from raytrain._compat.torch_collectives import CollectiveTimer
-from raytrain.checkpoints.layout import TIMELINE_KEY
+from raytrain.contract import TimelineWindow
 from raytrain.driver.timeline import Timelines, factors, straggler_in
 from raytrain.worker.step_timeline import StepTimeline, summarize
 
@@ -63,13 +63,13 @@ def test_a_batch_is_split_into_its_parts_and_a_window_is_sent_every_n_steps() ->
     assert sent == []
     _batch(timeline, clock, trainer, **parts)
     (event,) = sent
-    assert (event["rank"], event["node"], event["step"], event["world_size"]) == (
+    assert (event.rank, event.node, event.step, event.world_size) == (
         1,
         "10.0.0.2",
         2,
         2,
     )
-    got = {part: pair[0] for part, pair in event[TIMELINE_KEY].items()}
+    got = {part: pair[0] for part, pair in event.parts.items()}
     # the first batch had no data wait (nothing before it); the second waited 0.5 s
     assert got == {
         "data_wait": 0.25,
@@ -81,7 +81,7 @@ def test_a_batch_is_split_into_its_parts_and_a_window_is_sent_every_n_steps() ->
         "busy": 3.5,
         "step": 7.625,
     }
-    assert event[TIMELINE_KEY]["data_wait"][1:] == [0.5, 0.25]  # its p90 and mean
+    assert event.parts["data_wait"][1:] == [0.5, 0.25]  # its p90 and mean
 
 
 class Collectives(CollectiveTimer):
@@ -117,7 +117,7 @@ def test_a_wait_in_a_collective_inside_the_step_is_comm_wait_not_the_ranks_own_w
     timeline.on_train_batch_end(trainer, None, None, None, 0)
     trainer.global_step += 1
     timeline.end_marker().on_train_batch_end(trainer, None, None, None, 0)
-    got = {part: round(values[0], 6) for part, values in sent[0][TIMELINE_KEY].items()}
+    got = {part: round(values[0], 6) for part, values in sent[0].parts.items()}
     assert got["forward"] == 0.015 and got["backward"] == 0.010 and got["optimizer"] == 0.003
     assert got["comm_wait"] == 0.063 and got["busy"] == 0.028
 
@@ -142,7 +142,7 @@ def test_two_backward_passes_in_a_batch_count_each_collective_wait_once() -> Non
     timeline.on_train_batch_end(trainer, None, None, None, 0)
     trainer.global_step += 1
     timeline.end_marker().on_train_batch_end(trainer, None, None, None, 0)
-    got = {part: values[0] for part, values in sent[0][TIMELINE_KEY].items()}
+    got = {part: values[0] for part, values in sent[0].parts.items()}
     assert (got["forward"], got["backward"], got["comm_wait"]) == (1.5, 1.0, 0.25)
     assert got["busy"] + got["comm_wait"] == got["step"] == 2.75
 
@@ -169,8 +169,8 @@ def test_validation_is_not_a_wait_for_data_and_unmeasured_comm_is_not_sent() -> 
     timeline.on_validation_start(trainer, None)
     _batch(timeline, clock, trainer, **{**parts, "data": 9.0})  # 9 s of validation between
     (event,) = sent
-    assert event[TIMELINE_KEY]["data_wait"] == [0.0, 0.0, 0.0]
-    assert "comm_wait" not in event[TIMELINE_KEY]  # no DDP hook: not measured, not zero
+    assert event.parts["data_wait"] == [0.0, 0.0, 0.0]
+    assert "comm_wait" not in event.parts  # no DDP hook: not measured, not zero
 
 
 def test_summarize_gives_the_median_and_the_nearest_rank_p90() -> None:
@@ -196,14 +196,14 @@ def test_timelines_log_each_rank_name_the_straggler_once_and_clear_it() -> None:
 
     def window(step: int, busy: dict[int, float]) -> None:
         for rank, value in busy.items():
-            timelines(
-                {
-                    TIMELINE_KEY: {"busy": [value, value]},
-                    "rank": rank,
-                    "node": f"n{rank}",
-                    "step": step,
-                    "world_size": len(busy),
-                }
+            timelines.on_timeline(
+                TimelineWindow(
+                    rank=rank,
+                    node=f"n{rank}",
+                    step=step,
+                    world_size=len(busy),
+                    parts={"busy": [value, value]},
+                )
             )
 
     for step in (5, 10):

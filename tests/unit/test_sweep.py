@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from raytrain.checkpoints.layout import MONITOR_MISSING
 from raytrain.driver.progress import StopRun
 from raytrain.errors import SpecError
 from raytrain.spec import load_spec
@@ -22,6 +21,7 @@ from raytrain.sweep.trial import (
     trial_values,
 )
 from tests.conftest import digits_spec
+from tests.unit.events import report
 
 SPACE = {"model.init_args.lr": {"loguniform": [1e-4, 1e-1]}}
 
@@ -390,23 +390,23 @@ def test_a_trial_is_the_spec_with_its_values_its_folder_and_its_parent_run(
 def test_the_reporter_sends_the_metric_with_epochs_done_and_holds_the_end_back() -> None:
     sent: list[dict[str, Any]] = []
     reporter = TuneReporter("val_acc", sent.append, "epoch", end=3)
-    reporter({"step": 10, "epoch": 0, "kind": "step", "train_loss": 1.0})  # no metric: none
-    reporter({"step": 23, "epoch": 0, "kind": "epoch", "val_acc": 0.5, "_score": 0.5})
-    reporter({"step": 46, "epoch": 1, "kind": "epoch", "val_acc": 0.7, "kind2": "x"})
-    reporter({"step": 69, "epoch": 2, "kind": "epoch", "val_acc": 0.8})  # the end: held
+    reporter.on_report(report(10, train_loss=1.0))  # no metric: none
+    reporter.on_report(report(23, kind="epoch", val_acc=0.5, score=0.5))
+    reporter.on_report(report(46, epoch=1, kind="epoch", val_acc=0.7))
+    reporter.on_report(report(69, epoch=2, kind="epoch", val_acc=0.8))  # the end: held
     assert [(r["epoch"], r["step"], r["val_acc"]) for r in sent] == [(1, 23, 0.5), (2, 46, 0.7)]
     # max_steps ending the trial within its last epoch: held too, though short of the end
     cut = TuneReporter("val_acc", sent.append, "epoch", end=3)
-    cut({"step": 60, "epoch": 2, "kind": "end", "val_acc": 0.8})
+    cut.on_report(report(60, epoch=2, kind="end", val_acc=0.8))
     assert len(sent) == 2 and cut.latest["step"] == 60
-    assert "_score" not in sent[0] and "kind2" not in sent[1]
+    assert "_score" not in sent[0] and "kind" not in sent[1]
     assert reporter.latest["epoch"] == 3  # what run_trial reports once the run is done
 
 
 def test_a_metric_no_trial_reports_stops_the_trial_naming_what_is_reported() -> None:
     reporter = TuneReporter("val_accuracy", lambda result: None)
     with pytest.raises(StopRun) as caught:
-        reporter({"step": 23, "epoch": 0, MONITOR_MISSING: ["val_acc", "val_loss"]})
+        reporter.on_report(report(23, monitor_missing=("val_acc", "val_loss")))
     error = caught.value.error
     assert isinstance(error, SpecError)
     assert str(error) == (
@@ -422,11 +422,11 @@ def test_a_report_after_the_scheduler_stopped_the_trial_ends_the_run() -> None:
 
     reporter = TuneReporter("val_acc", stopped, "epoch", end=3)
     with pytest.raises(StopRun) as caught:
-        reporter({"step": 23, "epoch": 0, "kind": "epoch", "val_acc": 0.5})
+        reporter.on_report(report(23, kind="epoch", val_acc=0.5))
     assert isinstance(caught.value.error, TrialStopped)
     # Tune raises once; another report would wait for it forever: none is made
     reporter.report = lambda result: pytest.fail("reported after the stop")
-    reporter({"step": 46, "epoch": 1, "kind": "epoch", "val_acc": 0.6})
+    reporter.on_report(report(46, epoch=1, kind="epoch", val_acc=0.6))
     assert reporter.latest["step"] == 46
 
 

@@ -143,22 +143,29 @@ def test_the_end_of_a_run_says_what_its_metrics_lost_and_tags_it(
     """The driver's end of the run (``RunRecord.finish``) says on stderr which metrics MLflow
     refused, or that the run recorded none, and the run keeps it as the tag
     ``raytrain.metrics_note``."""
+    from raytrain.contract import Report
     from raytrain.driver.run_record import RunRecord
     from raytrain.spec import parse_spec
     from tests.conftest import digits_spec
 
-    def finish(name: str, *events: dict) -> tuple[str, dict[str, str]]:
+    def finish(name: str, *events: Report) -> tuple[str, dict[str, str]]:
         spec = digits_spec(tmp_path, tmp_path / name, name=name)  # no data is read
         spec["tracking"]["mlflow"]["tracking_uri"] = store
         record = RunRecord(parse_spec(spec), None)
         record.start()
         for event in events:
-            record.log_metrics(event)
+            record.on_report(event)
         record.finish("FINISHED")
         tracker = record.tracker()
         return tracker.run_id, tracker.client.get_run(tracker.run_id).data.tags
 
-    report = {"step": 1, "epoch": 0, "train_loss": 0.5, "data/rows/..": 5, "data/rows/b": 5}
+    report = Report(
+        step=1,
+        epoch=0,
+        kind="step",
+        world_size=1,
+        metrics={"train_loss": 0.5, "data/rows/..": 5, "data/rows/b": 5},
+    )
     _, tags = finish("refused", report)
     note = "MLflow refused 'data/rows/..': those metrics are not recorded"
     assert _said(capsys)[-1] == f"raytrain: warning: {note}"

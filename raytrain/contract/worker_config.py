@@ -6,14 +6,13 @@ exactly one entry in it, a ``WorkerConfig``, under ``CONFIG_KEY``: the driver bu
 relies on are checked by the type checker, not by string keys. Nothing here imports Ray,
 torch or Lightning: both sides import it.
 
-The other direction's typed events begin here: ``HangReport``, a rank's report of a hang
-(sent under ``HANG_KEY``). The rest of what a worker sends is still a dict (issue 38).
+The other direction, what a worker sends the driver, is ``contract.events``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raytrain.spec import JobSpec
@@ -22,8 +21,6 @@ if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
 CONFIG_KEY = "raytrain"
-# The key of a rank's hang report in the run's events: its value is a ``HangReport``'s fields.
-HANG_KEY = "_hang"
 # The folder where a warm worker process marks itself ready (``worker.warm_ready``), set
 # by the cluster ``raytrain up`` starts (``driver.local_cluster``) for its processes.
 WARM_DIR_ENV = "RAYTRAIN_WARM_DIR"
@@ -128,36 +125,3 @@ class WorkerConfig:
                 "WorkerConfig: the driver and the worker run different raytrain code"
             )
         return value
-
-
-@dataclass(frozen=True)
-class HangReport:
-    """One rank's report of a hang: where it was and for how long, and its stacks' file."""
-
-    rank: int
-    world_size: int
-    node: str
-    pid: int
-    step: int
-    phase: str
-    idle_s: float
-    allowed_s: float
-    collective: str | None  # the collective it waits in; None: it is not in one
-    attempt: str  # the attempt's token: its folder of stacks files
-    stacks: str  # the stacks file: {run}/hangs/{attempt}/rank{r}.txt
-    at: float  # when it was found (Unix time)
-
-    def to_event(self) -> dict[str, Any]:
-        return {HANG_KEY: asdict(self)}
-
-    @classmethod
-    def from_event(cls, event: dict[str, Any]) -> HangReport:
-        return cls(**event[HANG_KEY])
-
-    def describe(self) -> str:
-        where = f"in {self.collective}" if self.collective else "not in a collective"
-        return (
-            f"rank {self.rank} (node {self.node}) {where}, in {self.phase} at step "
-            f"{self.step}: no batch finished for {self.idle_s:.0f} s (allowed "
-            f"{self.allowed_s:.0f} s)"
-        )
