@@ -52,6 +52,7 @@ from raytrain.worker.mix_rows import MixRows
 from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.spike import RollbackSkip, SpikeGuard
+from raytrain.worker.step_clock import StepClock
 from raytrain.worker.step_timeline import StepTimeline
 from raytrain.worker.strategy import (
     rank_zero_holds_state,
@@ -171,7 +172,8 @@ def build_callbacks(
     """This worker's callbacks for ``spec``; ``publish`` is set on rank 0 only (it sends
     events to the driver), which also times its loop; ``timeline`` times every rank's
     steps (None: ``tracking.timeline`` is off); ``watchdog`` finds the rank hung (None:
-    ``failure.hang_timeout_s`` is 0). ``train_loader`` returns the train loader, once
+    ``failure.hang_timeout_s`` is 0); the three hear one ``StepClock``, first among the
+    callbacks, its end marker last. ``train_loader`` returns the train loader, once
     there is one. ``batching``: what a step trains on, reported as ``global_batch``.
     ``mtbf``: the run's measured mean time between failures (rank 0's), for
     ``checkpoint.every_n_steps: auto``. ``user``: the config's ``trainer.callbacks``, built
@@ -186,10 +188,10 @@ def build_callbacks(
     keeping = _memory_state(spec, train_loader, publish, reporter, keeper, keeper_token, keeper_key)
     memory: list[pl.Callback] = [keeping] if keeping is not None else []
     spikes = _spike_guards(spec, train_loader, publish, keeping)
+    timers = [t for t in (system, timeline, watchdog) if t is not None]
+    clock = [StepClock(timers)] if timers else []  # first, and its end marker last
     ordered: list[pl.Callback] = [
-        *([system] if system else []),
-        *([timeline] if timeline else []),
-        *([watchdog] if watchdog else []),
+        *clock,
         FiniteGuard(),
         *spikes[:1],
         MixRows(train_loader, spec.trainer.log_every_n_steps),
@@ -201,8 +203,6 @@ def build_callbacks(
         LoaderPosition(train_loader),
         *spikes[1:],
         AccumulationAlignment(),
-        *([watchdog.end_marker()] if watchdog else []),
-        *([timeline.end_marker()] if timeline else []),
-        *([system.end_marker()] if system else []),
+        *[c.end_marker() for c in clock],
     ]
     return WorkerCallbacks(ordered=ordered, reporter=reporter, checkpoints=checkpoints)

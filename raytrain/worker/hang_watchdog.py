@@ -1,7 +1,7 @@
 """A rank that stops finishing batches: its stacks written, the driver told, its attempt
 failed, long before gloo's or NCCL's 30-minute collective timeout would.
 
-``HangWatchdog`` (a Lightning callback on every rank) keeps where the rank is
+``HangWatchdog`` (on every rank, a listener of the step clock) keeps where the rank is
 (``Phase``) and when it last moved on: a batch's end, a validation batch's,
 the start of an epoch or validation. After a batch that a validation may follow it is
 ``starting``: Lightning builds the validation's loader and fetches its first batch before
@@ -53,7 +53,7 @@ from raytrain.checkpoints.layout import HANGS
 from raytrain.contract import HangReport, Publish
 from raytrain.spec import StorageSpec
 from raytrain.spec.sections import HangLimits
-from raytrain.worker.batch_end import BatchEnd
+from raytrain.worker.step_clock import StepListener, Tick
 
 # The floor of the automatic step timeout, and its multiple of the median step time.
 AUTO_FLOOR_S = 60.0
@@ -147,9 +147,9 @@ def frame_files(frame: FrameType | None) -> list[str]:
     return [f.f_code.co_filename for f, _ in traceback.walk_stack(frame)][::-1] if frame else []
 
 
-class HangWatchdog(pl.Callback):
-    """Finds this rank hung (see the module docstring). Put it before the callbacks whose
-    batch-end hooks save checkpoints, and its ``end_marker()`` last. ``clock``, ``wall``,
+class HangWatchdog(StepListener):
+    """Finds this rank hung (see the module docstring), from the step clock's marks.
+    ``clock`` must be the step clock's (``check`` reads it between marks); it, ``wall``,
     ``exit``, ``thread`` and ``grace_s`` are parameters so that a unit test drives
     ``check`` without a thread, a wait for the other ranks or a process to end."""
 
@@ -162,7 +162,7 @@ class HangWatchdog(pl.Callback):
         rank: int,
         node: str,
         publish: Publish | None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.perf_counter,
         wall: Callable[[], float] = time.time,
         exit: Callable[[int], Any] = os._exit,
         thread: bool = True,
@@ -201,7 +201,7 @@ class HangWatchdog(pl.Callback):
         if self.phase != "starting":  # a first batch keeps its allowance to its end
             self.phase = phase
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def train_started(self, tick: Tick, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.world_size = trainer.world_size
         self._training = threading.get_ident()
         started = time.strftime("%Y%m%d-%H%M%S", time.gmtime(self._wall()))
@@ -214,72 +214,46 @@ class HangWatchdog(pl.Callback):
             )
             self._thread.start()
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def epoch_started(self, tick: Tick) -> None:
         self._moved("starting")
 
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
-    ) -> None:
+    def batch_started(self, tick: Tick, trainer: pl.Trainer) -> None:
         self.step = trainer.global_step
         self._enter("forward")
 
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
-    ) -> None:
+    def backward_started(self, tick: Tick) -> None:
         self._enter("backward")
 
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
-    ) -> None:
+    def optimizer_started(self, tick: Tick) -> None:
         self._enter("optimizer")
 
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
+    def batch_ended(self, tick: Tick) -> None:
         self.phase = "saving"  # the batch's end hooks: reports, checkpoint saves
 
-    def batch_done(self, trainer: pl.Trainer) -> None:
+    def batch_done(self, tick: Tick, trainer: pl.Trainer) -> None:
         """Every hook of the batch has run (the end marker): the rank moved on."""
-        now = self._clock()
         if self._timed:
-            self._step_times.append(now - self._last)
-        self.phase, self._last, self._timed = "data", now, True
+            self._step_times.append(tick.now - self._last)
+        self.phase, self._last, self._timed = "data", tick.now, True
         if validation_may_follow(trainer):  # its loader starts before its hooks
             self._moved("starting")
 
-    def end_marker(self) -> pl.Callback:
-        """The callback to put last: it ends each batch after every other hook."""
-        return BatchEnd(self.batch_done)
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def validation_started(self, tick: Tick) -> None:
         self._moved("starting")
 
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def validation_batch_ended(self, tick: Tick) -> None:
         self._moved("validation")
 
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def validation_epoch_ended(self, tick: Tick) -> None:
         self._moved("saving")  # the validation's end hooks: metrics computed, synced
 
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def validation_ended(self, tick: Tick, trainer: pl.Trainer) -> None:
         self._moved("saving")  # a checkpoint at the validation's end
 
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def epoch_ended(self, tick: Tick) -> None:
         self._moved("saving")
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.stop()
-
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
+    def stopped(self) -> None:
         self.stop()
 
     def stop(self) -> None:

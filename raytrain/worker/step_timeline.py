@@ -1,7 +1,8 @@
 """Each rank's step split into its parts, summarised per report window: where time goes.
 
-``StepTimeline`` (a Lightning callback on every rank) times each training batch's parts
-from Lightning's own hooks, in the order Lightning calls them:
+``StepTimeline`` (on every rank, a listener of the step clock: ``worker.step_clock``)
+times each training batch's parts from the clock's marks, in the order Lightning makes
+them:
 
 - ``data_wait``: from the previous batch's end to this one's start (Lightning fetching it);
 - ``forward``: from the batch's start to ``on_before_backward`` (the training step), less
@@ -13,8 +14,8 @@ from Lightning's own hooks, in the order Lightning calls them:
   runs torch's own all-reduce); and in every part, the time inside any blocking
   collective the step ran itself: the user's own all-reduce, ``self.log(...,
   sync_dist=True)``, torchmetrics' sync, DDP's buffer broadcast
-  (``_compat.torch_collectives.CollectiveTimer``, measured at torch.distributed's
-  functions, not at one hook). A rank waiting here waits for a slower one; a wait at a
+  (the clock's ``CollectiveTimer``, measured at torch.distributed's functions, not at one
+  hook). A rank waiting here waits for a slower one; a wait at a
   collective inside the training step no longer reads as the waiting rank's forward work.
   Under FSDP its own all-gathers and reduce-scatters are asynchronous and not counted;
 - ``optimizer``: from ``on_before_optimizer_step`` to the batch's end hooks, less its time
@@ -26,8 +27,8 @@ from Lightning's own hooks, in the order Lightning calls them:
 
 Every ``log_every_n_steps`` optimizer steps each rank sends one fixed-size summary, the
 p50, p90 and mean of every part over the window, with its rank and node (``publish``). The
-driver (``driver.timeline``) compares the ranks. The clock is a parameter, so a unit test
-drives the windows.
+driver (``driver.timeline``) compares the ranks. A unit test drives the windows with a step
+clock of its own.
 """
 
 from __future__ import annotations
@@ -39,9 +40,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from raytrain._compat.torch_collectives import CollectiveTimer
 from raytrain.contract import Publish, TimelineWindow
-from raytrain.worker.batch_end import BatchEnd
+from raytrain.worker.step_clock import StepListener, Tick
 
 PARTS = ("data_wait", "forward", "backward", "comm_wait", "optimizer", "hooks", "busy", "step")
 
@@ -85,26 +85,9 @@ def _hook_ddp(model: Any, timeline: StepTimeline) -> bool | None:
     return True
 
 
-class _Waits:
-    """Seconds in collectives between the timeline's marks of one batch, read from a
-    ``CollectiveTimer``'s running total."""
-
-    def __init__(self, timer: CollectiveTimer):
-        self._timer = timer
-        self._at: dict[str, float] = {}
-
-    def note(self, mark: str) -> None:
-        self._at[mark] = self._timer.total
-
-    def since(self, mark: str) -> float:
-        """Seconds in collectives since ``mark`` was noted (0 if it was not)."""
-        now = self._timer.total
-        return max(now - self._at.get(mark, now), 0.0)
-
-
-class StepTimeline(pl.Callback):
-    """Times each batch's parts (see the module docstring). Put it first among the
-    callbacks and its ``end_marker()`` last."""
+class StepTimeline(StepListener):
+    """Times each batch's parts (see the module docstring) from the step clock's marks.
+    ``clock`` must be the step clock's: the gradients' hook reads it between marks."""
 
     def __init__(
         self,
@@ -114,123 +97,102 @@ class StepTimeline(pl.Callback):
         rank: int,
         node: str,
         clock: Callable[[], float] = time.perf_counter,
-        collectives: CollectiveTimer | None = None,
     ):
         self.every_n_steps = max(1, every_n_steps)
         self.publish = publish
         self.rank, self.node = rank, node
         self._clock = clock
-        # seconds in blocking collectives so far, read at each mark (installed at train start)
-        self.collectives = collectives if collectives is not None else CollectiveTimer(clock)
-        self._waits = _Waits(self.collectives)
         self._samples: dict[str, list[float]] = {part: [] for part in PARTS}
         self._now: dict[str, float] = {}  # this batch's part so far
-        self._marks: dict[str, float] = {}
+        self._marks: dict[str, Tick] = {}
         self._last_end: float | None = None  # the previous batch's end (None: paused)
         self._sent_step = -1
         self._ready_at: float | None = None  # the last gradient bucket's readiness
         self.comm_measured = False
 
+    def _add(self, part: str, seconds: float) -> None:
+        self._now[part] = self._now.get(part, 0.0) + seconds
+
+    def _since(self, mark: str, tick: Tick) -> tuple[float, float]:
+        """Seconds from ``mark`` to ``tick``, and of them the seconds in collectives
+        (0 and 0 if the batch has no such mark)."""
+        began = self._marks.get(mark, tick)
+        return tick.now - began.now, max(tick.waited - began.waited, 0.0)
+
     # -- the clock's marks, in Lightning's order -------------------------------------------
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.world_size > 1:
-            self.collectives.install()
+    def train_started(self, tick: Tick, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         hooked = _hook_ddp(getattr(trainer.strategy, "model", None), self)
         self.comm_measured = hooked if hooked is not None else trainer.world_size > 1
 
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.collectives.remove()
-
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, err: Any) -> None:
-        self.collectives.remove()  # a failed fit runs no callback's teardown
-
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
-    ) -> None:
-        now = self._clock()
-        self._now = {"data_wait": now - self._last_end if self._last_end is not None else 0.0}
-        self._marks = {"start": now, "forward": now}
+    def batch_started(self, tick: Tick, trainer: pl.Trainer) -> None:
+        wait = tick.now - self._last_end if self._last_end is not None else 0.0
+        self._now = {"data_wait": wait}
+        self._marks = {"start": tick, "forward": tick}
         self._ready_at = None
-        self._waits.note("forward")  # the batch's other marks are noted before they are read
 
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
-    ) -> None:
-        now = self._clock()  # forward: since the batch's start, or the last backward's end
-        waited = self._waits.since("forward")
-        ran = max(now - self._marks.get("forward", now) - waited, 0.0)
-        self._now["forward"] = self._now.get("forward", 0.0) + ran
-        self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
-        self._marks["backward"] = now
-        self._waits.note("backward")
+    def backward_started(self, tick: Tick) -> None:
+        # forward: since the batch's start, or the last backward's end
+        ran, waited = self._since("forward", tick)
+        self._add("forward", max(ran - waited, 0.0))
+        self._add("comm_wait", waited)
+        self._marks["backward"] = tick
 
     def grads_ready(self) -> None:
         """A gradient bucket is ready (the communication hook's mark)."""
         self._ready_at = self._clock()
 
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        now = self._clock()
-        total = now - self._marks.get("backward", now)
-        waited = now - self._ready_at if self._ready_at is not None else 0.0
-        waited = min(max(waited, 0.0) + self._waits.since("backward"), total)
-        self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
-        self._now["backward"] = self._now.get("backward", 0.0) + total - waited
-        self._marks["forward"] = now  # a next backward's forward starts here
-        self._waits.note("forward")
+    def backward_ended(self, tick: Tick) -> None:
+        total, in_collectives = self._since("backward", tick)
+        waited = tick.now - self._ready_at if self._ready_at is not None else 0.0
+        waited = min(max(waited, 0.0) + in_collectives, total)
+        self._add("comm_wait", waited)
+        self._add("backward", total - waited)
+        self._marks["forward"] = tick  # a next backward's forward starts here
 
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
-    ) -> None:
-        self._marks["optimizer"] = self._clock()
-        self._waits.note("optimizer")
+    def optimizer_started(self, tick: Tick) -> None:
+        self._marks["optimizer"] = tick
 
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
-        now = self._clock()
-        began = self._marks.get("optimizer")
-        waited = self._waits.since("optimizer") if began is not None else 0.0
-        self._now["optimizer"] = max(now - began - waited, 0.0) if began is not None else 0.0
-        self._now["comm_wait"] = self._now.get("comm_wait", 0.0) + waited
-        self._marks["hooks"] = now
+    def batch_ended(self, tick: Tick) -> None:
+        if "optimizer" in self._marks:
+            ran, waited = self._since("optimizer", tick)
+            self._now["optimizer"] = max(ran - waited, 0.0)
+            self._add("comm_wait", waited)
+        else:
+            self._now["optimizer"] = 0.0
+        self._marks["hooks"] = tick
 
-    def batch_done(self, trainer: pl.Trainer) -> None:
+    def batch_done(self, tick: Tick, trainer: pl.Trainer) -> None:
         """Every hook of the batch has run: the batch's parts join the window, which is
         sent every ``every_n_steps`` optimizer steps."""
-        now = self._clock()
         parts = self._now
-        parts["hooks"] = now - self._marks.get("hooks", now)
+        parts["hooks"] = self._since("hooks", tick)[0]
         parts["busy"] = sum(
             parts.get(p, 0.0) for p in ("data_wait", "forward", "backward", "optimizer")
         )
-        parts["step"] = now - self._marks.get("start", now) + parts.get("data_wait", 0.0)
+        parts["step"] = self._since("start", tick)[0] + parts.get("data_wait", 0.0)
         for part in PARTS:
             self._samples[part].append(parts.get(part, 0.0))
-        self._last_end = now
+        self._last_end = tick.now
         step = trainer.global_step
         if step and step % self.every_n_steps == 0 and step != self._sent_step:
             self._sent_step = step  # (accumulated batches share their optimizer step)
             self.send(step, trainer.world_size)
 
-    def end_marker(self) -> pl.Callback:
-        """The callback to put last: it ends each batch after every other hook."""
-        return BatchEnd(self.batch_done)
-
     # Validation and an epoch's end are not waits for data; from an epoch's start (its
     # loader's new iterator) or a validation's end, the wait for the next batch is.
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def validation_started(self, tick: Tick) -> None:
         self._last_end = None
 
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def epoch_ended(self, tick: Tick) -> None:
         self._last_end = None
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._last_end = self._clock()
+    def epoch_started(self, tick: Tick) -> None:
+        self._last_end = tick.now
 
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def validation_ended(self, tick: Tick, trainer: pl.Trainer) -> None:
         if not trainer.sanity_checking:
-            self._last_end = self._clock()
+            self._last_end = tick.now
 
     # -- the window's summary --------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """System metrics of a training worker, sampled with each metrics report (rank 0's).
 
-``SystemMetrics`` is a Lightning callback that times the training loop itself: the time per
+``SystemMetrics`` is a listener of the step clock (``worker.step_clock``) that times the
+training loop itself: the time per
 optimizer step, and the part of it spent outside the step, waiting for the next batch
 (between one batch's end and the next one's start, where Lightning pulls from the loader).
 ``sample()`` turns the window since the last sample into ``system/...`` metrics, with the
@@ -18,7 +19,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from raytrain.worker.batch_end import BatchEnd
+from raytrain.worker.step_clock import StepListener, Tick
 
 PREFIX = "system/"
 
@@ -58,10 +59,10 @@ def _gpu(device: Any) -> dict[str, float]:
     return values
 
 
-class SystemMetrics(pl.Callback):
-    """Times steps and data waits; ``sample()`` reports and restarts the window. Put it
-    first among the callbacks and its ``end_marker()`` last: the wait for data is what lies
-    between the marker's batch end and this one's next batch start."""
+class SystemMetrics(StepListener):
+    """Times steps and data waits from the step clock's marks; ``sample()`` reports and
+    restarts the window. The wait for data is what lies between a batch's end marker and
+    the next batch's start. ``clock`` must be the step clock's (``sample`` reads it)."""
 
     def __init__(
         self,
@@ -84,40 +85,29 @@ class SystemMetrics(pl.Callback):
         self._data_wait = 0.0
         self._loop_time = 0.0  # wall time inside training batches and the waits between
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def train_started(self, tick: Tick, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._device = pl_module.device
-        self._reset(self._clock(), trainer.global_step)
+        self._reset(tick.now, trainer.global_step)
 
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
-    ) -> None:
-        now = self._clock()
+    def batch_started(self, tick: Tick, trainer: pl.Trainer) -> None:
+        now = tick.now
         if self._batch_end_at is not None:
             self._data_wait += now - self._batch_end_at
             self._loop_time += now - self._batch_end_at
         self._batch_start_at = now
 
-    def batch_done(self, trainer: pl.Trainer | None = None) -> None:
+    def batch_done(self, tick: Tick, trainer: pl.Trainer) -> None:
         """The batch and every callback after it are done: what follows until the next
         batch starts is Lightning fetching it."""
-        now = self._clock()
-        self._loop_time += now - self._batch_start_at
-        self._batch_end_at = now
+        self._loop_time += tick.now - self._batch_start_at
+        self._batch_end_at = tick.now
 
-    def end_marker(self) -> pl.Callback:
-        """A callback to put last in the list: it marks the end of each batch's hooks
-        (checkpoints and reports included), which are not waits for data."""
-        return BatchEnd(self.batch_done)
-
-    def _pause(self, *args: Any) -> None:
-        # validation and epoch ends are not waits for data
+    # validation and epoch ends are not waits for data
+    def validation_started(self, tick: Tick) -> None:
         self._batch_end_at = None
 
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._pause()
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._pause()
+    def epoch_ended(self, tick: Tick) -> None:
+        self._batch_end_at = None
 
     def sample(self, step: int) -> dict[str, float]:
         """Metrics for the window since the last sample, which ends at global step ``step``;

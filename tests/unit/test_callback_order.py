@@ -10,16 +10,16 @@ from pathlib import Path
 from lightning.pytorch.callbacks import EarlyStopping
 
 from raytrain.checkpoints.layout import run_dir
+from raytrain.contract import Event, Startup
 from raytrain.spec import JobSpec
 from raytrain.worker.callbacks import build_callbacks
 from raytrain.worker.hang_watchdog import HangWatchdog
+from raytrain.worker.step_clock import StepClock
 from raytrain.worker.step_timeline import StepTimeline
 from tests.conftest import digits_spec
 
 ORDER = [
-    "SystemMetrics",
-    "StepTimeline",
-    "HangWatchdog",
+    "StepClock",
     "FiniteGuard",
     "SpikeGuard",
     "MixRows",
@@ -31,10 +31,10 @@ ORDER = [
     "LoaderPosition",
     "RollbackSkip",
     "AccumulationAlignment",
-    "BatchEnd:HangWatchdog",
-    "BatchEnd:StepTimeline",
-    "BatchEnd:SystemMetrics",
+    "BatchEnd:StepClock",
 ]
+# what hears the step clock's marks, in the order it tells them
+TIMERS = ["SystemMetrics", "StepTimeline", "HangWatchdog"]
 
 
 def _name(callback: object) -> str:
@@ -53,7 +53,7 @@ def test_every_feature_on_builds_the_callbacks_in_their_documented_order(tmp_pat
             failure={"spike": {}, "hang_timeout_s": 60},
         )
     )
-    sent: list[dict] = []
+    sent: list[Event] = []
     timeline = StepTimeline(every_n_steps=5, publish=sent.append, rank=0, node="n")
     watchdog = HangWatchdog(
         limits=spec.failure.hang_limits(),
@@ -68,12 +68,16 @@ def test_every_feature_on_builds_the_callbacks_in_their_documented_order(tmp_pat
         spec,
         lambda: None,
         sent.append,  # rank 0: it reports, and times its loop
-        {},
+        Startup(marks={}, resumed_step=0, precision="32-true"),
         timeline,
         watchdog,
         user=[EarlyStopping(monitor="val_loss")],
         keeper=object(),
     )
     assert [_name(c) for c in built.ordered] == ORDER
+    clock = built.ordered[0]
+    assert isinstance(clock, StepClock)
+    assert [type(t).__name__ for t in clock.listeners] == TIMERS
+    assert clock.listeners[1:] == [timeline, watchdog]
     assert built.reporter is built.ordered[ORDER.index("MetricsReporter")]
     assert built.checkpoints is built.ordered[ORDER.index("CheckpointCallback")]

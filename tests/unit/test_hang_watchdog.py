@@ -22,6 +22,7 @@ from raytrain.worker.hang_watchdog import (
     collective_of,
     step_timeout,
 )
+from raytrain.worker.step_clock import StepClock
 
 LIMITS = HangLimits(timeout_s=None, first_step_s=300.0, checkpoint_s=120.0)
 
@@ -63,6 +64,18 @@ def test_a_collective_is_a_torch_distributed_call_or_ddps_backward() -> None:
     assert collective_of("forward", ["/x/models.py"], 2) is None
 
 
+class _Driven:
+    """A watchdog and the step clock that drives it, as ``worker.callbacks`` builds them:
+    Lightning's hooks (``on_...``, ``end_marker``) go to the clock, the rest to the dog."""
+
+    def __init__(self, watchdog: HangWatchdog, clock: Clock):
+        self.watchdog, self.hooks = watchdog, StepClock([watchdog], clock=clock)
+
+    def __getattr__(self, name: str) -> Any:
+        hook = name.startswith("on_") or name == "end_marker"
+        return getattr(self.hooks if hook else self.watchdog, name)
+
+
 def _watchdog(
     tmp_path: Path,
     clock: Clock,
@@ -70,6 +83,17 @@ def _watchdog(
     exits: list[int],
     rank: int = 1,
     limits: HangLimits = LIMITS,
+) -> Any:
+    return _Driven(_make_watchdog(tmp_path, clock, sent, exits, rank, limits), clock)
+
+
+def _make_watchdog(
+    tmp_path: Path,
+    clock: Clock,
+    sent: list[Event],
+    exits: list[int],
+    rank: int,
+    limits: HangLimits,
 ) -> HangWatchdog:
     return HangWatchdog(
         limits=limits,

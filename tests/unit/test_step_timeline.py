@@ -1,5 +1,6 @@
-"""Each rank's step timeline, driven hook by hook with its own clock (no Trainer), and the
-driver's comparison of the ranks: which one is a straggler, and when it is named."""
+"""Each rank's step timeline, driven hook by hook through a step clock of its own (no
+Trainer), and the driver's comparison of the ranks: which one is a straggler, and when it
+is named."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from raytrain._compat.torch_collectives import CollectiveTimer
 from raytrain.contract import TimelineWindow
 from raytrain.driver.timeline import Timelines, factors, straggler_in
+from raytrain.worker.step_clock import StepClock
 from raytrain.worker.step_timeline import StepTimeline, summarize
 
 
@@ -20,6 +22,13 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def _clock_of(
+    timeline: StepTimeline, clock: Clock, collectives: CollectiveTimer | None = None
+) -> StepClock:
+    """The step clock that drives ``timeline`` (as ``worker.loop`` builds it)."""
+    return StepClock([timeline], clock=clock, collectives=collectives)
 
 
 def _batch(
@@ -35,20 +44,21 @@ def _batch(
     hooks: float,
 ) -> None:
     """One batch through the hooks in Lightning's order, each part taking its seconds."""
+    hooks_of = _clock_of(timeline, clock)
     clock.now += data
-    timeline.on_train_batch_start(trainer, None, None, 0)
+    hooks_of.on_train_batch_start(trainer, None, None, 0)
     clock.now += fwd
-    timeline.on_before_backward(trainer, None, None)
+    hooks_of.on_before_backward(trainer, None, None)
     clock.now += grads
     timeline.grads_ready()  # the last bucket's hook
     clock.now += wait
-    timeline.on_after_backward(trainer, None)
-    timeline.on_before_optimizer_step(trainer, None, None)
+    hooks_of.on_after_backward(trainer, None)
+    hooks_of.on_before_optimizer_step(trainer, None, None)
     clock.now += opt
-    timeline.on_train_batch_end(trainer, None, None, None, 0)
+    hooks_of.on_train_batch_end(trainer, None, None, None, 0)
     clock.now += hooks
     trainer.global_step += 1
-    timeline.end_marker().on_train_batch_end(trainer, None, None, None, 0)
+    hooks_of.end_marker().on_train_batch_end(trainer, None, None, None, 0)
 
 
 def test_a_batch_is_split_into_its_parts_and_a_window_is_sent_every_n_steps() -> None:
@@ -98,25 +108,24 @@ def test_a_wait_in_a_collective_inside_the_step_is_comm_wait_not_the_ranks_own_w
     and its forward and busy time stay its own work, so the slow rank stands out."""
     clock, sent = Clock(), []
     collectives = Collectives(clock)
-    timeline = StepTimeline(
-        every_n_steps=1, publish=sent.append, rank=0, node="n", clock=clock, collectives=collectives
-    )
+    timeline = StepTimeline(every_n_steps=1, publish=sent.append, rank=0, node="n", clock=clock)
+    hooks_of = _clock_of(timeline, clock, collectives)
     timeline.comm_measured = True
     trainer = SimpleNamespace(global_step=0, world_size=2)
-    timeline.on_train_batch_start(trainer, None, None, 0)
+    hooks_of.on_train_batch_start(trainer, None, None, 0)
     clock.now += 0.010
     collectives.wait(clock, 0.060)  # the step's own all-reduce, behind a rank 60 ms late
     clock.now += 0.005
-    timeline.on_before_backward(trainer, None, None)
+    hooks_of.on_before_backward(trainer, None, None)
     clock.now += 0.010
     collectives.wait(clock, 0.002)  # a collective in backward (SyncBatchNorm's)
-    timeline.on_after_backward(trainer, None)
-    timeline.on_before_optimizer_step(trainer, None, None)
+    hooks_of.on_after_backward(trainer, None)
+    hooks_of.on_before_optimizer_step(trainer, None, None)
     clock.now += 0.003
     collectives.wait(clock, 0.001)  # and one in the optimizer step (ZeRO's gather)
-    timeline.on_train_batch_end(trainer, None, None, None, 0)
+    hooks_of.on_train_batch_end(trainer, None, None, None, 0)
     trainer.global_step += 1
-    timeline.end_marker().on_train_batch_end(trainer, None, None, None, 0)
+    hooks_of.end_marker().on_train_batch_end(trainer, None, None, None, 0)
     got = {part: round(values[0], 6) for part, values in sent[0].parts.items()}
     assert got["forward"] == 0.015 and got["backward"] == 0.010 and got["optimizer"] == 0.003
     assert got["comm_wait"] == 0.063 and got["busy"] == 0.028
@@ -127,21 +136,20 @@ def test_two_backward_passes_in_a_batch_count_each_collective_wait_once() -> Non
     the rank's own, and a collective in the first backward is counted there only."""
     clock, sent = Clock(), []
     collectives = Collectives(clock)
-    timeline = StepTimeline(
-        every_n_steps=1, publish=sent.append, rank=0, node="n", clock=clock, collectives=collectives
-    )
+    timeline = StepTimeline(every_n_steps=1, publish=sent.append, rank=0, node="n", clock=clock)
+    hooks_of = _clock_of(timeline, clock, collectives)
     timeline.comm_measured = True
     trainer = SimpleNamespace(global_step=0, world_size=2)
-    timeline.on_train_batch_start(trainer, None, None, 0)
+    hooks_of.on_train_batch_start(trainer, None, None, 0)
     for fwd, bwd, wait in ((1.0, 0.5, 0.25), (0.5, 0.5, 0.0)):
         clock.now += fwd
-        timeline.on_before_backward(trainer, None, None)
+        hooks_of.on_before_backward(trainer, None, None)
         clock.now += bwd
         collectives.wait(clock, wait)
-        timeline.on_after_backward(trainer, None)
-    timeline.on_train_batch_end(trainer, None, None, None, 0)
+        hooks_of.on_after_backward(trainer, None)
+    hooks_of.on_train_batch_end(trainer, None, None, None, 0)
     trainer.global_step += 1
-    timeline.end_marker().on_train_batch_end(trainer, None, None, None, 0)
+    hooks_of.end_marker().on_train_batch_end(trainer, None, None, None, 0)
     got = {part: values[0] for part, values in sent[0].parts.items()}
     assert (got["forward"], got["backward"], got["comm_wait"]) == (1.5, 1.0, 0.25)
     assert got["busy"] + got["comm_wait"] == got["step"] == 2.75
@@ -154,9 +162,10 @@ def test_a_failed_fit_puts_torchs_collectives_back() -> None:
 
     original = dist.all_reduce
     timeline = StepTimeline(every_n_steps=1, publish=None, rank=0, node="n")
-    timeline.on_train_start(SimpleNamespace(strategy=None, world_size=2), None)
+    hooks_of = StepClock([timeline])
+    hooks_of.on_train_start(SimpleNamespace(strategy=None, world_size=2), None)
     assert dist.all_reduce is not original
-    timeline.on_exception(SimpleNamespace(), None, RuntimeError("a NaN"))
+    hooks_of.on_exception(SimpleNamespace(), None, RuntimeError("a NaN"))
     assert dist.all_reduce is original
 
 
@@ -166,7 +175,8 @@ def test_validation_is_not_a_wait_for_data_and_unmeasured_comm_is_not_sent() -> 
     trainer = SimpleNamespace(global_step=0, world_size=1)
     parts = {"data": 0.0, "fwd": 1.0, "grads": 1.0, "wait": 0.0, "opt": 0.0, "hooks": 0.0}
     _batch(timeline, clock, trainer, **parts)
-    timeline.on_validation_start(trainer, None)
+    hooks_of = _clock_of(timeline, clock)
+    hooks_of.on_validation_start(trainer, None)
     _batch(timeline, clock, trainer, **{**parts, "data": 9.0})  # 9 s of validation between
     (event,) = sent
     assert event.parts["data_wait"] == [0.0, 0.0, 0.0]
@@ -235,7 +245,7 @@ def test_the_comm_hook_registers_on_a_real_ddp_model_and_marks_each_bucket() -> 
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
         timeline = StepTimeline(every_n_steps=1, publish=None, rank=0, node="n")
         trainer = SimpleNamespace(strategy=SimpleNamespace(model=model), world_size=1)
-        timeline.on_train_start(trainer, None)
+        StepClock([timeline]).on_train_start(trainer, None)
         assert timeline.comm_measured
         model(torch.ones(3, 4)).sum().backward()
         assert timeline._ready_at is not None  # the bucket's mark

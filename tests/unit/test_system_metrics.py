@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from raytrain.worker.step_clock import StepClock
 from raytrain.worker.system_metrics import PREFIX, SystemMetrics
 
 STEP_TIME, DATA_WAIT, CPU = (
@@ -35,6 +36,7 @@ class Clock:
 @dataclass
 class FakeTrainer:
     global_step: int = 0
+    world_size: int = 1
 
 
 class FakeModule:
@@ -42,20 +44,22 @@ class FakeModule:
 
 
 class Loop:
-    """Drives the callback as Lightning's fit loop calls it, with the fake clocks."""
+    """Drives the step clock, and the metrics through it, as Lightning's fit loop calls it,
+    with the fake clocks."""
 
     def __init__(self) -> None:
         self.clock, self.cpu = Clock(), Clock()
         self.metrics = SystemMetrics(clock=self.clock, cpu_seconds=self.cpu)
-        self.marker = self.metrics.end_marker()
+        self.step_clock = StepClock([self.metrics], clock=self.clock)
+        self.marker = self.step_clock.end_marker()
         self.trainer = FakeTrainer()
-        self.metrics.on_train_start(self.trainer, FakeModule())  # type: ignore[arg-type]
+        self.step_clock.on_train_start(self.trainer, FakeModule())  # type: ignore[arg-type]
 
     def batch(self, wait: float, compute: float, cpu: float = 0.0, hooks: float = 0.0) -> None:
         """A batch that Lightning waited ``wait`` s for, then trained on for ``compute`` s,
         then spent ``hooks`` s in the callbacks' batch-end hooks before the end marker."""
         self.clock.advance(wait)
-        self.metrics.on_train_batch_start(self.trainer, None, None, 0)  # type: ignore[arg-type]
+        self.step_clock.on_train_batch_start(self.trainer, None, None, 0)  # type: ignore[arg-type]
         self.clock.advance(compute)
         self.cpu.advance(cpu)
         self.trainer.global_step += 1
@@ -102,7 +106,7 @@ def test_a_window_without_steps_has_no_timing() -> None:
 def test_validation_and_epoch_ends_are_not_waits_for_data(pause: str) -> None:
     loop = Loop()
     loop.batch(wait=0.0, compute=1.0)
-    getattr(loop.metrics, pause)(loop.trainer, None)
+    getattr(loop.step_clock, pause)(loop.trainer, None)
     loop.batch(wait=10.0, compute=1.0)  # the 10 s were validation, not the loader
     loop.batch(wait=2.0, compute=1.0)
     values = loop.sample()
