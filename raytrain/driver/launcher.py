@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import ExitStack
 from typing import Any, TextIO
 
 from raytrain import storage
@@ -40,10 +40,10 @@ from raytrain.driver.results import (
     worker_timings,
 )
 from raytrain.driver.run_record import RunRecord
-from raytrain.errors import ClusterLost, ModelNotRegistered, SpecError
+from raytrain.errors import ClusterLost, SpecError
 from raytrain.records import run_folder, runstate
 from raytrain.records.lease import Lease
-from raytrain.records.status_record import StatusRecord, failure_kind
+from raytrain.records.status_record import StatusRecord
 from raytrain.spec import JobSpec, load_spec
 from raytrain.spec.strategy_checks import strategy_problems
 from raytrain.util.imports import import_object
@@ -154,12 +154,20 @@ def run_job(
     listeners: Sequence[RunListener] = (),
     start: float | None = None,
     close_on_failure: bool = True,
+    connect: Callable[..., ray_runtime.RayHandle] = ray_runtime.connect,
+    train: Callable[..., Trained] = training.train,
 ) -> FitResult:
     """``fit`` after the checks that need no Ray (``check_before_ray``): a sweep's trial
     runs this, its spec checked once for the whole sweep. ``listeners`` hear the run's
     events (``training.train``). ``close_on_failure`` False leaves a failed run's MLflow
     record open for the caller to close: a sweep's trial, whose failure may be its own
-    actor ending after the scheduler stopped it, and whose driver alone knows which."""
+    actor ending after the scheduler stopped it, and whose driver alone knows which.
+
+    What the run opens (Ray, the lease, the MLflow record, the status record) it holds in
+    one ``ExitStack``, each closing itself on the way out by how the run ended: the status
+    record ``finished`` or ``failed``, the MLflow run ``FAILED`` or ``KILLED``, the lease let
+    go, Ray left (``_RaySession``), in that order. ``connect`` and ``train`` are the seam a
+    unit test runs the whole of it through without Ray."""
     start = time.time() if start is None else start
     timings: dict[str, float] = {}
     mark = functools.partial(_mark, timings, start)
@@ -170,38 +178,38 @@ def run_job(
     if done is not None:
         return done
     model_check = _start_model_check(job)
-    ray_handle = ray_runtime.connect(job, verbose=verbose)
-    mark("ray_ready")
-    opened = _Opened()
-    try:
+    with ExitStack() as stack:
+        ray = stack.enter_context(_RaySession(connect(job, verbose=verbose), mark))
+        mark("ray_ready")
         preflight.raise_if(model_check.result())
-        job = _decide_devices(job, ray_handle)
+        job = _decide_devices(job, ray.handle)
         mark("model_checked")
-        record, held, status = _open_records(job, state, fresh, force, opened)
-        trained = training.train(job, ray_handle, record, held, progress, mark, listeners, status)
+        held, record, status = _open_records(stack, job, state, fresh, force)
+        record.close_on_failure = close_on_failure
+        trained = train(job, ray.handle, record, held, progress, mark, listeners, status)
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
         timings.update(worker_timings(trained.startup, start))
-        # the environment is put back on this thread, once Ray is left (see RayHandle)
-        stopping = Background(lambda: _stop_ray(ray_handle, mark, restore_env=False))
-    except BaseException as exc:
-        record_to_close = opened.record if close_on_failure else None
-        _abandon(exc, opened.status, record_to_close, opened.held, ray_handle, mark)
-        raise
-    try:  # Ray stops meanwhile: logging the model and closing the records need no Ray
+        ray.stop_soon()  # logging the model and closing the records need no Ray
         result = _finish(job, trained, record, held, mark)
-    except ModelNotRegistered:  # trained and FINISHED; only the registration is missing
-        status.finish("finished")
-        raise
-    except BaseException as exc:
-        status.finish("failed", error=str(exc) or type(exc).__name__, failure=failure_kind(exc))
-        raise
-    finally:
-        stopping.result()
-        ray_handle.restore_env()
-    status.finish("finished")
     result.wall_time_s, result.timings = time.time() - start, timings
     return result
+
+
+def _open_records(
+    stack: ExitStack, job: JobSpec, state: Any, fresh: bool, force: bool
+) -> tuple[Lease, RunRecord, StatusRecord]:
+    """The run's lease (held, its heartbeat started), its data prepared, its MLflow run
+    record and its status record (started), in that order, each entered into ``stack``
+    as soon as it is open, so that what opened is closed whatever fails next."""
+    held = stack.enter_context(Lease(runstate.run_dir(job), job.storage).acquire(force=force))
+    held.start_heartbeat()
+    prepare_data(job)
+    record = stack.enter_context(RunRecord(job, run_folder.open_run(job, state, fresh, held)))
+    record.resumed_from = run_folder.resume_point(job, held)
+    attempt, run_id = record.state.attempts + 1, lambda: record.state.mlflow_run_id
+    status = stack.enter_context(StatusRecord(job, attempt=attempt, mlflow_run=run_id))
+    return held, record, status
 
 
 def _mark(timings: dict[str, float], start: float, phase: str) -> None:
@@ -209,56 +217,36 @@ def _mark(timings: dict[str, float], start: float, phase: str) -> None:
     timings[phase] = round(time.time() - start, 3)
 
 
-@dataclass
-class _Opened:
-    """What a run has opened so far (``_open_records``), for ``_abandon`` to close."""
+class _RaySession:
+    """Ray for one run: left on the way out, at once after a failure, or in the background
+    from ``stop_soon`` on, once training is done. A run on the cluster ``raytrain up``
+    started that went away raises ``ClusterLost`` (Ray's own error says less)."""
 
-    held: Lease | None = None
-    record: RunRecord | None = None
-    status: StatusRecord | None = None
+    def __init__(self, handle: ray_runtime.RayHandle, mark: Callable[[str], None]):
+        self.handle, self.mark = handle, mark
+        self._stopping: Background | None = None
 
+    def __enter__(self) -> _RaySession:
+        return self
 
-def _open_records(
-    job: JobSpec, state: Any, fresh: bool, force: bool, opened: _Opened
-) -> tuple[RunRecord, Lease, StatusRecord]:
-    """The run's lease (held, its heartbeat started), its data prepared, its MLflow run
-    record and its status record, in that order, each noted in ``opened`` once it is."""
-    held = opened.held = Lease(runstate.run_dir(job), job.storage).acquire(force=force)
-    held.start_heartbeat()
-    prepare_data(job)
-    record = opened.record = RunRecord(job, run_folder.open_run(job, state, fresh, held))
-    record.resumed_from = run_folder.resume_point(job, held)
-    status = opened.status = StatusRecord(
-        job, attempt=record.state.attempts + 1, mlflow_run=lambda: record.state.mlflow_run_id
-    )
-    status.start()
-    return record, held, status
+    def stop_soon(self) -> None:
+        """Stop Ray in the background; the environment is put back on this thread on the
+        way out (see ``RayHandle``)."""
+        self._stopping = Background(lambda: _stop_ray(self.handle, self.mark, restore_env=False))
 
-
-def _abandon(
-    exc: BaseException,
-    status: StatusRecord | None,
-    record: RunRecord | None,
-    held: Lease | None,
-    ray_handle: ray_runtime.RayHandle,
-    mark: Callable[[str], None],
-) -> None:
-    """A run that failed before its end: each record that was opened says how (the status
-    record ``failed``; the MLflow run, when ``record`` is given, FAILED or KILLED), the
-    lease is let go and Ray left. Raises ``ClusterLost`` instead when the cluster the run
-    joined went away (Ray's own error says less)."""
-    try:
-        if status is not None:
-            status.finish("failed", error=str(exc) or type(exc).__name__, failure=failure_kind(exc))
-        if record is not None:
-            killed = isinstance(exc, KeyboardInterrupt)
-            record.finish("KILLED" if killed else "FAILED", error=str(exc))
-        if held is not None:
-            held.release()
-    finally:
-        _stop_ray(ray_handle, mark)
-    if ray_handle.watch is not None and ray_handle.cluster_lost():
-        raise ClusterLost(lost_line(ray_handle.watch.record)) from exc
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if self._stopping is not None:
+            try:
+                self._stopping.result()
+            finally:
+                self.handle.restore_env()
+            return
+        _stop_ray(self.handle, self.mark)
+        watch = self.handle.watch
+        if exc is not None and watch is not None and self.handle.cluster_lost():
+            raise ClusterLost(lost_line(watch.record)) from exc
 
 
 def _stop_ray(ray_handle: ray_runtime.RayHandle, mark: Any, *, restore_env: bool = True) -> None:
@@ -280,20 +268,18 @@ def _decide_devices(job: JobSpec, ray_handle: ray_runtime.RayHandle) -> JobSpec:
 
 
 def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark: Any) -> FitResult:
-    """After training: drop what failed attempts left, log the model, close the records."""
-    try:
-        run_folder.drop_uncommitted(job, held)  # left by attempts that failed during this run
-        metrics = final_metrics(trained.result, trained.latest, job)
-        best = best_checkpoint(job, trained.result)
-        model_uri = record.model.log(best)
-        mark("model_logged")
-        log_profiles(job, record.tracker())
-        record.finish("FINISHED", best=best or "")
-        mark("tracking_closed")
-        # register_as asked for, model missing: exit 1
-        record.model.raise_if_unregistered(record.state.mlflow_run_id)
-    finally:
-        held.release()
+    """After training: drop what failed attempts left, log the model, close the MLflow run
+    (the lease is let go on ``run_job``'s way out)."""
+    run_folder.drop_uncommitted(job, held)  # left by attempts that failed during this run
+    metrics = final_metrics(trained.result, trained.latest, job)
+    best = best_checkpoint(job, trained.result)
+    model_uri = record.model.log(best)
+    mark("model_logged")
+    log_profiles(job, record.tracker())
+    record.finish("FINISHED", best=best or "")
+    mark("tracking_closed")
+    # register_as asked for, model missing: exit 1
+    record.model.raise_if_unregistered(record.state.mlflow_run_id)
     result = trained.result
     return FitResult(
         name=job.name,

@@ -47,6 +47,16 @@ def tracking_error(tracking_uri: str, exc: BaseException) -> TrackingError:
     )
 
 
+def monitor_missing(monitor: str | None, reported: Sequence[str]) -> str:
+    """What to say when ``checkpoint.monitor`` was not among the first validation's metrics
+    (``reported``): checkpoints are ranked by recency until it appears."""
+    return (
+        f"checkpoint.monitor {monitor!r} was not reported by the first validation "
+        f"(reported: {', '.join(reported) or 'nothing'}); checkpoints are ranked by "
+        "recency until it is"
+    )
+
+
 class RunRecord(RunListener):
     """The run's state file and MLflow run (see module docstring); it hears rank 0's
     reports and rollbacks, and records them."""
@@ -59,6 +69,8 @@ class RunRecord(RunListener):
         self.resumed_from: str | None = None  # the checkpoint this attempt starts from
         self._opening: Background | None = None
         self._group_starts = 0  # worker groups started in this attempt (restarts + 1)
+        self.close_on_failure = True  # a failed run's exit closes its MLflow run
+        self.finished = False  # ``finish`` was called
         self.model = ModelLog(job, self.tracker)
 
     def start(self, on_error: Callable[[BaseException], None] | None = None) -> None:
@@ -133,7 +145,10 @@ class RunRecord(RunListener):
                     }
                 )
         if report.monitor_missing is not None:
-            self._monitor_missing(tracker, report.monitor_missing)
+            # said once: checkpoints are ranked by recency until it appears
+            said = monitor_missing(self.job.checkpoint.monitor, report.monitor_missing)
+            print(f"raytrain: warning: {said}", file=sys.stderr)
+            tracker.set_tags({"raytrain.checkpoint_ranking": said})
         for text, tag in (
             (report.checkpoint_interval, "raytrain.checkpoint_interval"),  # auto chose anew
             (report.memory_interval, "raytrain.memory_interval"),
@@ -158,21 +173,23 @@ class RunRecord(RunListener):
         entries = [rollback.to_json() for rollback in notice.rollbacks]
         tracker.log_text(json.dumps(entries, indent=1), "rollbacks.json")
 
-    def _monitor_missing(self, tracker: Any, reported: Sequence[str]) -> None:
-        """Say, once, that ``checkpoint.monitor`` was not among the first validation's
-        metrics: checkpoints are ranked by recency until it appears."""
-        monitor = self.job.checkpoint.monitor
-        text = (
-            f"checkpoint.monitor {monitor!r} was not reported by the first validation "
-            f"(reported: {', '.join(reported) or 'nothing'}); checkpoints are ranked by "
-            "recency until it is"
-        )
-        print(f"raytrain: warning: {text}", file=sys.stderr)
-        tracker.set_tags({"raytrain.checkpoint_ranking": text})
+    def __enter__(self) -> RunRecord:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        """A run that failed before its record was closed closes its MLflow run ``FAILED``,
+        or ``KILLED`` on Ctrl-C, unless ``close_on_failure`` is off (a sweep's trial, whose
+        driver alone knows whether the scheduler stopped it)."""
+        if exc is not None and self.close_on_failure and not self.finished:
+            killed = isinstance(exc, KeyboardInterrupt)
+            self.finish("KILLED" if killed else "FAILED", error=str(exc))
 
     def finish(self, status: str, *, error: str | None = None, best: str | None = None) -> None:
         """Close the MLflow run with ``status`` and save the state; nothing if opening failed
         or never started."""
+        self.finished = True
         if self._opening is None:
             return
         try:

@@ -258,8 +258,16 @@ class Lease:
             print(f"raytrain: warning: lease heartbeat failed: {exc}", file=sys.stderr)
         return True
 
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """However the run ended, the lease is let go (``release``)."""
+        self.release()
+
     def release(self) -> None:
-        """Stop the heartbeat and delete the lease file, if it is still this run's."""
+        """Stop the heartbeat and delete the lease file, if it is still this run's. A second
+        call finds the file gone, or another run's, and leaves it."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=HEARTBEAT_S)

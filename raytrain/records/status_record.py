@@ -25,6 +25,7 @@ from raytrain.checkpoints.layout import latest_committed, number, run_dir
 from raytrain.contract import FailureNotice, Report, RunListener
 from raytrain.errors import (
     LossSpikeLimitError,
+    ModelNotRegistered,
     NonFiniteLossError,
     RaytrainError,
     TrainingFailed,
@@ -97,6 +98,39 @@ def eta(
     return max(0.0, (total - step) * (now - t0) / (step - s0))
 
 
+def read_committed(job: JobSpec) -> tuple[int, int] | None:
+    """The (step, epoch) of the run's latest committed checkpoint (Ray's snapshot), or None."""
+    latest = latest_committed(run_dir(job), job.storage)
+    if latest is None:
+        return None
+    metrics = latest[1]
+    return int(metrics.get("step", 0)), int(metrics.get("epoch", 0))
+
+
+class CommitWatch:
+    """A checkpoint reported (``pending``: its step and epoch) until Ray's snapshot shows it
+    committed. ``committed`` reads the latest committed checkpoint's (step, epoch)."""
+
+    def __init__(self, committed: Callable[[], tuple[int, int] | None]):
+        self._committed = committed
+        self.pending: tuple[int, int] | None = None
+
+    def check(self) -> tuple[int, int] | None:
+        """The committed (step, epoch) once it reaches the pending checkpoint (nothing is
+        pending then); None before, and while nothing is pending (the snapshot is read only
+        then). A read that fails is None too: asked again at the next event or heartbeat."""
+        if self.pending is None:
+            return None
+        try:
+            committed = self._committed()
+        except Exception:
+            return None
+        if committed is None or committed[0] < self.pending[0]:
+            return None
+        self.pending = None
+        return committed
+
+
 class StatusRecord(RunListener):
     """The run's status record, kept from its events (see the module docstring).
 
@@ -118,7 +152,7 @@ class StatusRecord(RunListener):
         self.path = run_status.status_path(run_dir(job))
         self._clock = clock
         self._write = write or (lambda text: storage.write_text(self.path, text, job.storage))
-        self._committed = committed or self._read_committed
+        self._commits = CommitWatch(committed or (lambda: read_committed(job)))
         self._mlflow_run = mlflow_run  # known once the run's records are open
         now = clock()
         max_steps = job.trainer.max_steps
@@ -135,7 +169,6 @@ class StatusRecord(RunListener):
         self._lock = threading.Lock()
         self._written_at: float | None = None
         self._first: tuple[float, int] | None = None  # (time, step) of this attempt's first
-        self._pending: tuple[int, int] | None = None  # a checkpoint reported, not committed
         self._groups = 0  # worker groups that reported
         self._failure: str | None = None  # the last failure the policy saw
         self._hang: str | None = None  # a hang reported since the workers last started
@@ -145,6 +178,20 @@ class StatusRecord(RunListener):
         self._beat: threading.Thread | None = None
 
     # -- the record's life -----------------------------------------------------------------
+
+    def __enter__(self) -> StatusRecord:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        """The last record, by how the run ended: ``finished`` (a model trained but not
+        registered too), else ``failed`` with the error and its kind."""
+        if exc is None or isinstance(exc, ModelNotRegistered):
+            self.finish("finished")
+        else:
+            self.finish("failed", error=str(exc) or type(exc).__name__, failure=failure_kind(exc))
 
     def start(self) -> None:
         """Write the first record and start the heartbeat."""
@@ -253,7 +300,7 @@ class StatusRecord(RunListener):
                 status.total_steps = round(step / epochs * status.max_epochs)
         status.eta_s = eta(self._first, now, step, status.total_steps, status.eta_s)
         if report.checkpoint:
-            self._pending = (step, status.epoch)
+            self._commits.pending = (step, status.epoch)
             status.state = "checkpointing"
         elif status.state in ("starting", "restarting"):
             status.state = "training"
@@ -262,32 +309,14 @@ class StatusRecord(RunListener):
 
     def _check_committed(self) -> None:
         """Once a reported checkpoint shows in Ray's snapshot: the last checkpoint, and the
-        run back to ``training``. Reads the snapshot only while one is pending."""
-        if self._pending is None:
-            return
-        committed = self._read_safely()
-        if committed is None or committed[0] < self._pending[0]:
+        run back to ``training``."""
+        committed = self._commits.check()
+        if committed is None:
             return
         step, epoch = committed
         self.status.last_checkpoint = CheckpointMark(step=step, epoch=epoch, at=self._clock())
-        self._pending = None
         if self.status.state == "checkpointing":
             self.status.state = "training"
-
-    def _read_safely(self) -> tuple[int, int] | None:
-        """The latest committed checkpoint's (step, epoch); None also when the store cannot
-        be read now (asked again at the next event or heartbeat)."""
-        try:
-            return self._committed()
-        except Exception:
-            return None
-
-    def _read_committed(self) -> tuple[int, int] | None:
-        latest = latest_committed(run_dir(self.job), self.job.storage)
-        if latest is None:
-            return None
-        metrics = latest[1]
-        return int(metrics.get("step", 0)), int(metrics.get("epoch", 0))
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ MAX_CLASS_LINES = 150
 LONG_CLASSES = {
     "raytrain/worker/memory_state.py:MemoryState": 389,
     "raytrain/tracking/mlflow_tracker.py:MlflowTracker": 222,
-    "raytrain/records/status_record.py:StatusRecord": 214,
+    "raytrain/records/status_record.py:StatusRecord": 209,
     "raytrain/worker/hang_watchdog.py:HangWatchdog": 187,
     "raytrain/worker/checkpointing.py:CheckpointCallback": 202,
     "raytrain/worker/reporting.py:MetricsReporter": 181,
