@@ -53,8 +53,10 @@ class ModelLog:
             if self._preload is not None:
                 self._preload.result()
             from raytrain.checkpoints.export import trained_model
+            from raytrain.tracking.model_logging import log_model
 
-            uri = tracker.log_model(
+            uri = log_model(
+                tracker,
                 trained_model(self.job, checkpoint),
                 register_as=mlflow_spec.register_as,
                 job=self.job,

@@ -1,6 +1,6 @@
 """The driver's writer of the run's live status record (``raytrain.records.run_status``).
 
-``StatusRecord`` is a handler of the run's events (beside MLflow and the progress line):
+``StatusRecord`` is a listener of the run's events (beside MLflow and the progress line):
 each report moves the record on (step, epoch, throughput, ETA, the last validation, the
 world size), a report that opens a new worker group is a restart (with the reason the
 failure policy sent ahead of it), and a checkpoint's report puts the run in
@@ -130,6 +130,118 @@ class CommitWatch:
         self.pending = None
         return committed
 
+    def settle(self, status: RunStatus, now: float) -> None:
+        """Once the pending checkpoint shows committed: ``status``'s last checkpoint, and
+        the run back to ``training``."""
+        committed = self.check()
+        if committed is None:
+            return
+        step, epoch = committed
+        status.last_checkpoint = CheckpointMark(step=step, epoch=epoch, at=now)
+        if status.state == "checkpointing":
+            status.state = "training"
+
+
+class RestartLog:
+    """Why and where the workers restarted: the failure policy's notice (with the hang
+    reported before it, if one was), the last step reported before it, and the next worker
+    group's first report."""
+
+    def __init__(self) -> None:
+        self.groups = 0  # worker groups that reported
+        self.failure: str | None = None  # the last failure the policy saw
+        self.hang: str | None = None  # a hang reported since the workers last started
+        self.failed_at = 0  # the last step reported before that failure
+
+    def failed(self, text: str, step: int) -> None:
+        self.failure = f"{self.hang} ({text})" if self.hang else text
+        self.hang = None  # a later failure is its own
+        self.failed_at = step
+
+    def started(self, report: Report, now: float) -> Restart | None:
+        """A worker group's first report (it carries the group's ``Startup``): after the
+        first group's, its restart, from the step the trainer restored (from memory or
+        storage)."""
+        assert report.startup is not None
+        self.groups += 1
+        restart = None
+        if self.groups > 1:
+            start = report.startup.resumed_step
+            restart = Restart(
+                at=now,
+                step=start,
+                reason=self.failure or "the workers were restarted",
+                world_size=report.world_size,
+                lost_steps=max(0, self.failed_at - start),
+            )
+        self.failure, self.hang = None, None
+        return restart
+
+
+def advance(status: RunStatus, report: Report, now: float, first: tuple[float, int]) -> None:
+    """Move ``status`` on by ``report`` of rank 0, made at ``now``: the step and epoch, the
+    world size, throughput, the last validation, a callback's stop, the total steps (once
+    an epoch's length is known) and the ETA at the rate since ``first`` (the time and step
+    of this worker group's first report)."""
+    step = report.step
+    status.step, status.epoch = step, report.epoch
+    status.world_size = report.world_size
+    if (rate := number(report.metrics.get("samples_per_s"))) is not None:
+        status.samples_per_s = rate
+    vals = {k: float(v) for k, v in report.metrics.items() if k.startswith("val")}
+    if vals:
+        status.val_metrics = vals
+    if report.stopped is not None:
+        status.stopped = report.stopped
+    if report.kind in ("epoch", "end") and not status.total_steps and step:
+        epochs = max(report.epochs_done, 1)
+        if status.max_epochs and status.max_epochs > 0:
+            status.total_steps = round(step / epochs * status.max_epochs)
+    status.eta_s = eta(first, now, step, status.total_steps, status.eta_s)
+
+
+class RecordWriter:
+    """Writes the record's text to ``path`` (``write``: to the run's storage): at most every
+    ``WRITE_EVERY_S`` unless forced. A write that fails is said once on stderr and never
+    raised: the record is a view, training goes on without it."""
+
+    def __init__(self, path: str, write: Callable[[str], None]):
+        self.path, self._write = path, write
+        self.written_at: float | None = None
+        self._warned = False
+
+    def due(self, now: float, force: bool) -> bool:
+        recent = self.written_at is not None and now - self.written_at < WRITE_EVERY_S
+        return force or not recent
+
+    def write(self, text: str, now: float) -> None:
+        self.written_at = now
+        try:
+            self._write(text)
+        except Exception as exc:
+            if not self._warned:
+                self._warned = True
+                print(
+                    f"raytrain: warning: the status record {self.path} could not be "
+                    f"written ({storage.describe(exc)}); training goes on",
+                    file=sys.stderr,
+                )
+
+
+def first_status(job: JobSpec, attempt: int, now: float) -> RunStatus:
+    """The record as an attempt of ``job`` starts, driven from this process."""
+    max_steps = job.trainer.max_steps
+    return RunStatus(
+        name=job.name,
+        state="starting",
+        started_at=now,
+        updated_at=now,
+        driver=f"{socket.gethostname()}:{os.getpid()}",
+        attempt=attempt,
+        max_epochs=job.trainer.max_epochs,
+        total_steps=max_steps if max_steps and max_steps > 0 else None,
+    )
+
 
 class StatusRecord(RunListener):
     """The run's status record, kept from its events (see the module docstring).
@@ -149,31 +261,17 @@ class StatusRecord(RunListener):
         mlflow_run: Callable[[], str | None] = lambda: None,
     ):
         self.job = job
-        self.path = run_status.status_path(run_dir(job))
+        self.path = path = run_status.status_path(run_dir(job))
         self._clock = clock
-        self._write = write or (lambda text: storage.write_text(self.path, text, job.storage))
+        self._writer = RecordWriter(
+            path, write or (lambda text: storage.write_text(path, text, job.storage))
+        )
         self._commits = CommitWatch(committed or (lambda: read_committed(job)))
         self._mlflow_run = mlflow_run  # known once the run's records are open
-        now = clock()
-        max_steps = job.trainer.max_steps
-        self.status = RunStatus(
-            name=job.name,
-            state="starting",
-            started_at=now,
-            updated_at=now,
-            driver=f"{socket.gethostname()}:{os.getpid()}",
-            attempt=attempt,
-            max_epochs=job.trainer.max_epochs,
-            total_steps=max_steps if max_steps and max_steps > 0 else None,
-        )
+        self.status = first_status(job, attempt, clock())
         self._lock = threading.Lock()
-        self._written_at: float | None = None
         self._first: tuple[float, int] | None = None  # (time, step) of this attempt's first
-        self._groups = 0  # worker groups that reported
-        self._failure: str | None = None  # the last failure the policy saw
-        self._hang: str | None = None  # a hang reported since the workers last started
-        self._failed_at = 0  # the last step reported before that failure
-        self._warned = False
+        self._restarts = RestartLog()
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
@@ -202,8 +300,9 @@ class StatusRecord(RunListener):
     def _heartbeat(self) -> None:
         while not self._stop.wait(min(run_status.HEARTBEAT_S, 10.0)):
             with self._lock:
-                self._check_committed()
-                due = self._clock() - (self._written_at or 0.0) >= run_status.HEARTBEAT_S
+                self._commits.settle(self.status, self._clock())
+                written = self._writer.written_at or 0.0
+                due = self._clock() - written >= run_status.HEARTBEAT_S
             if due:
                 self._save(force=True)
 
@@ -222,13 +321,13 @@ class StatusRecord(RunListener):
             self.status.failure = failure
             if state == "finished":
                 self.status.eta_s = None
-            self._check_committed()
+            self._commits.settle(self.status, self._clock())
         self._save(force=True)
 
     def note_hang(self, summary: str) -> None:
         """A hang the ranks reported (``driver.hangs``): the reason of the restart after it."""
         with self._lock:
-            self.status.hang = self._hang = summary
+            self.status.hang = self._restarts.hang = summary
         self._save(force=True)
 
     def set_straggler(self, text: str | None) -> None:
@@ -245,9 +344,7 @@ class StatusRecord(RunListener):
         has not started."""
         with self._lock:
             before = self.status.state
-            self._failure = f"{self._hang} ({notice.text})" if self._hang else notice.text
-            self._hang = None  # a later failure is its own
-            self._failed_at = self.status.step
+            self._restarts.failed(notice.text, self.status.step)
             self.status.state = "restarting"
         self._save(force=before != "restarting")
 
@@ -257,86 +354,34 @@ class StatusRecord(RunListener):
             changed = self._apply(report)
         self._save(force=changed)
 
-    def _restarted(self, report: Report, now: float) -> None:
-        """A report that opens a worker group (it carries the group's ``Startup``): after
-        the first, a restart, from the step the trainer restored (from memory or storage)."""
-        assert report.startup is not None
-        self._groups += 1
-        if self._groups > 1:
-            start = report.startup.resumed_step
-            self.status.restarts.append(
-                Restart(
-                    at=now,
-                    step=start,
-                    reason=self._failure or "the workers were restarted",
-                    world_size=report.world_size,
-                    lost_steps=max(0, self._failed_at - start),
-                )
-            )
-        self._failure, self._first, self._hang = None, None, None
-
     def _apply(self, report: Report) -> bool:
         """Move the record on by ``report``; whether its state changed."""
         status, before = self.status, self.status.state
         now, step = self._clock(), report.step
-        if report.startup is not None:
-            self._restarted(report, now)
+        if report.startup is not None:  # a new worker group: its rate counts anew
+            restart, self._first = self._restarts.started(report, now), None
+            status.restarts += [restart] if restart is not None else []
         if self._first is None:
             self._first = (now, step)
             if status.first_report_at is None:
                 status.first_report_at = now
-        status.step, status.epoch = step, report.epoch
-        status.world_size = report.world_size
-        if (rate := number(report.metrics.get("samples_per_s"))) is not None:
-            status.samples_per_s = rate
-        vals = {k: float(v) for k, v in report.metrics.items() if k.startswith("val")}
-        if vals:
-            status.val_metrics = vals
-        if report.stopped is not None:
-            status.stopped = report.stopped
-        if report.kind in ("epoch", "end") and not status.total_steps and step:
-            epochs = max(report.epochs_done, 1)
-            if status.max_epochs and status.max_epochs > 0:
-                status.total_steps = round(step / epochs * status.max_epochs)
-        status.eta_s = eta(self._first, now, step, status.total_steps, status.eta_s)
+        advance(status, report, now, self._first)
         if report.checkpoint:
             self._commits.pending = (step, status.epoch)
             status.state = "checkpointing"
         elif status.state in ("starting", "restarting"):
             status.state = "training"
-        self._check_committed()
+        self._commits.settle(self.status, self._clock())
         return status.state != before
-
-    def _check_committed(self) -> None:
-        """Once a reported checkpoint shows in Ray's snapshot: the last checkpoint, and the
-        run back to ``training``."""
-        committed = self._commits.check()
-        if committed is None:
-            return
-        step, epoch = committed
-        self.status.last_checkpoint = CheckpointMark(step=step, epoch=epoch, at=self._clock())
-        if self.status.state == "checkpointing":
-            self.status.state = "training"
 
     # -- writing ---------------------------------------------------------------------------
 
     def _save(self, *, force: bool) -> None:
         with self._lock:
             now = self._clock()
-            recent = self._written_at is not None and now - self._written_at < WRITE_EVERY_S
-            if recent and not force:
+            if not self._writer.due(now, force):
                 return
             self.status.updated_at = now
             self.status.mlflow_run_id = self._mlflow_run() or self.status.mlflow_run_id
-            self._written_at = now
-            text = self.status.to_json()
-            try:
-                self._write(text)  # under the lock: an older record never lands last
-            except Exception as exc:  # the record is a view: training goes on without it
-                if not self._warned:
-                    self._warned = True
-                    print(
-                        f"raytrain: warning: the status record {self.path} could not be "
-                        f"written ({storage.describe(exc)}); training goes on",
-                        file=sys.stderr,
-                    )
+            # under the lock: an older record never lands last
+            self._writer.write(self.status.to_json(), now)

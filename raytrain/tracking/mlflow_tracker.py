@@ -53,7 +53,7 @@ def git_tags() -> dict[str, str]:
     return {"mlflow.source.git.commit": found[0], "raytrain.git_dirty": str(found[1]).lower()}
 
 
-def _versions(packages: tuple[str, ...]) -> dict[str, str | None]:
+def package_versions(packages: tuple[str, ...]) -> dict[str, str | None]:
     """Each package's installed version; None when it is not installed."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -75,7 +75,7 @@ def version_tags(spec: JobSpec) -> dict[str, str]:
         "raytrain.strategy": spec.strategy.name,
         "raytrain.python": platform.python_version(),
     }
-    for package, found in _versions(("raytrain", "ray", "lightning", "torch")).items():
+    for package, found in package_versions(("raytrain", "ray", "lightning", "torch")).items():
         tags[f"raytrain.version.{package}"] = found or "unknown"
     return tags
 
@@ -87,6 +87,47 @@ def attempt_tags() -> dict[str, str]:
 
     job = submission_id()
     return {"raytrain.ray_job_id": job} if job else {}
+
+
+def new_run(client: Any, spec: JobSpec, tracking_uri: str) -> str:
+    """A new MLflow run of ``spec`` in its experiment (made when missing, its artifacts
+    beside a local store), tagged with what ran; returns its id."""
+    name = spec.tracking.mlflow.experiment or spec.name
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        experiment_id = experiment.experiment_id
+    else:
+        experiment_id = client.create_experiment(
+            name, artifact_location=_artifacts(tracking_uri, name)
+        )
+    tags = {
+        **version_tags(spec),
+        **git_tags(),
+        **attempt_tags(),
+        **{k: redact_value(k, v) for k, v in spec.tracking.mlflow.tags.items()},
+        "raytrain.job": spec.name,
+    }
+    return str(client.create_run(experiment_id, run_name=spec.name, tags=tags).info.run_id)
+
+
+def metrics_note(
+    run_id: str, refused: dict[str, str], recorded_none: bool, finished: bool
+) -> str | None:
+    """What a run's metrics lost, for its end: the keys MLflow ``refused``, and, loudest,
+    a run that recorded no metric at all (``recorded_none``: none now, none in earlier
+    attempts), when it had keys refused or ``finished`` (a failed run's error says why it
+    has none)."""
+    keys = ", ".join(repr(k) for k in list(refused)[:5])
+    keys += f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+    if recorded_none and (refused or finished):
+        why = (
+            f"MLflow refused {keys}"
+            if refused
+            else "no metric was reported (no "
+            "training step ran: see trainer.max_steps, max_epochs, the data)"
+        )
+        return f"MLflow run {run_id} recorded no metrics: {why}"
+    return f"MLflow refused {keys}: those metrics are not recorded" if refused else None
 
 
 class MlflowTracker:
@@ -133,23 +174,7 @@ class MlflowTracker:
                 return tracker, True
             except MlflowException:
                 pass
-        name = spec.tracking.mlflow.experiment or spec.name
-        experiment = client.get_experiment_by_name(name)
-        if experiment is not None:
-            experiment_id = experiment.experiment_id
-        else:
-            experiment_id = client.create_experiment(
-                name, artifact_location=_artifacts(tracking_uri, name)
-            )
-        tags = {
-            **version_tags(spec),
-            **git_tags(),
-            **attempt_tags(),
-            **{k: redact_value(k, v) for k, v in spec.tracking.mlflow.tags.items()},
-            "raytrain.job": spec.name,
-        }
-        run = client.create_run(experiment_id, run_name=spec.name, tags=tags)
-        return cls(client, run.info.run_id, tracking_uri), False
+        return cls(client, new_run(client, spec, tracking_uri), tracking_uri), False
 
     @classmethod
     def attach(cls, tracking_uri: str, run_id: str) -> MlflowTracker:
@@ -228,21 +253,9 @@ class MlflowTracker:
         )
 
     def metrics_note(self, finished: bool) -> str | None:
-        """What the run's metrics lost, for its end: the keys MLflow refused, and, loudest,
-        a run that recorded no metric at all (none now, none in earlier attempts), when it
-        had keys refused or ``finished`` (a failed run's error says why it has none)."""
-        keys = ", ".join(repr(k) for k in list(self.refused)[:5])
-        keys += f" and {len(self.refused) - 5} more" if len(self.refused) > 5 else ""
+        """What the run's metrics lost, for its end (``metrics_note``)."""
         nothing = self.metrics_logged == 0 and not self._had_metrics
-        if nothing and (self.refused or finished):
-            why = (
-                f"MLflow refused {keys}"
-                if self.refused
-                else "no metric was reported (no "
-                "training step ran: see trainer.max_steps, max_epochs, the data)"
-            )
-            return f"MLflow run {self.run_id} recorded no metrics: {why}"
-        return f"MLflow refused {keys}: those metrics are not recorded" if self.refused else None
+        return metrics_note(self.run_id, self.refused, nothing, finished)
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
@@ -260,88 +273,10 @@ class MlflowTracker:
         masked = [RunTag(k, str(redact_value(k, str(v)))) for k, v in tags.items()]
         self.client.log_batch(self.run_id, tags=masked)
 
-    def log_model(
-        self, model: Any, *, register_as: str | None = None, job: JobSpec | None = None
-    ) -> str:
-        """Log ``model`` (a torch module, on CPU) with ``mlflow.pytorch`` under ``model``,
-        registered as ``register_as`` when given; returns the model's URI. Every model is
-        logged: in MLflow's ``pt2`` format (a traced graph) with a signature and input
-        example when one is found (``model_example.input_example``: the model's
-        ``example_input_array``, else the first rows of ``job``'s data), else, or when
-        tracing fails, in the ``pickle`` format, which needs none; the tags
-        ``raytrain.model_format`` and ``raytrain.model_input_example`` say which and why.
-        The model's own package (its class's top-level package, raytrain's for the bundled
-        models) travels with it as code, so loading needs only the pinned pip requirements,
-        which come from this environment rather than MLflow's inference (a subprocess that
-        imports the model: slow, and it may guess wrong)."""
-        import mlflow
-        import mlflow.pytorch
-
-        from raytrain.tracking.model_example import input_example
-
-        example, source = input_example(model, job)
-        installed = _versions(("torch", "lightning", "torchmetrics")).items()
-        requirements = [f"{package}=={found}" for package, found in installed if found]
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(self.tracking_uri)
-
-        def log(**kwargs: Any) -> Any:
-            with mlflow.start_run(run_id=self.run_id, nested=mlflow.active_run() is not None):
-                return mlflow.pytorch.log_model(
-                    model,
-                    name="model",
-                    registered_model_name=register_as,
-                    pip_requirements=requirements,
-                    code_paths=[_package_of(type(model))],
-                    **kwargs,
-                )
-
-        try:
-            info, fmt = _log_pt2(log, model, example)
-            if info is None:
-                info = log(serialization_format="pickle")
-        finally:
-            mlflow.set_tracking_uri(previous)
-        self.set_tags(
-            {"raytrain.model_format": fmt[:5000], "raytrain.model_input_example": source[:5000]}
-        )
-        return info.model_uri
-
     def finish(self, status: str, error: str | None = None) -> None:
         if error:
             self.set_tags({"raytrain.error": error[:5000]})
         self.client.set_terminated(self.run_id, status=status)
-
-
-def _log_pt2(log: Any, model: Any, example: Any) -> tuple[Any, str]:
-    """Log ``model`` through ``log`` in MLflow's ``pt2`` format with a signature from
-    ``example``: (its model info, "pt2"), or (None, why it must be pickle instead)."""
-    if example is None:
-        return None, "pickle (no input example to trace forward with)"
-    import torch
-    from mlflow.models import infer_signature
-
-    # torch.export cannot trace every forward, and a declared example need not fit forward,
-    # nor convert to numpy (bfloat16): each falls back to pickle
-    try:
-        with torch.no_grad():
-            output = model(example)
-        if not isinstance(output, torch.Tensor):
-            raise TypeError(f"forward returns a {type(output).__name__}, not a tensor")
-        array = example.detach().cpu().numpy()
-        signature = infer_signature(array, output.detach().cpu().numpy())
-        return log(serialization_format="pt2", input_example=array, signature=signature), "pt2"
-    except Exception as exc:
-        return None, f"pickle (pt2 failed: {type(exc).__name__}: {str(exc)[:300]})"
-
-
-def _package_of(cls: type) -> str:
-    """The folder of ``cls``'s top-level package, or its module's file if it has none."""
-    import sys
-
-    top = sys.modules[cls.__module__.split(".")[0]]
-    path = top.__file__ or ""
-    return os.path.dirname(path) if path.endswith("__init__.py") else path
 
 
 def _artifacts(tracking_uri: str, experiment: str) -> str | None:

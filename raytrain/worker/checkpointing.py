@@ -43,15 +43,61 @@ from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
 
 
+class IntervalTuning:
+    """``checkpoint.every_n_steps: auto`` (``auto``; None: a fixed interval): at each
+    checkpoint it measures the checkpoint's cost and the step time since the last, rank 0
+    chooses the interval with the run's MTBF from ``mtbf`` (rank 0's; None elsewhere), and
+    every rank takes it (a broadcast: all checkpoint at the same steps). Rank 0 says so
+    through ``reporter`` when it changes. Its state rides in checkpoints."""
+
+    def __init__(
+        self,
+        auto: AutoInterval | None,
+        mtbf: Callable[[], float | None] | None,
+        schedule: CheckpointSchedule,
+        reporter: MetricsReporter,
+    ):
+        self.auto, self.mtbf, self.schedule, self.reporter = auto, mtbf, schedule, reporter
+        self.trained_since = time.perf_counter()  # training time since the last checkpoint
+
+    def retune(self, trainer: pl.Trainer, blocked_s: float, began: float, steps: int) -> None:
+        """After a checkpoint that held training up ``blocked_s``, begun at ``began``,
+        ``steps`` after the last."""
+        if self.auto is None:
+            return
+        self.auto.saved(blocked_s)
+        self.auto.trained(steps, began - self.trained_since)
+        choice = None
+        if trainer.global_rank == 0:
+            choice = self.auto.choose(self.mtbf() if self.mtbf is not None else None)
+        chosen = choice.steps if choice is not None else self.schedule.every_n_steps
+        chosen = trainer.strategy.broadcast(chosen, src=0)
+        if chosen and chosen != self.schedule.every_n_steps:
+            self.schedule.retune(trainer.global_step, int(chosen))
+            if choice is not None:  # the driver prints it and tags the MLflow run
+                self.reporter.interval_choice = choice.describe()
+        self.reporter.checkpoint_interval = self.schedule.every_n_steps
+
+    def state_dict(self) -> dict[str, Any]:
+        """Under ``auto``: the interval chosen and the step it counts from, so a restore
+        checkpoints where the run would have (and not at the first interval again)."""
+        if self.auto is None:
+            return {}
+        return {"every_n_steps": self.schedule.every_n_steps, "anchor": self.schedule.anchor}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        steps = state_dict.get("every_n_steps")
+        if self.auto is not None and isinstance(steps, int) and steps > 0:
+            self.schedule.retune(int(state_dict.get("anchor", 0)), steps)
+
+
 class CheckpointCallback(pl.Callback):
     """Saves and reports checkpoints from every rank (see the module docstring).
 
     ``upload`` is ``checkpoint.upload`` ("async" or "sync"). ``sharded``: sharded FSDP, where
-    every rank writes its own shard (see ``_save``). ``train_loader`` returns the train
+    every rank writes its own shard (see ``save_local``). ``train_loader`` returns the train
     loader (None before there is one), read to know whether it can resume mid-epoch.
-    ``auto`` (``checkpoint.every_n_steps: auto``) measures each checkpoint's cost and the
-    step time, and at each checkpoint rank 0 chooses the interval (``retune``), with the
-    run's MTBF from ``mtbf`` (rank 0's; None elsewhere), and every rank takes it.
+    ``auto`` and ``mtbf``: ``checkpoint.every_n_steps: auto`` (``IntervalTuning``).
     """
 
     def __init__(
@@ -73,14 +119,12 @@ class CheckpointCallback(pl.Callback):
         self.sharded = sharded
         self._last_ckpt_step: int | None = None
         self._last_step = -1
-        self.auto = auto
-        self.mtbf = mtbf
-        self._trained_since = time.perf_counter()  # training time since the last checkpoint
+        self.tuning = IntervalTuning(auto, mtbf, schedule, reporter)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_ckpt_step = trainer.global_step
         self._last_step = trainer.global_step
-        self._trained_since = time.perf_counter()
+        self.tuning.trained_since = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -158,15 +202,16 @@ class CheckpointCallback(pl.Callback):
         blocked = time.perf_counter() - began
         self.reporter.checkpoint_blocked(blocked)
         if kind in ("step", "epoch"):  # every rank checkpoints here (a preemption's: maybe not)
-            self.retune(trainer, blocked, began)
+            steps = trainer.global_step - (self._last_ckpt_step or 0)
+            self.tuning.retune(trainer, blocked, began, steps)
         self._last_ckpt_step = trainer.global_step
-        self._trained_since = time.perf_counter()
+        self.tuning.trained_since = time.perf_counter()
 
     def _commit(self, trainer: pl.Trainer, metrics: dict[str, Any], upload: str) -> None:
         """Save the checkpoint and hand it to Ray Train with ``metrics``."""
         import ray.train
 
-        ckpt = self._save(trainer, metrics)
+        ckpt = save_local(trainer, metrics, self.sharded)
         # async: uploaded in the background, training goes on while Ray copies the folder
         # and waits for the controller to take the report. Either way Ray commits the
         # checkpoint (and deletes the local copy) only once the upload is complete, and
@@ -179,69 +224,44 @@ class CheckpointCallback(pl.Callback):
             delete_local_checkpoint_after_upload=ckpt is not None,
         )
 
-    def retune(self, trainer: pl.Trainer, blocked_s: float, began: float) -> None:
-        """Under ``every_n_steps: auto``: measure this checkpoint and the steps since the last,
-        and take rank 0's choice of the step interval from here (a broadcast: every rank
-        checkpoints at the same steps). Rank 0 says so when it changes."""
-        if self.auto is None:
-            return
-        self.auto.saved(blocked_s)
-        steps = trainer.global_step - (self._last_ckpt_step or 0)
-        self.auto.trained(steps, began - self._trained_since)
-        choice = None
-        if trainer.global_rank == 0:
-            choice = self.auto.choose(self.mtbf() if self.mtbf is not None else None)
-        chosen = choice.steps if choice is not None else self.schedule.every_n_steps
-        chosen = trainer.strategy.broadcast(chosen, src=0)
-        if chosen and chosen != self.schedule.every_n_steps:
-            self.schedule.retune(trainer.global_step, int(chosen))
-            if choice is not None:  # the driver prints it and tags the MLflow run
-                self.reporter.interval_choice = choice.describe()
-        self.reporter.checkpoint_interval = self.schedule.every_n_steps
-
     def state_dict(self) -> dict[str, Any]:
-        """Under ``auto``: the interval chosen and the step it counts from, so a restore
-        checkpoints where the run would have (and not at the first interval again)."""
-        if self.auto is None:
-            return {}
-        return {"every_n_steps": self.schedule.every_n_steps, "anchor": self.schedule.anchor}
+        return self.tuning.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        steps = state_dict.get("every_n_steps")
-        if self.auto is not None and isinstance(steps, int) and steps > 0:
-            self.schedule.retune(int(state_dict.get("anchor", 0)), steps)
+        self.tuning.load_state_dict(state_dict)
 
-    def _save(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> Any:
-        """Save the Lightning state into a local folder; returns the checkpoint this rank
-        reports (None: nothing of this rank's to upload).
 
-        DDP, or FSDP gathering a full state dict: rank 0 writes the one file. Sharded FSDP:
-        every rank writes its own shard (torch distributed checkpoint) into rank 0's folder
-        path, which Lightning broadcasts; on each node the ranks share that local folder and
-        its local rank 0 reports it, so Ray uploads every node's shards into the one
-        checkpoint folder (a folder reported by two ranks of a node would be deleted under
-        the other's upload).
-        """
-        import ray.train
+def save_local(trainer: pl.Trainer, metrics: dict[str, Any], sharded: bool) -> Any:
+    """Save the Lightning state into a local folder; returns the checkpoint this rank
+    reports (None: nothing of this rank's to upload).
 
-        tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
-        if self.sharded:
-            shared = trainer.strategy.broadcast(tmp)
-            if shared != tmp:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp = shared
-        # A collective: every rank calls it.
-        trainer.save_checkpoint(os.path.join(tmp, CKPT_FILE))
-        if self.sharded:
-            trainer.strategy.barrier()  # every shard of this node is written
-        if trainer.global_rank == 0:
-            with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as handle:
-                json.dump(metrics, handle)
-        reports = trainer.global_rank == 0 or (
-            self.sharded and ray.train.get_context().get_local_rank() == 0
-        )
-        if reports:
-            return ray.train.Checkpoint.from_directory(tmp)
-        if not self.sharded:
+    DDP, or FSDP gathering a full state dict: rank 0 writes the one file. Sharded FSDP:
+    every rank writes its own shard (torch distributed checkpoint) into rank 0's folder
+    path, which Lightning broadcasts; on each node the ranks share that local folder and
+    its local rank 0 reports it, so Ray uploads every node's shards into the one
+    checkpoint folder (a folder reported by two ranks of a node would be deleted under
+    the other's upload).
+    """
+    import ray.train
+
+    tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
+    if sharded:
+        shared = trainer.strategy.broadcast(tmp)
+        if shared != tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-        return None
+            tmp = shared
+    # A collective: every rank calls it.
+    trainer.save_checkpoint(os.path.join(tmp, CKPT_FILE))
+    if sharded:
+        trainer.strategy.barrier()  # every shard of this node is written
+    if trainer.global_rank == 0:
+        with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as handle:
+            json.dump(metrics, handle)
+    reports = trainer.global_rank == 0 or (
+        sharded and ray.train.get_context().get_local_rank() == 0
+    )
+    if reports:
+        return ray.train.Checkpoint.from_directory(tmp)
+    if not sharded:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return None

@@ -147,53 +147,61 @@ def frame_files(frame: FrameType | None) -> list[str]:
     return [f.f_code.co_filename for f, _ in traceback.walk_stack(frame)][::-1] if frame else []
 
 
-class HangWatchdog(StepListener):
-    """Finds this rank hung (see the module docstring), from the step clock's marks.
-    ``clock`` must be the step clock's (``check`` reads it between marks); it, ``wall``,
-    ``exit``, ``thread`` and ``grace_s`` are parameters so that a unit test drives
-    ``check`` without a thread, a wait for the other ranks or a process to end."""
+class HangFolder:
+    """One attempt's folder of hang files, ``{run}/hangs/{token}``: each rank's stacks, and
+    its marker that the driver was told (``rank{r}.sent``). A store that fails is logged,
+    never raised: a hung rank ends its process either way."""
 
-    def __init__(
-        self,
-        *,
-        limits: HangLimits,
-        run_dir: str,
-        options: StorageSpec | None,
-        rank: int,
-        node: str,
-        publish: Publish | None,
-        clock: Callable[[], float] = time.perf_counter,
-        wall: Callable[[], float] = time.time,
-        exit: Callable[[int], Any] = os._exit,
-        thread: bool = True,
-        grace_s: float = GRACE_S,
-    ):
-        self.limits, self.run_dir, self.options = limits, run_dir, options
-        self.rank, self.node, self.publish = rank, node, publish
-        self._clock, self._wall, self._exit = clock, wall, exit
-        self._watches = thread  # False: ``check`` is called by the caller alone
-        self.grace_s = grace_s
+    def __init__(self, run_dir: str, options: StorageSpec | None):
+        self.run_dir, self.options = run_dir, options
+        self.token = "0"  # the attempt's: rank 0's start time, broadcast at train start
+
+    @property
+    def path(self) -> str:
+        return storage.join(self.run_dir, HANGS, self.token)
+
+    def stacks(self, rank: int) -> str:
+        return storage.join(self.path, f"rank{rank}.txt")
+
+    def count(self, pattern: re.Pattern[str] = _STACKS) -> int:
+        """How many ranks' files of ``pattern`` are there (0 while the store is down)."""
+        try:
+            found = storage.list_dir(self.path, self.options)
+        except Exception:
+            return 0
+        return sum(1 for info in found if pattern.search(info.base_name))
+
+    def write(self, path: str, text: str, what: str) -> None:
+        try:
+            storage.write_text(path, text, self.options)
+        except Exception:
+            logger.exception("raytrain: %s could not be written to %s", what, path)
+
+    def told(self, rank: int, ranks: int, grace_s: float) -> None:
+        """Mark ``rank``'s hang told, then wait, at most ``grace_s``, until every one of the
+        ``ranks`` has: no rank's exit gets the others killed before they wrote theirs."""
+        self.write(storage.join(self.path, f"rank{rank}.sent"), "", "the hang's marker")
+        deadline = time.monotonic() + grace_s
+        while self.count(_SENT) < ranks and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
+class RankPosition(StepListener):
+    """Where the rank is (``Phase``) and when it last moved on, from the step clock's marks
+    (a batch's end, a validation batch's, the start of an epoch or validation), with the
+    times of its last 100 steps (the first batch after a start is not timed). After a batch
+    that a validation may follow it is ``starting``: Lightning builds the validation's
+    loader and fetches its first batch before any hook."""
+
+    def __init__(self, clock: Callable[[], float]):
         self.phase: Phase = "starting"
         self.step = 0
-        self.world_size = 1
-        self.token = "0"
         self._last = clock()  # when the rank last moved on
         self._step_times: deque[float] = deque(maxlen=100)
         self._timed = False  # whether the batch under way is timed (not a first batch)
-        self._peeked_at = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._training: int | None = None  # the thread Lightning's hooks run in
 
-    @property
-    def folder(self) -> str:
-        """This attempt's folder of stacks files."""
-        return storage.join(self.run_dir, HANGS, self.token)
-
-    # -- where the rank is -----------------------------------------------------------------
-
-    def _moved(self, phase: Phase) -> None:
-        self.phase, self._last = phase, self._clock()
+    def _moved(self, phase: Phase, tick: Tick) -> None:
+        self.phase, self._last = phase, tick.now
         if phase == "starting":
             self._timed = False
 
@@ -202,20 +210,10 @@ class HangWatchdog(StepListener):
             self.phase = phase
 
     def train_started(self, tick: Tick, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.world_size = trainer.world_size
-        self._training = threading.get_ident()
-        started = time.strftime("%Y%m%d-%H%M%S", time.gmtime(self._wall()))
-        self.token = str(trainer.strategy.broadcast(f"{started}-{os.getpid()}", src=0))
-        self._moved("starting")
-        if self.limits.enabled and self._watches and self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._watch, name="raytrain-hang-watchdog", daemon=True
-            )
-            self._thread.start()
+        self._moved("starting", tick)
 
     def epoch_started(self, tick: Tick) -> None:
-        self._moved("starting")
+        self._moved("starting", tick)
 
     def batch_started(self, tick: Tick, trainer: pl.Trainer) -> None:
         self.step = trainer.global_step
@@ -236,22 +234,69 @@ class HangWatchdog(StepListener):
             self._step_times.append(tick.now - self._last)
         self.phase, self._last, self._timed = "data", tick.now, True
         if validation_may_follow(trainer):  # its loader starts before its hooks
-            self._moved("starting")
+            self._moved("starting", tick)
 
     def validation_started(self, tick: Tick) -> None:
-        self._moved("starting")
+        self._moved("starting", tick)
 
     def validation_batch_ended(self, tick: Tick) -> None:
-        self._moved("validation")
+        self._moved("validation", tick)
 
     def validation_epoch_ended(self, tick: Tick) -> None:
-        self._moved("saving")  # the validation's end hooks: metrics computed, synced
+        self._moved("saving", tick)  # the validation's end hooks: metrics computed, synced
 
     def validation_ended(self, tick: Tick, trainer: pl.Trainer) -> None:
-        self._moved("saving")  # a checkpoint at the validation's end
+        self._moved("saving", tick)  # a checkpoint at the validation's end
 
     def epoch_ended(self, tick: Tick) -> None:
-        self._moved("saving")
+        self._moved("saving", tick)
+
+
+class HangWatchdog(RankPosition):
+    """Finds this rank hung (see the module docstring) from where it is (``RankPosition``).
+    ``clock`` must be the step clock's (``check`` reads it between marks); it, ``wall``,
+    ``exit``, ``thread`` and ``grace_s`` are parameters so that a unit test drives
+    ``check`` without a thread, a wait for the other ranks or a process to end."""
+
+    def __init__(
+        self,
+        *,
+        limits: HangLimits,
+        run_dir: str,
+        options: StorageSpec | None,
+        rank: int,
+        node: str,
+        publish: Publish | None,
+        clock: Callable[[], float] = time.perf_counter,
+        wall: Callable[[], float] = time.time,
+        exit: Callable[[int], Any] = os._exit,
+        thread: bool = True,
+        grace_s: float = GRACE_S,
+    ):
+        super().__init__(clock)
+        self.limits, self.hangs = limits, HangFolder(run_dir, options)
+        self.rank, self.node, self.publish = rank, node, publish
+        self._clock, self._wall, self._exit = clock, wall, exit
+        self._watches = thread  # False: ``check`` is called by the caller alone
+        self.grace_s = grace_s
+        self.world_size = 1
+        self._peeked_at = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._training: int | None = None  # the thread Lightning's hooks run in
+
+    def train_started(self, tick: Tick, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.world_size = trainer.world_size
+        self._training = threading.get_ident()
+        started = time.strftime("%Y%m%d-%H%M%S", time.gmtime(self._wall()))
+        self.hangs.token = str(trainer.strategy.broadcast(f"{started}-{os.getpid()}", src=0))
+        super().train_started(tick, trainer, pl_module)
+        if self.limits.enabled and self._watches and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._watch, name="raytrain-hang-watchdog", daemon=True
+            )
+            self._thread.start()
 
     def stopped(self) -> None:
         self.stop()
@@ -282,19 +327,12 @@ class HangWatchdog(StepListener):
         self._report(phase, idle, allowed)
         return True
 
-    def _written(self, pattern: re.Pattern[str] = _STACKS) -> int:
-        try:
-            found = storage.list_dir(self.folder, self.options)
-        except Exception:  # the store is down: no peer's file seen
-            return 0
-        return sum(1 for info in found if pattern.search(info.base_name))
-
     def _peer_hung(self) -> bool:
         now = self._clock()
         if now - self._peeked_at < PEEK_S:
             return False
         self._peeked_at = now
-        return self._written() > 0
+        return self.hangs.count() > 0
 
     def _report(self, phase: Phase, idle: float, allowed: float) -> None:
         frames = sys._current_frames()
@@ -310,27 +348,22 @@ class HangWatchdog(StepListener):
             collective=collective_of(
                 phase, frame_files(frames.get(self._training or -1)), self.world_size
             ),
-            attempt=self.token,
-            stacks=storage.join(self.folder, f"rank{self.rank}.txt"),
+            attempt=self.hangs.token,
+            stacks=self.hangs.stacks(self.rank),
             at=self._wall(),
         )
         logger.error("raytrain: %s", report.describe())
+        watcher = self._thread.ident if self._thread is not None else None
         try:
-            watcher = self._thread.ident if self._thread is not None else None
             text = stacks_text(report, frames, self._training, skip=watcher)
-            storage.write_text(report.stacks, text, self.options)
-        except Exception:
-            logger.exception("raytrain: the stacks could not be written to %s", report.stacks)
+        except Exception:  # the hang is still told, its file at least headed
+            logger.exception("raytrain: the stacks could not be read")
+            text = f"raytrain hang report: {report.describe()}\n"
+        self.hangs.write(report.stacks, text, "the stacks")
         if self.publish is not None:
             try:
                 self.publish(report)
             except Exception:
                 logger.exception("raytrain: the hang could not be told to the driver")
-        try:  # the others may end now as far as this rank goes
-            storage.write_text(storage.join(self.folder, f"rank{self.rank}.sent"), "", self.options)
-        except Exception:
-            logger.exception("raytrain: the hang's marker could not be written")
-        deadline = time.monotonic() + self.grace_s
-        while self._written(_SENT) < self.world_size and time.monotonic() < deadline:
-            time.sleep(0.5)
+        self.hangs.told(self.rank, self.world_size, self.grace_s)
         self._exit(HANG_EXIT)

@@ -104,6 +104,91 @@ class Ranking:
         return checkpoint_score(self._score, self.mode), said
 
 
+class StartupTimes:
+    """A worker group's ``Startup`` as rank 0 completes it: the fit's start, the step it
+    resumed at, the first step's end; taken once, with the first report after that."""
+
+    def __init__(self, begun: Startup | None):
+        self._begun = begun or Startup(marks={}, resumed_step=0, precision="")
+        self._marks: dict[str, float] | None = dict(self._begun.marks)
+        self._resumed_step = 0
+
+    def mark(self, phase: str) -> None:
+        """``phase`` was reached now (the first time only)."""
+        if self._marks is not None and phase not in self._marks:
+            self._marks[phase] = time.time()
+
+    def resumed(self, step: int) -> None:
+        """The trainer is restored by now, at ``step``."""
+        self._resumed_step = step
+
+    def take(self) -> Startup | None:
+        """The startup, once its first step has ended; then never again."""
+        if self._marks is None or "first_step" not in self._marks:
+            return None
+        marks, self._marks = self._marks, None
+        return replace(self._begun, marks=marks, resumed_step=self._resumed_step)
+
+
+class ValidationKeys:
+    """The metrics a validation logs. Lightning keeps the last validation's values in
+    ``callback_metrics`` for the rest of the run; they are reported only once, from the
+    report right after the validation."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self._before: set[str] = set()
+        self._fresh = False
+        self.validated = False  # a validation (not the sanity check) has ended
+
+    def started(self, known: set[str]) -> None:
+        self._before = known
+
+    def ended(self, known: set[str]) -> None:
+        self.keys |= known - self._before
+        self._fresh = self.validated = True
+
+    @property
+    def unreported(self) -> bool:
+        return self._fresh
+
+    def take(self, values: dict[str, float]) -> dict[str, float]:
+        """The last validation's values if no report has carried them yet, else nothing."""
+        if not self._fresh:
+            return {}
+        self._fresh = False
+        return {k: values[k] for k in self.keys if k in values}
+
+
+class TrainWindow:
+    """The rows trained since the last report and the time they took: throughput, over
+    every data-parallel replica (``readers_per_row`` ranks read each row: a tensor-parallel
+    group), with the global batch and ``system``'s samples."""
+
+    def __init__(
+        self, system: SystemMetrics | None, global_batch: int | None, readers_per_row: int
+    ):
+        self.system, self.global_batch = system, global_batch
+        self.readers_per_row = readers_per_row
+        self.rows = 0
+        self._start = time.perf_counter()
+
+    def open(self) -> None:
+        self.rows, self._start = 0, time.perf_counter()
+
+    def close(self, trainer: pl.Trainer) -> dict[str, float]:
+        """The window's throughput (and system samples); the next window opens."""
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        replicas = trainer.world_size // self.readers_per_row
+        out = {"samples_per_s": self.rows * replicas / elapsed}
+        if self.global_batch is not None:
+            out["global_batch"] = self.global_batch
+        if self.system is not None:
+            out.update(self.system.sample(trainer.global_step))
+        self.open()
+        return out
+
+
 class MetricsReporter(pl.Callback):
     """Builds and publishes a worker's reports (see the module docstring)."""
 
@@ -132,12 +217,8 @@ class MetricsReporter(pl.Callback):
         self.schedule = schedule
         self.ranking = Ranking(monitor, mode)
         self.publish_to = publish
-        self.system = system
-        self.global_batch = global_batch
-        self.readers_per_row = readers_per_row
-        self._begun = startup or Startup(marks={}, resumed_step=0, precision="")
-        self._startup: dict[str, float] | None = dict(self._begun.marks)
-        self._resumed_step = 0
+        self.window = TrainWindow(system, global_batch, readers_per_row)
+        self.startup = StartupTimes(startup)
         self._blocked_s: float | None = None  # the last checkpoint's hold-up, sent once
         # checkpoint.every_n_steps: auto's interval as a checkpoint left it, and when it
         # changed, what chose it; each sent once
@@ -146,14 +227,7 @@ class MetricsReporter(pl.Callback):
         self.memory_choice: str | None = None  # memory_every_n_steps: auto's, sent once
         self._last_step = -1
         self._last_report_step = -1
-        self._samples = 0
-        self._window_start = 0.0
-        # Lightning keeps the last validation's values in callback_metrics for the rest of
-        # the run; report them only from the report right after a validation.
-        self._val_keys: set[str] = set()
-        self._keys_before_val: set[str] = set()
-        self._val_fresh = False
-        self._validated = False  # a validation (not the sanity check) has ended
+        self.validation = ValidationKeys()
         # What Lightning's loggers were given that callback_metrics lacks (a callback's
         # log_metrics, e.g. LearningRateMonitor's): ``ReportLogger`` puts it here.
         self.logged: dict[str, float] = {}
@@ -161,21 +235,18 @@ class MetricsReporter(pl.Callback):
     # -- Lightning hooks -------------------------------------------------------------------
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._startup is not None:
-            self._startup["fit_started"] = time.time()
+        self.startup.mark("fit_started")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_step = trainer.global_step
-        if self._startup is not None:  # restored by now: where this group resumed
-            self._resumed_step = trainer.global_step
-        self._window_start = time.perf_counter()
+        self.startup.resumed(trainer.global_step)  # restored by now: where the group resumed
+        self.window.open()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
-        if self._startup is not None and "first_step" not in self._startup:
-            self._startup["first_step"] = time.time()
-        self._samples += batch_rows(batch)
+        self.startup.mark("first_step")
+        self.window.rows += batch_rows(batch)
         step = trainer.global_step
         if step == self._last_step:  # still accumulating gradients
             return
@@ -184,13 +255,11 @@ class MetricsReporter(pl.Callback):
             self.publish(self.collect(trainer, "step"))
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._keys_before_val = set(trainer.callback_metrics)
+        self.validation.started(set(trainer.callback_metrics))
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
-        self._val_keys |= set(trainer.callback_metrics) - self._keys_before_val
-        self._val_fresh = self._validated = True
+        if not trainer.sanity_checking:
+            self.validation.ended(set(trainer.callback_metrics))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if epoch_cut_short(trainer):  # not an epoch's end: the run's end reports it
@@ -221,7 +290,7 @@ class MetricsReporter(pl.Callback):
         """Publish the run's end if the last validation is in no report yet: one run after
         the step's checkpoint, on the batch that ended an epoch ``max_steps`` cut short
         (which reports no epoch end)."""
-        if self._val_fresh:
+        if self.validation.unreported:
             self.publish(self.collect(trainer, "end"))
 
     def publish(self, report: Report) -> None:
@@ -237,14 +306,12 @@ class MetricsReporter(pl.Callback):
         metrics: dict[str, float] = {}
         if trainer.global_step != self._last_report_step:
             metrics.update(self._train_window(trainer, values))
-        if self._val_fresh:
-            metrics.update({k: values[k] for k in self._val_keys if k in values})
-            self._val_fresh = False
+        metrics.update(self.validation.take(values))
         if self._blocked_s is not None:
             metrics["checkpoint_blocked_s"] = self._blocked_s
         if self.checkpoint_interval is not None:
             metrics["checkpoint_interval"] = self.checkpoint_interval
-        score, missing = self.ranking.rank(metrics, values, self._validated)
+        score, missing = self.ranking.rank(metrics, values, self.validation.validated)
         report = Report(
             step=trainer.global_step,
             epoch=epoch_in_progress(trainer),
@@ -252,7 +319,7 @@ class MetricsReporter(pl.Callback):
             world_size=trainer.world_size,
             metrics=metrics,
             score=score,
-            startup=self._take_startup(),
+            startup=self.startup.take(),
             checkpoint_interval=self.interval_choice,
             memory_interval=self.memory_choice,
             monitor_missing=missing,
@@ -261,28 +328,13 @@ class MetricsReporter(pl.Callback):
         self.interval_choice = self.memory_choice = None
         return report
 
-    def _take_startup(self) -> Startup | None:
-        """The worker group's startup, once its first step has ended; then never again."""
-        if self._startup is None or "first_step" not in self._startup:
-            return None
-        marks, self._startup = self._startup, None
-        return replace(self._begun, marks=marks, resumed_step=self._resumed_step)
-
     def _train_window(self, trainer: pl.Trainer, values: dict[str, float]) -> dict[str, float]:
         """Train metrics, throughput and system samples since the last report; opens the
         next window."""
-        now = time.perf_counter()
-        elapsed = max(now - self._window_start, 1e-9)
         out: dict[str, float] = {k: v for k, v in self.logged.items() if k not in values}
-        out.update({k: v for k, v in values.items() if k not in self._val_keys})
+        out.update({k: v for k, v in values.items() if k not in self.validation.keys})
         self.logged = {}
-        replicas = trainer.world_size // self.readers_per_row
-        out["samples_per_s"] = self._samples * replicas / elapsed
-        if self.global_batch is not None:
-            out["global_batch"] = self.global_batch
-        if self.system is not None:
-            out.update(self.system.sample(trainer.global_step))
-        self._samples, self._window_start = 0, now
+        out.update(self.window.close(trainer))
         self._last_report_step = trainer.global_step
         return out
 

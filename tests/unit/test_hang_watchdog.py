@@ -199,8 +199,8 @@ def test_a_rank_allowed_longer_reports_once_a_peer_wrote_its_stacks(tmp_path: Pa
     clock.now += 5  # its next look at the folder
     assert saver.check() and len(sent) == 2 and exits == [HANG_EXIT, HANG_EXIT]
     reports = [e for e in sent if isinstance(e, HangReport)]
-    assert {r.attempt for r in reports} == {saver.token}
-    written = sorted(p.name for p in Path(saver.folder).iterdir())
+    assert {r.attempt for r in reports} == {saver.hangs.token}
+    written = sorted(p.name for p in Path(saver.hangs.path).iterdir())
     assert written == ["rank0.sent", "rank0.txt", "rank1.sent", "rank1.txt"]
     assert hang_summary(reports) == (
         "hang at step 2: no batch finished for 11 s; not in a collective: rank 0 in saving, "

@@ -55,6 +55,7 @@ def test_a_model_without_example_input_array_is_logged_and_registered(
     import mlflow.pytorch
 
     from raytrain.tracking.mlflow_tracker import MlflowTracker
+    from raytrain.tracking.model_logging import log_model
 
     job = _job(
         digits_dir, tmp_path, store, "tests.integration.models:PlainCNN", register_as="plain"
@@ -62,7 +63,7 @@ def test_a_model_without_example_input_array_is_logged_and_registered(
     uri = job.tracking.mlflow.tracking_uri
     tracker, _ = MlflowTracker.open(job, uri)
     model = PlainCNN().eval()
-    tracker.log_model(model, register_as="plain", job=job)
+    log_model(tracker, model, register_as="plain", job=job)
     tags = _tags(tracker)
     assert tags["raytrain.model_format"] == "pt2"
     assert tags["raytrain.model_input_example"].endswith("column 'pixels'")
@@ -73,7 +74,7 @@ def test_a_model_without_example_input_array_is_logged_and_registered(
         assert torch.allclose(loaded(pixels), model(pixels), atol=1e-5)
 
     # no forward to trace: logged (and registered) in the format that needs no example
-    tracker.log_model(WideLinear(features=64).eval(), register_as="wide", job=job)
+    log_model(tracker, WideLinear(features=64).eval(), register_as="wide", job=job)
     tags = _tags(tracker)
     assert tags["raytrain.model_format"].startswith("pickle (no input example")
     assert tags["raytrain.model_input_example"] == "the model defines no forward"
@@ -111,10 +112,11 @@ def test_a_declared_example_that_cannot_be_traced_still_logs_the_model(
 ) -> None:
     """Each raised out of log_model before (the model was not logged)."""
     from raytrain.tracking.mlflow_tracker import MlflowTracker
+    from raytrain.tracking.model_logging import log_model
 
     job = _job(digits_dir, tmp_path, store, "tests.integration.models:PlainCNN")
     tracker, _ = MlflowTracker.open(job, job.tracking.mlflow.tracking_uri)
-    assert tracker.log_model(cls().eval(), job=job)
+    assert log_model(tracker, cls().eval(), job=job)
     tags = _tags(tracker)
     assert tags["raytrain.model_format"].startswith("pickle (pt2 failed: ")
     assert tags["raytrain.model_input_example"] == "example_input_array"

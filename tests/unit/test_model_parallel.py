@@ -277,8 +277,8 @@ def test_a_replica_not_a_worker_is_what_batches_and_throughput_count() -> None:
     )
     import time
 
-    reporter._samples = 64  # one step's rows on each rank of the group: the same 64
-    reporter._window_start = time.perf_counter() - 2.0  # a window of 2 s (and a little)
+    reporter.window.rows = 64  # one step's rows on each rank of the group: the same 64
+    reporter.window._start = time.perf_counter() - 2.0  # a window of 2 s (and a little)
     trainer = SimpleNamespace(world_size=2, global_step=1)
     out = reporter._train_window(trainer, {})  # type: ignore[arg-type]
     assert out["samples_per_s"] == pytest.approx(32, rel=0.05)  # not 64: one replica's rows

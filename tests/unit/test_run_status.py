@@ -155,7 +155,7 @@ def test_the_last_record_says_how_it_ended_and_a_failing_store_never_stops_train
     def refuse(text: str) -> None:
         raise OSError("connection refused")
 
-    record._write = refuse
+    record._writer._write = refuse
     for step in (11, 12):
         clock.now += WRITE_EVERY_S
         record.on_report(report(step))
