@@ -47,7 +47,7 @@ from raytrain.worker.checkpointing import CheckpointCallback
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
 from raytrain.worker.hang_watchdog import HangWatchdog
 from raytrain.worker.loader_position import LoaderPosition
-from raytrain.worker.memory_state import MemoryState
+from raytrain.worker.memory_state import KeepAlone, KeepTogether, MemoryState
 from raytrain.worker.mix_rows import MixRows
 from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
@@ -115,13 +115,13 @@ def _memory_state(
     if keeper is None or not (publish is not None or together):  # DDP: rank 0 alone
         return None
     steps = spec.checkpoint.memory_every_n_steps
-    return MemoryState(
+    way = KeepTogether if together else KeepAlone
+    return way(
         keeper,
         token,
         steps if isinstance(steps, int) else None,
         train_loader,
         on_choice=lambda choice: setattr(reporter, "memory_choice", choice.describe()),
-        together=together,
         scratch=keep_scratch_name(run_dir(spec)),
         key=key,
     )

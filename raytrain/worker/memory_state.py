@@ -4,16 +4,16 @@ state: ``checkpoints.keeper``).
 
 ``MemoryState`` runs at the end of every optimizer step that is due, in one of two ways:
 
-- **alone** (DDP: rank 0 holds the whole state): rank 0 takes a snapshot of the full
-  Lightning state, the content of a checkpoint at this step with the loops' and the
+- **alone** (``KeepAlone``; DDP: rank 0 holds the whole state): rank 0 takes a snapshot of
+  the full Lightning state, the content of a checkpoint at this step with the loops' and the
   loader's position (its tensors copied off the live ones into one byte buffer on the
   training thread, so the next step cannot change it: ``packing.pack``), and hands it to
   two background threads: one writes it to the node's copy (``local_state``: a file in
   the node's memory, which a process's loss leaves), the other sends it to the keeper
   (which a node's loss leaves), less often (``checkpoints.memory_interval``). The other
   ranks do nothing.
-- **together** (FSDP and model parallelism: each rank holds a shard, and a state dict is
-  a collective): every rank saves the checkpoint as a storage checkpoint would
+- **together** (``KeepTogether``; FSDP and model parallelism: each rank holds a shard, and
+  a state dict is a collective): every rank saves the checkpoint as a storage checkpoint would
   (``trainer.save_checkpoint``, Lightning's own sharded writer) into a node-local scratch
   folder (``/dev/shm`` where it has room), and each node's first rank reads its node's
   files there and sends them to the keeper in the background, one part per node. What
@@ -178,14 +178,238 @@ def too_big(nbytes: int, available: int) -> bool:
     return 3 * nbytes > MEMORY_SHARE * available
 
 
+class Threads:
+    """One background thread for each kind of work (``write``: the node copy's, ``send``:
+    the keeper's), so that two of a kind never run at once."""
+
+    def __init__(self) -> None:
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+
+    def submit(self, thread: str, work: Callable[..., Any], *args: Any) -> Future[Any]:
+        pool = self._pools.get(thread)
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raytrain-{thread}")
+            self._pools[thread] = pool
+        return pool.submit(work, *args)
+
+    def shutdown(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown(wait=False)
+
+
+class KeeperSends:
+    """The sends of kept states to the keeper (opened with ``token``), on the send thread;
+    at most one on its way (``sending``). Kept together, each node sends ``part`` of
+    ``parts``. Each send's CPU time goes to ``cost``."""
+
+    def __init__(self, keeper: Any, token: int, cost: MemoryCost, threads: Threads):
+        self.keeper, self.token, self.cost, self.threads = keeper, token, cost, threads
+        self.part, self.parts = 0, 1
+        self.sending: Future[Sent] | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.sending is not None and not self.sending.done()
+
+    def submit(self, step: int, files: Callable[[], dict[str, Any]]) -> Future[Sent]:
+        """Send a packed state's ``files`` (made on the send thread: a serialisation is
+        its work); the caller keeps the future (``sending``) on the training thread."""
+        return self.threads.submit("send", self._send, step, files)
+
+    def submit_folder(self, step: int, folder: str) -> None:
+        """Send this node's files of the keep together at ``step`` (then free the folder)."""
+        self.sending = self.threads.submit("send", self._send_folder, step, folder)
+
+    def _send(self, step: int, files: Callable[[], dict[str, Any]]) -> Sent:
+        """The send (the send thread): the CPU seconds it took this thread (its cost to
+        training: waiting for the keeper's answer costs none) and whether it was taken."""
+        import ray
+
+        began = time.thread_time()
+        reply = self.keeper.put.remote(self.token, step, files())
+        spent = time.thread_time() - began
+        return spent, bool(ray.get(reply, timeout=SEND_TIMEOUT_S))
+
+    def _send_folder(self, step: int, folder: str) -> Sent:
+        import ray
+
+        began = time.thread_time()
+        files = read_files(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        reply = self.keeper.put.remote(self.token, step, files, self.part, self.parts)
+        spent = time.thread_time() - began
+        return spent, bool(ray.get(reply, timeout=SEND_TIMEOUT_S))
+
+    def collect(self) -> str | None:
+        """Take the send on its way (waiting for it: ``SEND_TIMEOUT_S`` at most) and its
+        figures; returns why this group keeps no more (None: it may)."""
+        sending, self.sending = self.sending, None
+        if sending is None:
+            return None
+        try:
+            spent, taken = sending.result()
+        except Exception as exc:  # a keeper gone: training goes on, restores use storage
+            print(f"raytrain: warning: the in-memory state was not kept: {exc}", flush=True)
+            return None
+        self.cost.sent(spent)
+        if not taken:  # a keeper Ray started again, or a spike's drop: this group is done
+            return (
+                "the keeper refused this group's state (it was started again, or "
+                "dropped its state): nothing more is kept until the next restart"
+            )
+        return None
+
+
+class NodeCopies:
+    """Rank 0's copy of each state it keeps alone in its node's memory (``NodeCopy``: a
+    file a process's loss leaves), written on the write thread; a keep's send to the keeper
+    starts from the written copy. A copy that fails ends the node's copies: the keeper's
+    go on."""
+
+    def __init__(self, scratch: str, key: int, sends: KeeperSends, threads: Threads):
+        self.scratch, self.key, self.sends, self.threads = scratch, key, sends, threads
+        self.node: NodeCopy | None = None
+        self.writing: Future[Written] | None = None
+
+    def open(self, trainer: pl.Trainer) -> None:
+        """At the first keep: the node's copy (``/dev/shm`` where it has room for its two
+        slots), clearing slots a group before left in another place. No key (no keeper
+        answered), or no room anywhere: none."""
+        if not self.key:
+            return
+        need = 2 * state_bytes(trainer.lightning_module, trainer.optimizers) + 2**20
+        root = scratch_root(need)
+        for other in state_roots():
+            if other != root:
+                for path in slot_paths(other, self.scratch):
+                    remove_state(path)
+        self.node = NodeCopy(root, self.scratch, self.key)
+
+    def begin(self, step: int, state: Any, send: bool) -> bool:
+        """Copy ``state`` into the node's memory (on this thread) and finish the copy on
+        the write thread, starting the keeper's send there with ``send``; False when the
+        copy failed (no room left in /dev/shm, say), which ends the node's copies."""
+        assert self.node is not None
+        skeleton, placed, nbytes = place(state)
+        try:
+            self.node.begin(placed, nbytes)
+        except Exception as exc:
+            print(
+                f"raytrain: warning: the in-memory state's copy on the node failed "
+                f"({type(exc).__name__}: {exc}); the keeper's goes on",
+                flush=True,
+            )
+            self.drop(wait=False)
+            return False
+        self.writing = self.threads.submit("write", self._write, step, skeleton, nbytes, send)
+        return True
+
+    def _write(self, step: int, skeleton: Any, nbytes: int, send: bool) -> Written:
+        """End the copy (the write thread) and, with ``send``, start its send to the
+        keeper; returns the CPU seconds it took this thread and the send."""
+        began = time.thread_time()
+        head = skeleton_bytes(skeleton)
+        node = self.node
+        sending = None
+        if node is not None:
+            node.finish(step, head, nbytes)
+            if send:
+                files = {PACKED_STATE: head, PACKED_DATA: node.data(nbytes)}
+                sending = self.sends.submit(step, lambda: files)
+        return time.thread_time() - began, sending
+
+    def collect(self, cost: MemoryCost) -> None:
+        """Take the write on its way (waiting for it), its figures and the send it started;
+        a write that failed ends the node's copies (the keeper's go on)."""
+        writing, self.writing = self.writing, None
+        if writing is None:
+            return
+        try:
+            spent, sending = writing.result()
+        except Exception as exc:  # no room, or the folder gone: the keeper's copy is left
+            print(
+                f"raytrain: warning: the in-memory state's copy on the node was not "
+                f"written ({type(exc).__name__}: {exc}); the keeper's goes on",
+                flush=True,
+            )
+            self.drop(wait=False)
+            return
+        cost.written(spent)
+        if sending is not None:
+            self.sends.sending = sending
+
+    def drop(self, wait: bool = True) -> None:
+        """Copy nothing more to the node and remove its copy (``wait``: for the write on
+        its way first, so that it cannot put one back)."""
+        writing, self.writing = self.writing, None
+        if wait and writing is not None:
+            writing.exception()  # done either way; its error is moot
+        if self.node is not None:
+            self.node.remove()
+            self.node = None
+
+
+class MemoryTuning:
+    """How often a state is kept (``every_n_steps``) and, kept alone, sent to the keeper
+    (``send_every``): as the spec set them, or under ``auto`` (``every_n_steps`` None)
+    chosen from ``cost``'s figures. ``on_choice`` is told each choice worth saying (rank
+    0's reporter sends it to the driver)."""
+
+    def __init__(
+        self,
+        every_n_steps: int | None,
+        cost: MemoryCost,
+        on_choice: Callable[[MemoryChoice], None] | None,
+        together: bool,
+    ):
+        self.auto = every_n_steps is None
+        self.every_n_steps = every_n_steps or 1
+        self.send_every = self.every_n_steps  # alone: the keeper's interval
+        self.cost, self.on_choice, self.together = cost, on_choice, together
+        self._told: int | None = None  # the auto interval last said
+        self.proposal = 0  # together, rank 0: the auto interval the next keep agrees on
+
+    def retune(self) -> None:
+        """Under ``auto`` (rank 0): the interval for the figures so far, said when first
+        chosen and when it is twice or half the last one said (on digits the choice
+        wanders between 3 and 8 steps with the machine's load: each step of that said
+        would be noise). Kept together, the ranks take it at the next keep's agreement.
+        An interval the spec set is not chosen: what it costs is said once, when a full
+        window of sends has been measured."""
+        if not self.auto:
+            choice = self.cost.choose(as_set=self.every_n_steps)
+            if choice is not None and choice.send_steps is not None:
+                self.send_every = choice.send_steps  # the node copy's as set, the keeper's chosen
+            full = self.cost.measured == self.cost.window
+            if self._told is None and full and choice is not None and self.on_choice:
+                self._told = choice.steps
+                self.on_choice(choice)
+            return
+        choice = self.cost.choose()
+        if choice is None:
+            return
+        if self.together:
+            self.proposal = choice.steps
+        else:
+            self.every_n_steps = choice.steps
+            self.send_every = choice.send_steps or choice.steps
+        told = self._told
+        if told is None or not told / 2 < choice.steps < told * 2:
+            self._told = choice.steps
+            if self.on_choice is not None:
+                self.on_choice(choice)
+
+
 class MemoryState(pl.Callback):
     """Keeps the training state in the keeper every ``every_n_steps`` steps (None:
-    ``auto``), rank 0 alone or, with ``together``, every rank (see the module docstring).
-    ``token``: what ``restore_from_memory`` opened the keeper with. ``train_loader``
-    returns the train loader. ``on_choice`` is told the figures of each new ``auto`` choice
-    (rank 0's reporter sends them to the driver). ``scratch``: the name of the node-local
-    folder a keep together is written to, one per run (a group that starts clears what a
-    lost one left there)."""
+    ``auto``): the schedule, and what stops it, shared by the two ways of keeping
+    (``KeepAlone``, ``KeepTogether``: see the module docstring). ``token``: what
+    ``restore_from_memory`` opened the keeper with, ``key`` its key for node copies.
+    ``train_loader`` returns the train loader. ``on_choice`` is told the figures of each
+    new ``auto`` choice. ``scratch``: the name of the node-local folder of the run's
+    copies, one per run (a group that starts clears what a lost one left there)."""
+
+    together = False  # every rank takes part in a keep
 
     def __init__(
         self,
@@ -194,36 +418,22 @@ class MemoryState(pl.Callback):
         every_n_steps: int | None,
         train_loader: Callable[[], Any] = lambda: None,
         on_choice: Callable[[MemoryChoice], None] | None = None,
-        together: bool = False,
         scratch: str = "raytrain-keep",
         key: int = 0,
     ):
-        self.keeper, self.token = keeper, token
-        self.auto = every_n_steps is None
-        self.every_n_steps = every_n_steps or 1
-        self.train_loader = train_loader
-        self.on_choice = on_choice
-        self.together, self.scratch, self.key = together, scratch, key
-        self.send_every = self.every_n_steps  # alone: the keeper's interval (``_retune``)
-        self.node: NodeCopy | None = None  # alone: the node's copy (None: none)
+        self.keeper, self.train_loader, self.scratch = keeper, train_loader, scratch
         self.cost = MemoryCost()
+        self.tuning = MemoryTuning(every_n_steps, self.cost, on_choice, self.together)
+        self.threads = Threads()
+        self.sends = KeeperSends(keeper, token, self.cost, self.threads)
+        self.copies = NodeCopies(scratch, key, self.sends, self.threads)
         self.kept = 0
         self.last_kept: int | None = None  # the step of this group's last keep
         self.skipped = 0  # due while the last send was still on its way
         self.rank = 0
-        self.sender = True  # sends to the keeper: rank 0; together, each node's first rank
-        self.part, self.parts = 0, 1
-        self.base = ""  # together: the node-local folder keeps are written to
         self._last_step = -1
         self._last_keep: int | None = None
         self._step_ended: float | None = None
-        self._sending: Future[tuple[float, bool]] | None = None
-        self._writing: Future[Written] | None = None
-        self._last_send: int | None = None
-        self._pools: dict[str, ThreadPoolExecutor] = {}
-        self._told: int | None = None  # the auto interval last said
-        self._proposal = 0  # together, rank 0: the auto interval the next keep agrees on
-        self._problem: str | None = None  # together: why this rank can keep no more
         self.off: str | None = None  # why nothing more is kept in this group
 
     def forget(self) -> None:
@@ -234,7 +444,7 @@ class MemoryState(pl.Callback):
         import ray
 
         self._stop("a loss spike: the rollback resumes from storage")
-        self._drop_node_copy()
+        self.copies.drop()
         for root in state_roots():  # this node's copies, even of a group before that kept
             for path in slot_paths(root, self.scratch):
                 remove_state(path)
@@ -259,27 +469,6 @@ class MemoryState(pl.Callback):
         self._last_step = trainer.global_step
         self._last_keep = trainer.global_step
         self._step_ended = time.perf_counter()
-        if self.together:  # a collective: every rank's callback runs it
-            self.sender = trainer.local_rank == 0
-            self.part = self.rank
-            self.parts = int(_agree([int(self.sender)], "sum")[0])
-            need = 4 * state_bytes(pl_module, trainer.optimizers) * trainer.world_size
-            root = trainer.strategy.broadcast(scratch_root(need) if self.rank == 0 else "")
-            self.base = os.path.join(root, self.scratch)
-            if self.sender:  # what a lost group left here goes
-                shutil.rmtree(self.base, ignore_errors=True)
-                os.makedirs(self.base, exist_ok=True)
-            return
-        if self.auto and self.rank == 0:
-            callbacks = list(getattr(trainer, "callbacks", []))
-            hazards = collective_hazards(pl_module, callbacks, trainer.optimizers)
-            if hazards:
-                self._stop(
-                    f"auto keeps nothing: {'; '.join(hazards)}, which may wait on the "
-                    "other ranks while rank 0 dumps its state alone (set a number of "
-                    "steps to keep it anyway)",
-                    say=True,
-                )
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -292,21 +481,26 @@ class MemoryState(pl.Callback):
         now = time.perf_counter()
         if self._step_ended is not None:
             self.cost.stepped(now - self._step_ended)
-        due = step - (self._last_keep or 0) >= self.every_n_steps
+        due = step - (self._last_keep or 0) >= self.tuning.every_n_steps
         # not an epoch's last batch: that state, kept before the epoch's end ran, resumed
         # into an epoch of no batches (a soak trained 4 epochs of 6); the next step is kept
         due = due and not epoch_last_batch(trainer)
         if self.off is None and due and keeps_position(self.train_loader()):
-            if self.together:
-                self._keep_together(trainer, step)
-            else:
-                self._keep(trainer, step)
+            self.keep(trainer, step)
         self._step_ended = time.perf_counter()  # the snapshot is not the step's time
+
+    def keep(self, trainer: pl.Trainer, step: int) -> None:
+        """Keep the state at ``step`` (the way's own)."""
+        raise NotImplementedError
+
+    def _kept(self, step: int) -> None:
+        self._last_keep = self.last_kept = step
+        self.kept += 1
 
     def _too_big(self, trainer: pl.Trainer) -> str | None:
         """Under ``auto``, at the first keep (the optimizers' state exists now): why this
         rank's state is too big to keep (None: it is not)."""
-        if not self.auto or self.kept:
+        if not self.tuning.auto or self.kept:
             return None
         import psutil
 
@@ -320,24 +514,57 @@ class MemoryState(pl.Callback):
             f"holds about 3 copies; {available / 2**30:.3g} GiB are free here"
         )
 
-    def _keep(self, trainer: pl.Trainer, step: int) -> None:
-        """Rank 0 alone: snapshot into the node's copy (when the last write is done) and
-        send it to the keeper every ``send_every`` steps (when the last send is done).
-        Without a node copy, a snapshot of its own (``pack``) is sent at each keep that
-        finds the last send done."""
-        writing = self._writing
-        if writing is not None and writing.done():
-            self._written(writing)  # may hand over the send it started
-        sending = self._sending
-        busy = sending is not None and not sending.done()
-        if sending is not None and not busy:
-            refused = self._sent(sending)
+    def wait_sent(self) -> None:
+        """Wait for the write and the send on their way, if any (their figures count)."""
+        self.copies.collect(self.cost)  # may hand over a send
+        refused = self.sends.collect()  # bounded: SEND_TIMEOUT_S at most
+        if refused is not None:
+            self._stop(refused, say=True)
+
+    def finish(self) -> None:
+        """Wait for the send on its way, stop the threads and clear the node's copy (the
+        run's training is over: nothing resumes from them)."""
+        self.wait_sent()
+        self.threads.shutdown()
+        self.copies.drop()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.finish()
+
+
+class KeepAlone(MemoryState):
+    """DDP: rank 0 holds the whole state and keeps it alone (see the module docstring)."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if self.tuning.auto and self.rank == 0:
+            callbacks = list(getattr(trainer, "callbacks", []))
+            hazards = collective_hazards(pl_module, callbacks, trainer.optimizers)
+            if hazards:
+                self._stop(
+                    f"auto keeps nothing: {'; '.join(hazards)}, which may wait on the "
+                    "other ranks while rank 0 dumps its state alone (set a number of "
+                    "steps to keep it anyway)",
+                    say=True,
+                )
+
+    def keep(self, trainer: pl.Trainer, step: int) -> None:
+        """Snapshot into the node's copy (when the last write is done) and send it to the
+        keeper every ``send_every`` steps (when the last send is done). Without a node
+        copy, a snapshot of its own (``pack``) is sent at each keep that finds the last
+        send done."""
+        copies, sends = self.copies, self.sends
+        if copies.writing is not None and copies.writing.done():
+            copies.collect(self.cost)  # may hand over the send it started
+        busy = sends.busy
+        if sends.sending is not None and not busy:
+            refused = sends.collect()
             if refused is not None:
                 self._stop(refused, say=True)
                 return
         if self.kept == 0:
-            self._start_node_copy(trainer)
-        if (self._writing is not None) if self.node is not None else busy:
+            copies.open(trainer)
+        if (copies.writing is not None) if copies.node is not None else busy:
             self.skipped += 1
             return
         big = self._too_big(trainer)
@@ -345,103 +572,60 @@ class MemoryState(pl.Callback):
             self._stop(big, say=True)
             return
         last = self._last_send
-        send = not busy and (self.node is None or last is None or step - last >= self.send_every)
+        send = not busy and (
+            copies.node is None or last is None or step - last >= self.tuning.send_every
+        )
         began = time.perf_counter()
         state = dump_state(trainer)
-        node = self.node
-        if node is not None:
-            skeleton, placed, nbytes = place(state)
-            try:
-                node.begin(placed, nbytes)  # the copy into the node's memory
-            except Exception as exc:  # no room left in /dev/shm, say: the keeper's goes on
-                print(
-                    f"raytrain: warning: the in-memory state's copy on the node failed "
-                    f"({type(exc).__name__}: {exc}); the keeper's goes on",
-                    flush=True,
-                )
-                self._drop_node_copy(wait=False)
-                node, send = None, not busy
-        if node is not None:
-            self.cost.snapshot(time.perf_counter() - began)
-            self._writing = self._submit("write", self._write, step, skeleton, nbytes, send)
-        else:
+        copied = copies.node is not None
+        if copied and not copies.begin(step, state, send):
+            copied, send = False, not busy  # the node's copies ended: the keeper's goes on
+        if not copied:
             skeleton, buffer = pack(state)
-            self.cost.snapshot(time.perf_counter() - began)
             if send:
-                self._sending = self._submit(
-                    "send", self._send, step, lambda: packed_files(skeleton, buffer)
-                )
+                sends.sending = sends.submit(step, lambda: packed_files(skeleton, buffer))
+        self.cost.snapshot(time.perf_counter() - began)
         if send:
             self._last_send = step
-        self._last_keep = self.last_kept = step
-        self.kept += 1
-        self._retune()
+        self._kept(step)
+        self.tuning.retune()
 
-    def _start_node_copy(self, trainer: pl.Trainer) -> None:
-        """At the first keep (alone): the node's copy (``/dev/shm`` where it has room for
-        its two slots), clearing slots a group before left in another place. No key (no
-        keeper answered), or no room anywhere: none."""
-        if not self.key:
-            return
-        need = 2 * state_bytes(trainer.lightning_module, trainer.optimizers) + 2**20
-        root = scratch_root(need)
-        for other in state_roots():
-            if other != root:
-                for path in slot_paths(other, self.scratch):
-                    remove_state(path)
-        self.node = NodeCopy(root, self.scratch, self.key)
+    _last_send: int | None = None  # the step of the last keep sent to the keeper
 
-    def _write(self, step: int, skeleton: Any, nbytes: int, send: bool) -> Written:
-        """End the node copy's keep (the writing thread) and, with ``send``, start its
-        send to the keeper; returns the CPU seconds it took this thread and the send."""
-        began = time.thread_time()
-        head = skeleton_bytes(skeleton)
-        node = self.node
-        sending = None
-        if node is not None:
-            node.finish(step, head, nbytes)
-            if send:
-                files = {PACKED_STATE: head, PACKED_DATA: node.data(nbytes)}
-                sending = self._submit("send", self._send, step, lambda: files)
-        return time.thread_time() - began, sending
 
-    def _written(self, writing: Future[Written]) -> None:
-        """Take a finished write's figures and the send it started; a write that failed
-        ends the node's copy (the keeper's goes on)."""
-        self._writing = None
-        try:
-            spent, sending = writing.result()
-        except Exception as exc:  # no room, or the folder gone: the keeper's copy is left
-            print(
-                f"raytrain: warning: the in-memory state's copy on the node was not "
-                f"written ({type(exc).__name__}: {exc}); the keeper's goes on",
-                flush=True,
-            )
-            self._drop_node_copy(wait=False)
-            return
-        self.cost.written(spent)
-        if sending is not None:
-            self._sending = sending
+class KeepTogether(MemoryState):
+    """FSDP and model parallelism: each rank holds a shard, and every rank takes part in
+    a keep (see the module docstring)."""
 
-    def _drop_node_copy(self, wait: bool = True) -> None:
-        """Copy nothing more to the node and remove its copy (``wait``: for the write on
-        its way first, so that it cannot put one back)."""
-        writing, self._writing = self._writing, None
-        if wait and writing is not None:
-            writing.exception()  # done either way; its error is moot
-        if self.node is not None:
-            self.node.remove()
-            self.node = None
+    together = True
 
-    def _keep_together(self, trainer: pl.Trainer, step: int) -> None:
-        """A keep every rank takes part in: agree, save this step's checkpoint into the
-        node-local folder (a collective), and send the node's files (its first rank)."""
-        sending = self._sending
-        busy = sending is not None and not sending.done()
-        if sending is not None and not busy:
-            self._problem = self._problem or self._sent(sending)
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.sender = True  # sends its node's files to the keeper: each node's first rank
+        self.base = ""  # the node-local folder keeps are written to
+        self._problem: str | None = None  # why this rank can keep no more
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # a collective: every rank's callback runs it
+        self.sender = trainer.local_rank == 0
+        self.sends.part = self.rank
+        self.sends.parts = int(_agree([int(self.sender)], "sum")[0])
+        need = 4 * state_bytes(pl_module, trainer.optimizers) * trainer.world_size
+        root = trainer.strategy.broadcast(scratch_root(need) if self.rank == 0 else "")
+        self.base = os.path.join(root, self.scratch)
+        if self.sender:  # what a lost group left here goes
+            shutil.rmtree(self.base, ignore_errors=True)
+            os.makedirs(self.base, exist_ok=True)
+
+    def keep(self, trainer: pl.Trainer, step: int) -> None:
+        """Agree, save this step's checkpoint into the node-local folder (a collective),
+        and send the node's files (its first rank)."""
+        busy = self.sends.busy
+        if self.sends.sending is not None and not busy:
+            self._problem = self._problem or self.sends.collect()
         self._problem = self._problem or self._too_big(trainer)
-        proposal = self._proposal if self.rank == 0 else 0
+        proposal = self.tuning.proposal if self.rank == 0 else 0
         any_busy, any_problem, interval = _agree(
             [int(busy), int(self._problem is not None), proposal], "max"
         )
@@ -454,119 +638,22 @@ class MemoryState(pl.Callback):
             self.skipped += 1
             return
         if interval > 0:
-            self.every_n_steps = interval
+            self.tuning.every_n_steps = interval
         began = time.perf_counter()
         folder = os.path.join(self.base, f"step-{step}")
         trainer.save_checkpoint(os.path.join(folder, CKPT_FILE))  # ends with a barrier
         self.cost.snapshot(time.perf_counter() - began)
         if self.sender:
-            self._sending = self._submit("send", self._send_folder, step, folder)
-        self._last_keep = self.last_kept = step
-        self.kept += 1
+            self.sends.submit_folder(step, folder)
+        self._kept(step)
         if self.rank == 0:
-            self._retune()
-
-    def _submit(self, thread: str, work: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Run ``work`` on this callback's ``thread`` (one each: sends, writes)."""
-        pool = self._pools.get(thread)
-        if pool is None:
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raytrain-{thread}")
-            self._pools[thread] = pool
-        return pool.submit(work, *args)
-
-    def _send(self, step: int, files: Callable[[], dict[str, Any]]) -> tuple[float, bool]:
-        """Send a packed state's ``files`` (made here: a serialisation is the sending
-        thread's work) to the keeper; returns the CPU seconds it took this thread (its cost
-        to training: waiting for the keeper's answer costs none) and whether the keeper
-        took it."""
-        import ray
-
-        began = time.thread_time()
-        reply = self.keeper.put.remote(self.token, step, files())
-        spent = time.thread_time() - began
-        return spent, bool(ray.get(reply, timeout=SEND_TIMEOUT_S))
-
-    def _send_folder(self, step: int, folder: str) -> tuple[float, bool]:
-        """Read this node's files of the keep at ``step``, free the folder and send them
-        as this node's part (the background thread); returns as ``_send``."""
-        import ray
-
-        began = time.thread_time()
-        files = read_files(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-        reply = self.keeper.put.remote(self.token, step, files, self.part, self.parts)
-        spent = time.thread_time() - began
-        return spent, bool(ray.get(reply, timeout=SEND_TIMEOUT_S))
-
-    def _sent(self, sending: Future[tuple[float, bool]]) -> str | None:
-        """Take a finished send's figures; returns why this group keeps no more (None:
-        it may)."""
-        self._sending = None
-        try:
-            spent, taken = sending.result()
-        except Exception as exc:  # a keeper gone: training goes on, restores use storage
-            print(f"raytrain: warning: the in-memory state was not kept: {exc}", flush=True)
-            return None
-        self.cost.sent(spent)
-        if not taken:  # a keeper Ray started again, or a spike's drop: this group is done
-            return (
-                "the keeper refused this group's state (it was started again, or "
-                "dropped its state): nothing more is kept until the next restart"
-            )
-        return None
-
-    def _retune(self) -> None:
-        """Under ``auto`` (rank 0): the interval for the figures so far, said when first
-        chosen and when it is twice or half the last one said (on digits the choice
-        wanders between 3 and 8 steps with the machine's load: each step of that said
-        would be noise). Kept together, the ranks take it at the next keep's agreement.
-        An interval the spec set is not chosen: what it costs is said once, when a full
-        window of sends has been measured."""
-        if not self.auto:
-            choice = self.cost.choose(as_set=self.every_n_steps)
-            if choice is not None and choice.send_steps is not None:
-                self.send_every = choice.send_steps  # the node copy's as set, the keeper's chosen
-            full = self.cost.measured == self.cost.window
-            if self._told is None and full and choice is not None and self.on_choice:
-                self._told = choice.steps
-                self.on_choice(choice)
-            return
-        choice = self.cost.choose()
-        if choice is None:
-            return
-        if self.together:
-            self._proposal = choice.steps
-        else:
-            self.every_n_steps = choice.steps
-            self.send_every = choice.send_steps or choice.steps
-        told = self._told
-        if told is None or not told / 2 < choice.steps < told * 2:
-            self._told = choice.steps
-            if self.on_choice is not None:
-                self.on_choice(choice)
-
-    def wait_sent(self) -> None:
-        """Wait for the write and the send on their way, if any (their figures count)."""
-        if self._writing is not None:
-            self._writing.exception()
-            self._written(self._writing)  # may hand over a send
-        if self._sending is not None:
-            refused = self._sent(self._sending)  # bounded: SEND_TIMEOUT_S at most
-            if refused is not None:
-                self._stop(refused, say=True)
+            self.tuning.retune()
 
     def finish(self) -> None:
-        """Wait for the send on its way, stop the threads and clear the scratch folder and
-        the node's copy (the run's training is over: nothing resumes from them)."""
-        self.wait_sent()
-        for pool in self._pools.values():
-            pool.shutdown(wait=False)
-        self._drop_node_copy()
-        if self.together and self.sender and self.base:
+        """As every keep's, and the node-local folder goes."""
+        super().finish()
+        if self.sender and self.base:
             shutil.rmtree(self.base, ignore_errors=True)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.finish()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ ORDER = [
     "MetricsReporter",
     "EarlyStopping",  # the user's, before the checkpoint that holds its state
     "CheckpointCallback",
-    "MemoryState",
+    "KeepAlone",
     "PreemptionGuard",
     "LoaderPosition",
     "RollbackSkip",
