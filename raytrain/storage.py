@@ -5,7 +5,7 @@ branches on the URI scheme. Local paths are made absolute at the driver, because
 may run with another working directory.
 
 - ``s3://bucket/key``: pyarrow's native S3 filesystem (the AWS C++ SDK; chosen over s3fs by
-  measurement, see ARCHITECTURE.md). The endpoint comes from ``storage.s3.endpoint_url`` or
+  measurement: ``docs/decisions/035-*``). The endpoint comes from ``storage.s3.endpoint_url`` or
   the standard ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``; the region from
   ``storage.s3.region``, ``AWS_REGION``/``AWS_DEFAULT_REGION``, or the bucket itself.
 - ``gs://bucket/key``: pyarrow's GCS filesystem; an emulator from ``storage.gcs.endpoint_url``

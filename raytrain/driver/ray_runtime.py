@@ -219,9 +219,9 @@ def start_local(
     Ray is running. With ``warm`` > 0 the cluster keeps that many idle worker processes
     with torch, Lightning and raytrain's worker modules imported (``driver.warm_pool``):
     worth it on a cluster that waits between runs (``raytrain up``), not on one that
-    starts with its run, where the pool's imports compete with the run's own (ARCHITECTURE,
-    "Warm workers only on a cluster that stays up"). ``init_kwargs`` go to ``ray.init``
-    (``object_store_memory``, ...); ``warm_marks``: the folder where warm processes mark
+    starts with its run, where the pool's imports compete with the run's own
+    (``docs/decisions/002-*``). ``init_kwargs`` go to ``ray.init`` (``object_store_memory``,
+    ...); ``warm_marks``: the folder where warm processes mark
     themselves ready (``worker.warm_ready``), so that the pool imports one at a time.
     """
     global _started_env

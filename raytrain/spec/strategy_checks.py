@@ -49,7 +49,7 @@ def mesh_problems(spec: JobSpec) -> list[str]:
 
     An elastic range is refused: Ray Train restarts at any count in it, most of which a
     fixed tensor-parallel size does not divide, and a checkpoint written on one mesh is
-    read on another only where torch's DCP reshards it (see ``ARCHITECTURE.md``)."""
+    read on another only where torch's DCP reshards it (``docs/decisions/060-*``)."""
     mp, scaling = spec.strategy.model_parallel, spec.scaling
     if scaling.elastic:
         return [
