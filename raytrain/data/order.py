@@ -90,7 +90,57 @@ def rows_trained(state: Mapping[str, Any], num_rows: int, batch_size: int) -> in
     return min(num_rows, int(state["steps"]) * batch_size * int(state.get("world_size", 1)))
 
 
-class EpochSchedule:
+class ResumableSchedule:
+    """What ``EpochSchedule`` and ``StreamSchedule`` share: a rank's share of each epoch of
+    ``num_rows`` rows, in steps of ``batch_size`` rows per rank, resumable by Lightning's
+    loader protocol (``state_dict``/``load_state_dict``: each keeps its own position).
+
+    ``epoch`` and ``position`` (Lightning's count of the epoch's batches begun, kept by
+    ``LoaderPosition``) say where training is. Restored mid-epoch, a pass is the rest of the
+    epoch cut for the current world size (which may differ from the one that saved it:
+    elastic runs), and its length the steps already done plus those left, as Lightning's
+    restored loop counts them. Fewer rows left than ranks (only after a resize, near an
+    epoch's end) are skipped with a warning: no rank may have an empty batch."""
+
+    def __init__(self, num_rows: int, batch_size: int, *, rank: int, world_size: int):
+        self._rows = num_rows
+        self._batch_size = batch_size
+        self._rank = rank
+        self._world = world_size
+        self.epoch = 0
+        self.position = 0
+
+    @property
+    def num_rows(self) -> int:
+        """The rows of an epoch."""
+        return self._rows
+
+    def _steps(self) -> tuple[int, int]:
+        """This epoch's (steps already done, steps left in the pass)."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        done, left = self._steps()
+        return done + left
+
+    def _fits(self, left: int) -> bool:
+        """Whether ``left`` rows give every rank a batch; not (a warning) when fewer rows
+        than ranks are left: they are skipped."""
+        if 0 < left < self._world:
+            logger.warning(
+                "%d rows left in epoch %d for %d workers: skipped", left, self.epoch, self._world
+            )
+        return left >= self._world
+
+    @staticmethod
+    def _another_loaders() -> None:
+        logger.warning(
+            "the checkpoint's data position is another loader's: the epoch "
+            "resumes exact in count, not in which rows"
+        )
+
+
+class EpochSchedule(ResumableSchedule):
     """This rank's share of an epoch of ``num_rows`` indexed rows, as lists of row indices,
     one pass per epoch: what ``CachedBatches`` takes from an Arrow table, and what a
     user's map-style dataset is sampled by (``worker.user_data``).
@@ -116,14 +166,8 @@ class EpochSchedule:
         world_size: int,
         shuffle_seed: int | None = None,
     ):
-        self._rows = num_rows
-        self._batch_size = batch_size
-        self._rank = rank
-        self._world = world_size
+        super().__init__(num_rows, batch_size, rank=rank, world_size=world_size)
         self._seed = shuffle_seed
-        self.epoch = 0
-        # Lightning's count of this epoch's batches begun (set by ``LoaderPosition``).
-        self.position = 0
         # A mid-epoch restore: (epoch, steps done, rows of its order done) until it is used.
         self._resume: tuple[int, int, int] | None = None
         # The pass under way: its epoch and schedule.
@@ -138,19 +182,14 @@ class EpochSchedule:
         if self._resume is not None and self._resume[0] == self.epoch:
             _, done, start = self._resume
         left = n - start
-        if left == 0:
-            return done, start, []
-        if left < self._world:  # only after a resize: too few rows left to give each rank one
-            logger.warning(
-                "%d rows left in epoch %d for %d workers: skipped", left, self.epoch, self._world
-            )
-            return done, n, []
+        if not self._fits(left):
+            return done, start if left == 0 else n, []
         steps = step_slices(left, self._batch_size, self._world)
         return done, start, [[(lo + start, hi + start) for lo, hi in step] for step in steps]
 
-    def __len__(self) -> int:
+    def _steps(self) -> tuple[int, int]:
         done, _, steps = self._schedule()
-        return done + len(steps)
+        return done, len(steps)
 
     def order(self) -> Any:
         """The current epoch's order of all rows (the same on every rank)."""
@@ -171,10 +210,7 @@ class EpochSchedule:
         """Resume from ``state``: the next pass over its epoch starts at the row it reached."""
         self.epoch = int(state["epoch"])
         if "rows" not in state or "world_size" in state:  # a streamed split's, Ray Data's
-            logger.warning(
-                "the checkpoint's data position is another loader's: the epoch "
-                "resumes exact in count, not in which rows"
-            )
+            self._another_loaders()
         rows = rows_trained(state, self._rows, self._batch_size)
         self._resume = (self.epoch, int(state["steps"]), rows)
         self.position = int(state["steps"])
@@ -252,7 +288,7 @@ def rows_left(
     return out
 
 
-class StreamSchedule:
+class StreamSchedule(ResumableSchedule):
     """This rank's share of an epoch of ``num_rows`` rows of a streamed set: its block of
     the epoch's order (as intervals) and its batch sizes.
 
@@ -266,19 +302,9 @@ class StreamSchedule:
     """
 
     def __init__(self, num_rows: int, batch_size: int, *, rank: int, world_size: int):
-        self._rows = num_rows
-        self._batch_size = batch_size
-        self._rank = rank
-        self._world = world_size
-        self.epoch = 0
-        self.position = 0
+        super().__init__(num_rows, batch_size, rank=rank, world_size=world_size)
         # a restore mid-epoch: (epoch, rows it had left, steps done), for that epoch's pass
         self._start: tuple[int, list[Interval], int] | None = None
-
-    @property
-    def num_rows(self) -> int:
-        """The rows of an epoch."""
-        return self._rows
 
     def _run(self) -> tuple[list[Interval], int]:
         """The rows left when this epoch's pass began, and the steps done then."""
@@ -289,22 +315,14 @@ class StreamSchedule:
     def plan(self) -> tuple[int, list[Interval], list[int]]:
         """(steps already done in this epoch, this rank's block, its batch sizes)."""
         left, done = self._run()
-        if span(left) == 0:
-            return done, [], []
-        if span(left) < self._world:  # only after a resize: too few rows to give each a batch
-            logger.warning(
-                "%d rows left in epoch %d for %d workers: skipped",
-                span(left),
-                self.epoch,
-                self._world,
-            )
+        if not self._fits(span(left)):
             return done, [], []
         block, sizes = rank_block(left, self._batch_size, self._world, self._rank)
         return done, block, sizes
 
-    def __len__(self) -> int:
+    def _steps(self) -> tuple[int, int]:
         done, _, sizes = self.plan()
-        return done + len(sizes)
+        return done, len(sizes)
 
     def state_dict(self) -> dict[str, object]:
         """Where training is in the data: saved in every Lightning checkpoint."""
@@ -323,10 +341,7 @@ class StreamSchedule:
         if "left" in state:
             left = [(int(lo), int(hi)) for lo, hi in state["left"]]  # type: ignore[attr-defined]
         else:  # saved by another loader: the split took another path since
-            logger.warning(
-                "the checkpoint's data position is another loader's: the epoch "
-                "resumes exact in count, not in which rows"
-            )
+            self._another_loaders()
             left = [
                 (min(rows_trained(state, self._rows, self._batch_size), self._rows), self._rows)
             ]
