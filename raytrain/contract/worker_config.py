@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from raytrain.spec import JobSpec
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from ray.actor import ActorHandle
 
 CONFIG_KEY = "raytrain"
@@ -56,7 +57,7 @@ class StreamedSet:
     # by each rank's decoding processes as an image folder's files are
     images: bool = False
     blocks: tuple[tuple[int, int], ...] = ()  # text formats: each block's (offset, length)
-    schema: Any = None  # text formats: the pyarrow schema every block is parsed into
+    schema: pa.Schema = None  # text formats: the pyarrow schema every block is parsed into
 
     @property
     def counts(self) -> list[int]:

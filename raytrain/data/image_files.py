@@ -16,9 +16,12 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.contract import ImageSet
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
 
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "tif", "tiff", "bmp", "gif", "webp")
 HEAD_BYTES = 1 << 16  # what a header check reads of each file: Pillow's header needs less
@@ -55,7 +58,7 @@ def is_image(path: str) -> bool:
     return path.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS and "." in path.rsplit("/", 1)[-1]
 
 
-def image_classes(fs: Any, path: str) -> list[str]:
+def image_classes(fs: FileSystem, path: str) -> list[str]:
     """The class names of an image folder: its subfolders, sorted (torchvision's
     ``ImageFolder`` convention); none when the images lie directly in it."""
     import pyarrow.fs as pafs
@@ -81,7 +84,7 @@ def image_problem(data: bytes, whole: bool = False) -> str | None:
     return None
 
 
-def header_problem(fs: Any, path: str) -> str | None:
+def header_problem(fs: FileSystem, path: str) -> str | None:
     """Why Pillow cannot read the image at ``path`` from its first bytes, or None."""
     try:
         with fs.open_input_file(path) as handle:
@@ -94,7 +97,7 @@ def header_problem(fs: Any, path: str) -> str | None:
 PACK_MANIFEST = "_raytrain_pack.json"  # ``data.pack.MANIFEST``: a packed set's manifest
 
 
-def pack_manifest(fs: Any, path: str) -> dict[str, Any] | None:
+def pack_manifest(fs: FileSystem, path: str) -> dict[str, Any] | None:
     """The manifest ``raytrain pack`` wrote at ``path``, or None (not a pack's folder). An
     unfinished pack (interrupted, or stopped at a bad file) is a ``BadImages`` saying so: its
     shards are a mix of the old and the new."""
@@ -115,7 +118,7 @@ def pack_manifest(fs: Any, path: str) -> dict[str, Any] | None:
     return manifest
 
 
-def packed_manifest(fs: Any, path: str) -> dict[str, Any] | None:
+def packed_manifest(fs: FileSystem, path: str) -> dict[str, Any] | None:
     """The manifest of images packed by ``raytrain pack`` at ``path``, or None: not packed
     images (no manifest, or one of packed rows); ``pack_manifest``'s error when unfinished."""
     manifest = pack_manifest(fs, path)
@@ -185,7 +188,7 @@ def _labelled(
     return [index[v] for v in values], classes
 
 
-def _readable(fs: Any, files: list[str], bad: str) -> tuple[list[str], int]:
+def _readable(fs: FileSystem, files: list[str], bad: str) -> tuple[list[str], int]:
     """The files whose header Pillow reads (``header_problem``, in threads), and how many
     were left out (``bad: skip``); with ``bad: error`` the first that does not is a
     ``BadImages`` naming it."""
@@ -226,7 +229,7 @@ def _by_class_folder(files: list[str], root: str, top: list[str]) -> tuple[list[
 
 def list_images(
     uri: str,
-    fs: Any,
+    fs: FileSystem,
     path: str,
     *,
     bad: str = "error",

@@ -23,13 +23,16 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.contract import ImageSet, StreamedSet
 from raytrain.data.batch_format import batch_as
 from raytrain.data.image_files import open_image
 from raytrain.data.order import Interval, StreamSchedule, epoch_order
 from raytrain.data.parquet_stream import ParquetStream, cut_tables
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
 
 FETCH_THREADS = 16  # reads in flight per decoding process
 PREFETCH = 4  # batches each decoding process works ahead
@@ -52,7 +55,7 @@ class ImageFiles:
     def __init__(
         self,
         images: ImageSet | None,
-        filesystem: Any,
+        filesystem: FileSystem,
         size: Sequence[int] | None,
         mode: str | None,
         transform: str | None = None,
@@ -309,7 +312,7 @@ class PackedImageStream(ParquetStream):
     def __init__(
         self,
         streamed: StreamedSet,
-        filesystem: Any,
+        filesystem: FileSystem,
         files: ImageFiles,
         batch_size: int,
         *,

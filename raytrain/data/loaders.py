@@ -12,12 +12,15 @@ import logging
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.contract import CachedSet, ImageSet, MixedSet, StreamedSet
 from raytrain.data.batch_format import batch_as
 from raytrain.data.order import EpochSchedule, epoch_seed
 from raytrain.spec import DataSpec, SourceSpec, StorageSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +31,7 @@ class CachedBatches(EpochSchedule):
 
     def __init__(
         self,
-        table: Any,
+        table: pa.Table,
         batch_size: int,
         *,
         rank: int,

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raytrain.contract import MixedSet
 from raytrain.data.order import Interval, StreamSchedule, epoch_seed
 from raytrain.data.parquet_stream import EpochLayout, WindowReader, cut_batches
 from raytrain.spec.data import label_bytes
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CHUNK = 8192  # positions interleaved at a time
 
@@ -63,7 +66,7 @@ class SourceRows(Protocol):
 class CachedRows:
     """A cached source: its rows taken from its table, in a permutation per pass."""
 
-    def __init__(self, table: Any, seed: int | None):
+    def __init__(self, table: pa.Table, seed: int | None):
         self._table, self._seed = table, seed
         self._order: tuple[int, Any] | None = None
 

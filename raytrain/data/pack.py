@@ -29,9 +29,13 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from raytrain.data.image_files import PACK_MANIFEST
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyarrow.fs import FileSystem
 
 MANIFEST = PACK_MANIFEST
 PLAN_KEY = b"raytrain.pack.plan"  # a shard's footer: the hash of the files it holds
@@ -139,7 +143,7 @@ def pack(
     return summary
 
 
-def _source(src: str, fs: Any, path: str, fmt: str, skip_bad: bool) -> Any:
+def _source(src: str, fs: FileSystem, path: str, fmt: str, skip_bad: bool) -> Any:
     """What is packed from ``src``, by its format: its units (files or blocks), their sizes
     and stamps, and how to write a shard of them."""
     import pyarrow.fs as pafs
@@ -154,7 +158,7 @@ def _source(src: str, fs: Any, path: str, fmt: str, skip_bad: bool) -> Any:
 
 
 def _write_shards(
-    source: Any, fmt: str, plan: list[range], fs: Any, path: str, out: TextIO
+    source: Any, fmt: str, plan: list[range], fs: FileSystem, path: str, out: TextIO
 ) -> tuple[int, int]:
     """Every shard of ``plan`` not already whole under ``path`` (a rerun's), written and put
     in place, a line each on ``out``: (shards skipped, rows in all the shards)."""
@@ -184,7 +188,7 @@ def _write_shards(
     return skipped, rows
 
 
-def _claim(fs: Any, path: str, dest: str) -> None:
+def _claim(fs: FileSystem, path: str, dest: str) -> None:
     """Make ``dest`` a pack's folder: new, empty, or a pack's already (a manifest, finished
     or not). Anything else is refused: the shards' clean-up would delete files it did not
     write, and a reader would take them as part of the set."""
@@ -231,7 +235,7 @@ def _plan_key(
     return digest.hexdigest().encode()
 
 
-def _whole_shard(fs: Any, path: str, key: bytes) -> int | None:
+def _whole_shard(fs: FileSystem, path: str, key: bytes) -> int | None:
     """The rows of the shard at ``path`` when it was written whole from the same files
     (its footer's ``PLAN_KEY``), else None."""
     import pyarrow.parquet as pq
@@ -246,7 +250,7 @@ def _whole_shard(fs: Any, path: str, key: bytes) -> int | None:
     return int(meta.num_rows)
 
 
-def _put(fs: Any, path: str, data: bytes) -> None:
+def _put(fs: FileSystem, path: str, data: bytes) -> None:
     """Write a shard in one piece: locally a temporary file renamed into place; on an object
     store one upload, which the store completes only once it is whole."""
     import pyarrow.fs as pafs
@@ -263,7 +267,7 @@ def _put(fs: Any, path: str, data: bytes) -> None:
         handle.write(data)
 
 
-def _remove_stale(fs: Any, dest_path: str, shards: int) -> None:
+def _remove_stale(fs: FileSystem, dest_path: str, shards: int) -> None:
     """Shards past the plan's (a pack of the same folder with a smaller set or larger shards
     before): a reader would take them as part of the set."""
     import pyarrow.fs as pafs
@@ -276,7 +280,7 @@ def _remove_stale(fs: Any, dest_path: str, shards: int) -> None:
                 fs.delete_file(info.path)
 
 
-def _parquet(table: Any, metadata: dict[bytes, bytes], row_bytes: float) -> bytes:
+def _parquet(table: pa.Table, metadata: dict[bytes, bytes], row_bytes: float) -> bytes:
     """``table`` as one Parquet file in memory, row groups of about ``ROW_GROUP_BYTES``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -288,7 +292,7 @@ def _parquet(table: Any, metadata: dict[bytes, bytes], row_bytes: float) -> byte
     return sink.getvalue().to_pybytes()
 
 
-def _stamps(fs: Any, path: str) -> dict[str, Any]:
+def _stamps(fs: FileSystem, path: str) -> dict[str, Any]:
     """Every file's modification time under ``path`` (ns; None where the store has none)."""
     import pyarrow.fs as pafs
 
@@ -296,7 +300,7 @@ def _stamps(fs: Any, path: str) -> dict[str, Any]:
     return {i.path: i.mtime_ns for i in infos if i.type == pafs.FileType.File}
 
 
-def _image_source(src: str, fs: Any, path: str, skip_bad: bool) -> PackSource:
+def _image_source(src: str, fs: FileSystem, path: str, skip_bad: bool) -> PackSource:
     """An image folder's files, each a unit. Each is decoded whole as it is packed (a
     truncated file passes a header check): one that does not decode is a ``PackError``
     naming it, or with ``skip_bad`` left out of its shard and counted."""
@@ -353,7 +357,7 @@ def _image_source(src: str, fs: Any, path: str, skip_bad: bool) -> PackSource:
     )
 
 
-def _text_source(src: str, fs: Any, path: str, fmt: str) -> PackSource:
+def _text_source(src: str, fs: FileSystem, path: str, fmt: str) -> PackSource:
     """A CSV or JSON set's blocks of lines, each a unit."""
     import pyarrow as pa
 

@@ -26,11 +26,14 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.contract import StreamedSet
 from raytrain.data.batch_format import batch_as
 from raytrain.data.order import Interval, StreamSchedule, epoch_seed
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
 
 # Windows read ahead of the one being batched, each by a thread of its own: on 2 cores
 # and on 16, two reads in flight kept the batches waiting on none (bench/storage.py).
@@ -89,7 +92,7 @@ class WindowReader:
     a set of more files than the process may open at once still reads, and no two threads
     share a file."""
 
-    def __init__(self, streamed: StreamedSet, filesystem: Any, columns: list[str] | None):
+    def __init__(self, streamed: StreamedSet, filesystem: FileSystem, columns: list[str] | None):
         self.set = streamed
         self._fs = filesystem
         self._columns = columns
@@ -193,7 +196,7 @@ class ParquetStream(StreamSchedule):
     def __init__(
         self,
         streamed: StreamedSet,
-        filesystem: Any,
+        filesystem: FileSystem,
         columns: list[str] | None,
         batch_size: int,
         *,
@@ -254,7 +257,7 @@ class ParquetStream(StreamSchedule):
         yield from cut_batches(self.tables(block, self.epoch), sizes, self._tuple, preprocess)
 
 
-def row_groups(uri: str, filesystem: Any, path: str) -> StreamedSet:
+def row_groups(uri: str, filesystem: FileSystem, path: str) -> StreamedSet:
     """The Parquet files under ``path`` (sorted) and their row groups, from the footers,
     read in parallel threads (a prefix of many files on object storage)."""
     import pyarrow.dataset as pads

@@ -41,12 +41,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
 from raytrain.contract import CachedSet, ImageSet, MixedSet, StreamedSet
 from raytrain.spec import DataSpec, JobSpec, MixSourceSpec, SourceSpec, StorageSpec
 from raytrain.spec.data import epoch_rows_problem
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ def data_nodes(
     return {"ray.io/node-id": f"in({','.join(cpu_only)})"}
 
 
-def _read_images(source: SourceSpec, fs: Any, path: str) -> Any:
+def _read_images(source: SourceSpec, fs: FileSystem, path: str) -> Any:
     """Image files under ``path`` as an ``image`` column (HWC uint8), decoded and resized on
     Ray Data workers, plus ``label``: the index of the file's class folder, if any."""
     import ray.data

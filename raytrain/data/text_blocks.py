@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.contract import StreamedSet
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyarrow.fs import FileSystem
 
 BLOCK_BYTES = 16 * 2**20  # a block's bytes, about: a rank holds a few windows of them
 PARSE_THREADS = 8
@@ -36,7 +40,7 @@ class BadRows(ValueError):
     """A CSV or JSON file that cannot be read as rows; the message names the file."""
 
 
-def _split(fs: Any, path: str, header: bool) -> tuple[bytes, list[tuple[int, int]]]:
+def _split(fs: FileSystem, path: str, header: bool) -> tuple[bytes, list[tuple[int, int]]]:
     """A file's first line (``header``: CSV) and its blocks as (offset, length), each
     ending on a line's end (the last one at the file's end)."""
     blocks: list[tuple[int, int]] = []
@@ -68,7 +72,7 @@ def parse(
     data: bytes,
     fmt: str,
     names: list[str] | None,
-    schema: Any = None,
+    schema: pa.Schema = None,
     columns: list[str] | None = None,
 ) -> Any:
     """A block's bytes as an Arrow table: CSV with ``names`` as its header, or JSON Lines;
@@ -121,7 +125,7 @@ def _said(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def _where(fs: Any, path: str, at: int, exc: Exception) -> str:
+def _where(fs: FileSystem, path: str, at: int, exc: Exception) -> str:
     """Where in its file a block's parse failed, and why: the file's line when pyarrow
     names the block's row (``Row #N``; the lines before the block are counted, a read
     made only for this message), else the block's first byte."""
@@ -139,7 +143,7 @@ def _where(fs: Any, path: str, at: int, exc: Exception) -> str:
     return f"line {line}: {said.replace(row.group(0), '')}"
 
 
-def _text_files(fs: Any, path: str, fmt: str) -> list[Any]:
+def _text_files(fs: FileSystem, path: str, fmt: str) -> list[Any]:
     """The file ``path``, or the files under it (hidden and ``_`` ones left out; those named
     for ``fmt`` alone, when there are any), sorted by path."""
     import pyarrow.fs as pafs
@@ -168,7 +172,7 @@ def _one_header(files: list[str], firsts: list[Any]) -> list[str]:
     return names
 
 
-def plan_text(uri: str, fs: Any, path: str, fmt: str) -> StreamedSet:
+def plan_text(uri: str, fs: FileSystem, path: str, fmt: str) -> StreamedSet:
     """The CSV or JSON Lines files under ``path``, split into blocks and parsed once (see
     the module docstring). A file that does not parse is a ``BadRows`` naming it, with
     where in it and pyarrow's words (for a CSV row with the wrong field count, the row)."""

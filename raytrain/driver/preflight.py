@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
 from raytrain.driver import source_check
 from raytrain.errors import SpecError
 from raytrain.spec import JobSpec, StorageSpec
 from raytrain.util.imports import OLD_NAMESPACE_HINT, import_object, old_namespace
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def check_model_located(spec: JobSpec) -> list[str]:
@@ -335,7 +338,7 @@ def _mix_schema_problems(data: Any, options: Any) -> list[str]:
         return []
     columns = data.columns or list(schemas[0].names)
 
-    def shape(schema: Any) -> list[str]:
+    def shape(schema: pa.Schema) -> list[str]:
         return [
             f"{c} {schema.field(c).type}" if c in schema.names else f"{c} (absent)" for c in columns
         ]

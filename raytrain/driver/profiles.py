@@ -8,14 +8,17 @@ logs that folder as the MLflow run's ``profiles/`` artifacts.
 from __future__ import annotations
 
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING
 
 from raytrain import storage
 from raytrain.checkpoints.layout import PROFILES, run_dir
 from raytrain.spec import JobSpec
 
+if TYPE_CHECKING:
+    from raytrain.tracking.mlflow_tracker import MlflowTracker
 
-def log_profiles(job: JobSpec, tracker: Any) -> list[str]:
+
+def log_profiles(job: JobSpec, tracker: MlflowTracker) -> list[str]:
     """Log the run's profiler reports to ``tracker`` (an ``MlflowTracker``); their names."""
     if job.trainer.profiler is None:
         return []

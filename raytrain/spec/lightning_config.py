@@ -33,12 +33,15 @@ import copy
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
 from raytrain.errors import SpecError, root_cause
 from raytrain.spec import ClassSpec, DataModuleSpec, JobSpec
 from raytrain.util.imports import import_object
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
 
 
 def _entry(section: ClassSpec) -> dict[str, Any]:
@@ -188,7 +191,7 @@ def trial_problems(config: Any) -> list[str]:
 
     problems: list[str] = []
     stand_in = torch.nn.Parameter(torch.zeros(1))
-    optimizer: Any = torch.optim.SGD([stand_in], lr=0.1)  # what a lone scheduler is tried on
+    optimizer: Optimizer | None = torch.optim.SGD([stand_in], lr=0.1)  # a lone scheduler's
     if config.get("optimizer") is not None:
         built = _tried("optimizer", config.optimizer, [stand_in], problems)
         optimizer = built if built is not None else None

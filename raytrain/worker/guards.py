@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -24,12 +24,15 @@ from raytrain._compat.torch import grad_norms
 from raytrain.errors import NonFiniteLossError
 from raytrain.worker.grad_clip import local_shard
 
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
 
 class FiniteGuard(pl.Callback):
     """Raises ``NonFiniteLossError`` when the gradients about to be applied are not finite."""
 
     def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
     ) -> None:
         present = [p.grad for p in pl_module.parameters() if p.grad is not None]
         if not present:

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import lightning.pytorch as pl
 
 from raytrain._compat.torch_collectives import CollectiveTimer
 from raytrain.worker.batch_end import BatchEnd
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
 
 
 class Tick(NamedTuple):
@@ -140,7 +143,7 @@ class StepClock(pl.Callback):
         self._tell(lambda listener, tick: listener.backward_ended(tick))
 
     def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
     ) -> None:
         self._tell(lambda listener, tick: listener.optimizer_started(tick))
 
