@@ -1,16 +1,27 @@
 """Write the docs pages that come from the code, so that they cannot drift from it.
 
-``modules.md``: every module of ``raytrain/``, by package, with the first paragraph of its
-own docstring (read from the source: nothing is imported). Run ``python docs/generate.py``
-after changing a module's docstring, or adding or removing one;
-``tests/unit/test_docs.py`` fails on any difference with what is committed.
+- ``modules.md``: every module of ``raytrain/``, by package, with the first paragraph of
+  its own docstring (read from the source: nothing is imported);
+- ``reference/spec.md``: every field of the job spec with its type, default and
+  description, from the pydantic models (``raytrain.spec``);
+- ``reference/cli.md``: every ``raytrain`` command and flag, from the argument parser;
+- ``reference/api.md``: the Python API (``raytrain.__all__``), from its docstrings.
+
+Run ``python docs/generate.py`` after changing any of them; ``tests/unit/test_docs.py``
+fails on any difference with what is committed.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
+import inspect
+import re
 import sys
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -46,13 +57,181 @@ def modules_page(root: Path = ROOT) -> str:
     return "\n".join(lines) + "\n"
 
 
+def type_name(annotation: Any) -> str:
+    """A field's type as a reader wants it: ``int | None``, ``"ddp" | "fsdp"``, ``list[str]``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin is typing.Literal:
+        return " | ".join(f"`{a!r}`" if isinstance(a, str) else f"`{a}`" for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if origin is not None:
+        inner = ", ".join(type_name(a) for a in args)
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
+
+
+def _models(annotation: Any) -> list[type]:
+    """The pydantic models a field's type holds (a section, or each of a union's)."""
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in _models(a)]
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _default(field: Any) -> str:
+    from pydantic_core import PydanticUndefined
+
+    if field.is_required():
+        return "required"
+    if field.default_factory is not None:
+        made = field.default_factory()
+        return "" if _models(type(made)) else f"`{made!r}`"
+    if field.default is PydanticUndefined:
+        return ""
+    return f"`{field.default!r}`"
+
+
+def _model_rows(model: type, prefix: str, out: list[str], seen: set[str]) -> None:
+    """``model``'s fields under ``prefix``: a table of its own, then each nested section."""
+    rows, nested = [], []
+    for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+        path = f"{prefix}{name}"
+        inner = _models(field.annotation)
+        kind = "section" if inner else _cell(type_name(field.annotation))
+        rows.append(
+            f"| `{path}` | {kind} | {_cell(_default(field))} | {_cell(field.description or '')} |"
+        )
+        nested += [(path, m) for m in inner]
+    out += ["", f"## `{prefix.rstrip('.')}`" if prefix else "## The top level", ""]
+    doc = model.__dict__.get("__doc__") or ""  # its own, not pydantic's BaseModel's
+    if doc and prefix:
+        out += [_cell(inspect.cleandoc(doc).split("\n\n")[0]), ""]
+    out += ["| field | type | default | description |", "|---|---|---|---|", *rows]
+    for path, inner_model in nested:
+        key = f"{path}:{inner_model.__name__}"
+        if key not in seen:
+            seen.add(key)
+            _model_rows(inner_model, f"{path}.", out, seen)
+
+
+def spec_page() -> str:
+    """``reference/spec.md``: every ``JobSpec`` field, section by section."""
+    from raytrain.spec import JobSpec
+
+    out = [
+        "# Job spec reference",
+        "",
+        "Generated from the pydantic models in `raytrain/spec/` by `python docs/generate.py`:",
+        "each field's type, default and description are the code's own. Every section",
+        "refuses keys it does not know. `raytrain validate SPEC` prints a spec with every",
+        "default filled in. A `trainer.*` key not listed here is passed to Lightning's",
+        "`Trainer` as it is.",
+    ]
+    _model_rows(JobSpec, "", out, set())
+    return "\n".join(out) + "\n"
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    rows = []
+    for action in parser._actions:  # argparse keeps them there; no public accessor
+        if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+            continue
+        name = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.dest}`"
+        default = action.default
+        shown = "" if default in (None, False, argparse.SUPPRESS, [], ()) else f"`{default!r}`"
+        rows.append(f"| {name} | {shown} | {_cell(action.help or '')} |")
+    return rows
+
+
+def cli_page() -> str:
+    """``reference/cli.md``: every command and its flags, from ``cli.app``'s parser."""
+    from raytrain.cli.app import build_parser
+
+    parser = build_parser()
+    out = [
+        "# Command reference",
+        "",
+        "Generated from `raytrain`'s argument parser by `python docs/generate.py`.",
+        "Bad input exits 2 with a message naming the field or file; `raytrain CMD --help`",
+        "prints the same.",
+    ]
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {c.dest: c.help or "" for c in subs._choices_actions}
+    for name, sub in subs.choices.items():
+        said = helps.get(name, "") or sub.description or ""
+        out += ["", f"## `raytrain {name}`", "", _cell(said)]
+        rows = _flags(sub)
+        if rows:
+            out += ["", "| argument | default | meaning |", "|---|---|---|", *rows]
+    return "\n".join(out) + "\n"
+
+
+def _signature(obj: Any) -> inspect.Signature:
+    """``obj``'s signature, a default that is an object (a stream, a function) shown as
+    ``...``: its repr is no value a reader can write, and differs between processes."""
+    signature = inspect.signature(obj)
+
+    class Shown:
+        def __init__(self, text: str):
+            self.text = text
+
+        def __repr__(self) -> str:
+            return self.text
+
+    params = []
+    for param in signature.parameters.values():
+        default = param.default
+        if default is not inspect.Parameter.empty and repr(default).startswith("<"):
+            param = param.replace(default=Shown("..."))
+        params.append(param)
+    return signature.replace(parameters=params)
+
+
+def api_page() -> str:
+    """``reference/api.md``: every name of ``raytrain.__all__`` with its signature and
+    docstring."""
+    import raytrain
+
+    out = [
+        "# Python API",
+        "",
+        "Generated from `raytrain.__all__` and its docstrings by `python docs/generate.py`.",
+    ]
+    for name in sorted(raytrain.__all__, key=lambda n: (n[0].isupper(), n)):
+        obj = getattr(raytrain, name)
+        try:  # a pydantic model's fields are the spec reference's
+            signature = name if _models(obj) else f"{name}{_signature(obj)}"
+        except (TypeError, ValueError):
+            signature = name
+        kind = "class" if inspect.isclass(obj) else "function"
+        signature = re.sub(r"\s+", " ", signature)
+        out += ["", f"## `{name}`", "", f"{kind} `{signature}`", "", inspect.getdoc(obj) or ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
 def pages(root: Path = ROOT) -> dict[Path, str]:
     """Every generated page, by its path, with the text it must hold."""
-    return {root / "docs" / "modules.md": modules_page(root)}
+    docs = root / "docs"
+    return {
+        docs / "modules.md": modules_page(root),
+        docs / "reference" / "spec.md": spec_page(),
+        docs / "reference" / "cli.md": cli_page(),
+        docs / "reference" / "api.md": api_page(),
+    }
 
 
 def main() -> int:
     for path, text in pages().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
     return 0

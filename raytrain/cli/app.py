@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 JOB_COMMANDS = ("submit", "status", "logs", "stop", "list")
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `raytrain` command line: every command and its flags (docs/generate.py writes the
+    command reference from it)."""
     parser = argparse.ArgumentParser(
         prog="raytrain", description="Train Lightning modules on Ray: DDP workers, Ray Data."
     )
@@ -495,7 +497,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
-    parser = _parser()
+    parser = build_parser()
     # Overrides may come after options (`run SPEC --fresh a.b=1`): argparse stops filling a
     # positional list at the first option, so collect the positional leftovers here.
     args, extra = parser.parse_known_args(argv)

@@ -497,13 +497,34 @@ class JobSpec(_Section):
         description="The data: file sources (`train`, `val`, ...), a LightningDataModule "
         "(`class_path`, `init_args`), or absent: the model's own dataloaders.",
     )
-    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
-    strategy: StrategySpec = Field(default_factory=StrategySpec)
-    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    failure: FailureSpec = Field(default_factory=FailureSpec)
-    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
-    storage: StorageSpec = Field(default_factory=StorageSpec)
+    scaling: ScalingSpec = Field(
+        default_factory=ScalingSpec,
+        description="How many Ray Train workers, on what resources, and elastic ranges.",
+    )
+    strategy: StrategySpec = Field(
+        default_factory=StrategySpec,
+        description="How the workers split the model: DDP, FSDP, or a model-parallel mesh.",
+    )
+    trainer: TrainerSpec = Field(
+        default_factory=TrainerSpec,
+        description="Lightning Trainer arguments: length, precision, accumulation, clipping.",
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Where and when checkpoints are written, kept and kept in memory.",
+    )
+    failure: FailureSpec = Field(
+        default_factory=FailureSpec,
+        description="Restarts, preemptions, hangs and loss spikes: what a fault costs.",
+    )
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec,
+        description="MLflow, the step timeline and Prometheus gauges.",
+    )
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec,
+        description="Object-store options (S3 endpoint and region, retries) for every URI.",
+    )
     optimizer: OptimizerSpec | None = Field(
         default=None,
         description="LightningCLI's automatic optimizer: built over the model's parameters in "

@@ -246,7 +246,10 @@ class TuneSpec(_Section):
     seed: int = Field(
         default=0, ge=0, le=MAX_SEED, description="The search's seed: the same trials each time."
     )
-    scheduler: TrialSchedulerSpec = Field(default_factory=TrialSchedulerSpec)
+    scheduler: TrialSchedulerSpec = Field(
+        default_factory=TrialSchedulerSpec,
+        description="When trials stop: `fifo` (each to its end) or `asha` (early stopping).",
+    )
     search_alg: Literal["random", "optuna"] = Field(
         default="random",
         description="`random` (grid for `grid` fields), or Optuna's TPE (`pip install "

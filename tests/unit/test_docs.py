@@ -42,3 +42,10 @@ def test_the_architecture_page_links_only_to_pages_that_exist() -> None:
         for target in re.findall(r"\]\(([^)#]+\.md)\)", page.read_text(encoding="utf-8")):
             assert (page.parent / target).exists(), f"{page.name} links to {target}"
     assert len((docs / "architecture.md").read_bytes()) <= 12_000
+
+
+def test_every_spec_field_says_what_it_is() -> None:
+    """A field without a description shows as an empty cell in the reference."""
+    page = (ROOT / "docs" / "reference" / "spec.md").read_text(encoding="utf-8")
+    rows = [line for line in page.splitlines() if line.startswith("| `")]
+    assert rows and [r for r in rows if r.rstrip().endswith("|  |")] == []

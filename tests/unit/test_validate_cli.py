@@ -77,7 +77,7 @@ def test_every_subcommand_the_parser_knows_has_its_handler() -> None:
 
     (subparsers,) = (
         action
-        for action in app._parser()._actions
+        for action in app.build_parser()._actions
         if isinstance(action, argparse._SubParsersAction)
     )
     assert set(subparsers.choices) == set(app.COMMANDS)
