@@ -49,3 +49,44 @@ def test_every_spec_field_says_what_it_is() -> None:
     page = (ROOT / "docs" / "reference" / "spec.md").read_text(encoding="utf-8")
     rows = [line for line in page.splitlines() if line.startswith("| `")]
     assert rows and [r for r in rows if r.rstrip().endswith("|  |")] == []
+
+
+def _blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def test_every_whole_spec_in_the_docs_is_valid() -> None:
+    """A YAML block with a ``name`` and a ``model`` is a whole spec: it must validate as
+    ``raytrain validate`` would (the schema: the data it names need not exist here)."""
+    import pytest
+    import yaml
+
+    from raytrain.errors import SpecError
+    from raytrain.spec import parse_spec
+
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+    whole = []
+    for page in pages:
+        for block in _blocks(page.read_text(encoding="utf-8"), "yaml"):
+            tree = yaml.safe_load(block)
+            if isinstance(tree, dict) and {"name", "model"} <= set(tree):
+                parse_spec(tree, source=page.name)
+                whole.append(page.name)
+    assert "spec.md" in whole and "README.md" in whole
+    with pytest.raises(SpecError, match=r"trainer\.max_epochs"):  # it sees a bad one
+        parse_spec(
+            {
+                **yaml.safe_load(_blocks((ROOT / "docs" / "spec.md").read_text(), "yaml")[0]),
+                "trainer": {"max_epochs": "ten"},
+            }
+        )
+
+
+def test_the_quickstart_page_runs_what_ci_runs() -> None:
+    """The quickstart's commands are the README's ``ci:setup`` and ``ci:test`` blocks,
+    which CI runs (``.ci/run``)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = [re.search(rf"<!-- ci:{k} -->\n```sh\n(.*?)```", readme, re.S) for k in ("setup", "test")]
+    assert all(ci)
+    page = _blocks((ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8"), "sh")
+    assert page[:2] == [m.group(1) for m in ci if m]

@@ -191,19 +191,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _shipped_configs() -> list[tuple[str, dict[str, Any]]]:
-    """Every LightningCLI config shipped: jobs/*.yaml and the README's YAML blocks that
-    name a model."""
+    """Every LightningCLI config shipped: jobs/*.yaml, and the YAML blocks of the README and
+    the docs pages that name a model."""
     import re
 
     out = [
         (str(p.relative_to(ROOT)), yaml.safe_load(p.read_text()))
         for p in sorted((ROOT / "jobs").glob("*.yaml"))
     ]
-    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    for index, block in enumerate(blocks):
-        tree = yaml.safe_load(block)
-        if isinstance(tree, dict) and isinstance(tree.get("model"), dict):
-            out.append((f"README.md yaml block {index}", {"name": "readme", **tree}))
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        blocks = re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S)
+        for index, block in enumerate(blocks):
+            tree = yaml.safe_load(block)
+            if isinstance(tree, dict) and isinstance(tree.get("model"), dict):
+                where = f"{page.relative_to(ROOT)} yaml block {index}"
+                out.append((where, {"name": "readme", **tree}))
     return out
 
 
