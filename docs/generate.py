@@ -137,7 +137,40 @@ def spec_page() -> str:
         "`Trainer` as it is.",
     ]
     _model_rows(JobSpec, "", out, set())
+    out += _lightning_cli_rows()
     return "\n".join(out) + "\n"
+
+
+def _lightning_cli_rows() -> list[str]:
+    """LightningCLI's keys a spec takes (``spec.lightning_cli``): the ones raytrain maps
+    onto its own fields, the Trainer arguments it owns, and those passed to the Trainer."""
+    from raytrain.spec import lightning_cli
+
+    owned = lightning_cli.OWNED_TRAINER_ARGUMENTS
+    taken = sorted(lightning_cli.TRAINER_ARGUMENTS - set(owned) - {"accelerator"})
+    out = [
+        "",
+        "## LightningCLI's keys",
+        "",
+        _cell(inspect.getdoc(lightning_cli.lightning_cli_tree) or "")
+        .split(" Returns ")[0]
+        .replace("``", "`"),
+        "",
+        "| Trainer argument | what raytrain does with it |",
+        "|---|---|",
+    ]
+    out += [
+        f"| `trainer.{key}` | taken at {', '.join(f'`{v!r}`' for v in values)}; "
+        f"else use {_cell(use)} |"
+        for key, (values, use) in sorted(owned.items())
+    ]
+    out += [
+        "",
+        "Passed to Lightning's `Trainer` as they are: "
+        + ", ".join(f"`{key}`" for key in taken)
+        + ".",
+    ]
+    return out
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:
