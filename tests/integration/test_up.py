@@ -1,7 +1,8 @@
 """``raytrain up``: a cluster that stays up between runs. Two runs join it (each says so),
 the second after the user's model file was edited, and sees the edit: a warm process never
-holds the user's code. ``up`` twice says it is up; ``down`` leaves no process of the
-cluster's; ``down`` again says nothing is up."""
+holds the user's code, and the runs leave no actor or placement group behind. ``up`` twice
+says it is up; ``down`` leaves no process of the cluster's; ``down`` again says nothing is
+up."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,30 @@ class Marked(DigitsCNN):
         if self.global_rank == 0:
             Path(self.mark_file).write_text(VERSION)
 '''
+
+
+# What a run left on the cluster, asked by a driver of its own: the processes holding an
+# actor on the node (its raylet's stats, as the warm pool counts them) and the placement
+# groups not removed.
+LEFT = """
+import json, ray
+from ray.util.placement_group import placement_group_table
+from raytrain._compat.ray_core import RayletPool
+ray.init(logging_level="ERROR")
+node = ray.nodes()[0]
+pool = RayletPool(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
+groups = [g["state"] for g in placement_group_table().values() if g["state"] != "REMOVED"]
+print(json.dumps({"actors": pool.workers().actors, "groups": groups}))
+"""
+
+
+def _left_behind(env: dict[str, str], record: dict[str, Any]) -> dict[str, Any]:
+    joined = {**env, **record["embedded_env"], "RAY_ADDRESS": record["address"]}
+    done = subprocess.run(
+        [sys.executable, "-c", LEFT], env=joined, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _raytrain(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -100,6 +126,9 @@ def test_runs_join_a_cluster_that_stays_up_and_import_the_users_current_code(
             firsts.append(result["timings"])
             seen.append(mark.read_text())
         assert seen == ["one", "two"]  # the edit reached the second run's workers
+        # the runs left nothing in the cluster: no actor (controller, workers, sink,
+        # keeper), no placement group
+        assert _left_behind(env, record) == {"actors": 0, "groups": []}
         print("first step (s) after the command's start, each run:", firsts)
         assert _raytrain(env, tmp_path, "up", "--status").returncode == 0
 
