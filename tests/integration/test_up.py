@@ -44,7 +44,7 @@ class Marked(DigitsCNN):
 
 # What a run left on the cluster, asked by a driver of its own: the processes holding an
 # actor on the node (its raylet's stats, as the warm pool counts them) and the placement
-# groups not removed.
+# groups not removed; and, to show the count sees one, an actor of its own (``probe``).
 LEFT = """
 import json, ray
 from ray.util.placement_group import placement_group_table
@@ -53,7 +53,18 @@ ray.init(logging_level="ERROR")
 node = ray.nodes()[0]
 pool = RayletPool(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
 groups = [g["state"] for g in placement_group_table().values() if g["state"] != "REMOVED"]
-print(json.dumps({"actors": pool.workers().actors, "groups": groups}))
+before = pool.workers().actors
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def ping(self):
+        return 1
+
+probe = Probe.remote()
+ray.get(probe.ping.remote())
+seen = pool.workers().actors - before
+ray.kill(probe)
+print(json.dumps({"actors": before, "groups": groups, "probe": seen}))
 """
 
 
@@ -128,7 +139,7 @@ def test_runs_join_a_cluster_that_stays_up_and_import_the_users_current_code(
         assert seen == ["one", "two"]  # the edit reached the second run's workers
         # the runs left nothing in the cluster: no actor (controller, workers, sink,
         # keeper), no placement group
-        assert _left_behind(env, record) == {"actors": 0, "groups": []}
+        assert _left_behind(env, record) == {"actors": 0, "groups": [], "probe": 1}
         print("first step (s) after the command's start, each run:", firsts)
         assert _raytrain(env, tmp_path, "up", "--status").returncode == 0
 
