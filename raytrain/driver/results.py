@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
 from raytrain.checkpoints.layout import latest_committed, real_score
@@ -16,6 +16,9 @@ from raytrain.contract import SCORE_KEY, Startup
 from raytrain.errors import root_cause
 from raytrain.records import runstate
 from raytrain.spec import JobSpec
+
+if TYPE_CHECKING:
+    from ray.train import Checkpoint, Result
 
 
 @dataclass
@@ -49,7 +52,7 @@ class FitResult:
 class Trained:
     """What the training phase hands back to ``fit``."""
 
-    result: Any  # ray.train.Result
+    result: Result
     latest: dict[str, float]  # the newest value of every number rank 0 reported
     data_paths: dict[str, str]  # split -> "cached" | "streamed" | "mixed"
     chaos: dict[str, Any] | None = None  # failure.chaos: the faults and their cost
@@ -73,7 +76,7 @@ def worker_timings(startup: Startup | None, start: float) -> dict[str, float]:
     return {phase: round(marks[phase] - start, 3) for phase in WORKER_PHASES if phase in marks}
 
 
-def checkpoint_uri(spec: JobSpec, checkpoint: Any) -> str | None:
+def checkpoint_uri(spec: JobSpec, checkpoint: Checkpoint | None) -> str | None:
     """Where a checkpoint of Ray's result lives, under the spec's run folder."""
     if checkpoint is None:
         return None
@@ -88,7 +91,7 @@ def worker_errors(exc: BaseException) -> list[str]:
     return [f"training failed: {root_cause(exc)}"]
 
 
-def final_metrics(result: Any, latest: dict[str, Any] | None, job: JobSpec) -> dict[str, Any]:
+def final_metrics(result: Result, latest: dict[str, Any] | None, job: JobSpec) -> dict[str, Any]:
     """The newest value of every metric reported; a run that trained nothing more (already
     at max_epochs) reports its latest checkpoint's."""
     metrics = dict(latest or {})
@@ -105,7 +108,7 @@ def user_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if not k.startswith("_") and k != "kind"}
 
 
-def best_checkpoint(job: JobSpec, result: Any) -> str | None:
+def best_checkpoint(job: JobSpec, result: Result) -> str | None:
     """The URI of the run's best kept checkpoint (see ``best_of``)."""
     entries = result.best_checkpoints or []
     if not entries:

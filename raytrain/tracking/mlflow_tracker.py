@@ -12,13 +12,16 @@ import os
 import platform
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain._compat.mlflow import last_steps
 from raytrain.errors import TrackingError, TrackingUnreachable, one_line
 from raytrain.spec import JobSpec
 from raytrain.util.provenance import git_commit
 from raytrain.util.redaction import redact, redact_flat, redact_value
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 _PARAM_BATCH = 100
 _PARAM_MAX_CHARS = 6000
@@ -89,7 +92,7 @@ def attempt_tags() -> dict[str, str]:
     return {"raytrain.ray_job_id": job} if job else {}
 
 
-def new_run(client: Any, spec: JobSpec, tracking_uri: str) -> str:
+def new_run(client: MlflowClient, spec: JobSpec, tracking_uri: str) -> str:
     """A new MLflow run of ``spec`` in its experiment (made when missing, its artifacts
     beside a local store), tagged with what ran; returns its id."""
     name = spec.tracking.mlflow.experiment or spec.name
@@ -145,7 +148,7 @@ class MlflowTracker:
     lost, for its end.
     """
 
-    def __init__(self, client: Any, run_id: str, tracking_uri: str):
+    def __init__(self, client: MlflowClient, run_id: str, tracking_uri: str):
         self.client = client
         self.run_id = run_id
         self.tracking_uri = tracking_uri
@@ -229,7 +232,10 @@ class MlflowTracker:
         from mlflow.exceptions import MlflowException
 
         try:
-            self.client.log_batch(self.run_id, **{kind: batch})
+            if kind == "metrics":
+                self.client.log_batch(self.run_id, metrics=batch)
+            else:
+                self.client.log_batch(self.run_id, params=batch)
         except MlflowException as exc:
             if exc.error_code != _REFUSED:
                 raise
@@ -408,7 +414,7 @@ def fetch_runs(tracking_uri: str, run_ids: list[str]) -> list[dict[str, Any]]:
         return [_fetch_run(client, tracking_uri, run_id) for run_id in run_ids]
 
 
-def _fetch_run(client: Any, tracking_uri: str, run_id: str) -> dict[str, Any]:
+def _fetch_run(client: MlflowClient, tracking_uri: str, run_id: str) -> dict[str, Any]:
     """``fetch_runs``' record of one run."""
     from mlflow.exceptions import MlflowException
 

@@ -16,15 +16,18 @@ unpickling code) by default, and ``pt2`` needs an input example to trace ``forwa
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.spec import JobSpec
+
+if TYPE_CHECKING:
+    import torch
 
 # Rows of data in a built example: more than one, so torch.export keeps the batch dynamic.
 EXAMPLE_ROWS = 2
 
 
-def input_example(model: Any, job: JobSpec | None = None) -> tuple[Any | None, str]:
+def input_example(model: torch.nn.Module, job: JobSpec | None = None) -> tuple[Any | None, str]:
     """(a tensor ``model(example)`` accepts, where it came from), or (None, why none)."""
     import torch
 
@@ -57,7 +60,7 @@ def input_example(model: Any, job: JobSpec | None = None) -> tuple[Any | None, s
     return example, f"{where}, column {name!r}"
 
 
-def _forward_input(model: Any) -> tuple[str | None, str]:
+def _forward_input(model: torch.nn.Module) -> tuple[str | None, str]:
     """The name of ``forward``'s one required input, or (None, why it has not one)."""
     import torch
 

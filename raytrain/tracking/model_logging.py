@@ -5,15 +5,18 @@ with it as code."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.spec import JobSpec
 from raytrain.tracking.mlflow_tracker import MlflowTracker, package_versions
 
+if TYPE_CHECKING:
+    import torch
+
 
 def log_model(
     tracker: MlflowTracker,
-    model: Any,
+    model: torch.nn.Module,
     *,
     register_as: str | None = None,
     job: JobSpec | None = None,
@@ -63,7 +66,7 @@ def log_model(
     return info.model_uri
 
 
-def _log_pt2(log: Any, model: Any, example: Any) -> tuple[Any, str]:
+def _log_pt2(log: Any, model: torch.nn.Module, example: Any) -> tuple[Any, str]:
     """Log ``model`` through ``log`` in MLflow's ``pt2`` format with a signature from
     ``example``: (its model info, "pt2"), or (None, why it must be pickle instead)."""
     if example is None:

@@ -91,7 +91,9 @@ _OWN_MODULES = ("lightning.", "pytorch_lightning.", "raytrain.")
 MEMORY_SHARE = 0.5
 
 
-def collective_hazards(module: Any, callbacks: list[Any], optimizers: list[Any]) -> list[str]:
+def collective_hazards(
+    module: pl.LightningModule, callbacks: list[Any], optimizers: list[Any]
+) -> list[str]:
     """Why rank 0 cannot dump a checkpoint alone, as far as can be told: a user's
     ``on_save_checkpoint`` (the model's or a callback's) may wait on the other ranks (a
     gather, a barrier), and an optimizer with ``consolidate_state_dict`` (torch's
@@ -122,7 +124,7 @@ def _local_bytes(tensor: torch.Tensor) -> int:
     return int(local.numel() * local.element_size())
 
 
-def state_bytes(module: Any, optimizers: list[Any]) -> int:
+def state_bytes(module: torch.nn.Module, optimizers: list[Any]) -> int:
     """The bytes of the tensors this rank's part of a checkpoint of ``module`` and
     ``optimizers`` holds: parameters, buffers and the optimizers' state (its moments,
     after the first step); under FSDP and tensor parallelism, this rank's shards. Read

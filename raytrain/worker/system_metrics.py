@@ -15,11 +15,14 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 
 from raytrain.worker.step_clock import StepListener, Tick
+
+if TYPE_CHECKING:
+    import torch
 
 PREFIX = "system/"
 
@@ -43,7 +46,7 @@ def _cpu_seconds() -> float:
     return times.user + times.system
 
 
-def _gpu(device: Any) -> dict[str, float]:
+def _gpu(device: torch.device | None) -> dict[str, float]:
     """Utilization (needs NVML, which torch uses when present) and memory of ``device``."""
     import torch
 
