@@ -184,8 +184,7 @@ def run_job(
         preflight.raise_if(model_check.result())
         job = _decide_devices(job, ray.handle)
         mark("model_checked")
-        held, record, status = _open_records(stack, job, state, fresh, force)
-        record.close_on_failure = close_on_failure
+        held, record, status = _open_records(stack, job, state, fresh, force, close_on_failure)
         trained = train(job, ray.handle, record, held, progress, mark, listeners, status)
         if record.opened_at is not None:
             timings["tracking_ready"] = round(record.opened_at - start, 3)
@@ -197,7 +196,7 @@ def run_job(
 
 
 def _open_records(
-    stack: ExitStack, job: JobSpec, state: Any, fresh: bool, force: bool
+    stack: ExitStack, job: JobSpec, state: Any, fresh: bool, force: bool, close_on_failure: bool
 ) -> tuple[Lease, RunRecord, StatusRecord]:
     """The run's lease (held, its heartbeat started), its data prepared, its MLflow run
     record and its status record (started), in that order, each entered into ``stack``
@@ -205,7 +204,8 @@ def _open_records(
     held = stack.enter_context(Lease(runstate.run_dir(job), job.storage).acquire(force=force))
     held.start_heartbeat()
     prepare_data(job)
-    record = stack.enter_context(RunRecord(job, run_folder.open_run(job, state, fresh, held)))
+    opened = run_folder.open_run(job, state, fresh, held)
+    record = stack.enter_context(RunRecord(job, opened, close_on_failure=close_on_failure))
     record.resumed_from = run_folder.resume_point(job, held)
     attempt, run_id = record.state.attempts + 1, lambda: record.state.mlflow_run_id
     status = stack.enter_context(StatusRecord(job, attempt=attempt, mlflow_run=run_id))

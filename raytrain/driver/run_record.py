@@ -61,7 +61,9 @@ class RunRecord(RunListener):
     """The run's state file and MLflow run (see module docstring); it hears rank 0's
     reports and rollbacks, and records them."""
 
-    def __init__(self, job: JobSpec, state: runstate.RunState | None):
+    def __init__(
+        self, job: JobSpec, state: runstate.RunState | None, *, close_on_failure: bool = True
+    ):
         self.job = job
         self.state = state or runstate.new_state(job)
         self.tracking_uri = ""
@@ -69,7 +71,7 @@ class RunRecord(RunListener):
         self.resumed_from: str | None = None  # the checkpoint this attempt starts from
         self._opening: Background | None = None
         self._group_starts = 0  # worker groups started in this attempt (restarts + 1)
-        self.close_on_failure = True  # a failed run's exit closes its MLflow run
+        self.close_on_failure = close_on_failure  # a failed run's exit closes its MLflow run
         self.finished = False  # ``finish`` was called
         self.model = ModelLog(job, self.tracker)
 

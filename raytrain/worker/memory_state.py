@@ -537,6 +537,8 @@ class MemoryState(pl.Callback):
 class KeepAlone(MemoryState):
     """DDP: rank 0 holds the whole state and keeps it alone (see the module docstring)."""
 
+    _last_send: int | None = None  # the step of the last keep sent to the keeper
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         if self.tuning.auto and self.rank == 0:
@@ -591,8 +593,6 @@ class KeepAlone(MemoryState):
             self._last_send = step
         self._kept(step)
         self.tuning.retune()
-
-    _last_send: int | None = None  # the step of the last keep sent to the keeper
 
 
 class KeepTogether(MemoryState):

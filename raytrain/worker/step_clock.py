@@ -106,9 +106,7 @@ class StepClock(pl.Callback):
         return BatchEnd(self._batch_done)
 
     def _batch_done(self, trainer: pl.Trainer) -> None:
-        tick = self.tick()
-        for listener in self.listeners:
-            listener.batch_done(tick, trainer)
+        self._tell(lambda listener, tick: listener.batch_done(tick, trainer))
 
     def _tell(self, mark: Callable[[StepListener, Tick], None]) -> None:
         tick = self.tick()
@@ -120,9 +118,7 @@ class StepClock(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.world_size > 1:
             self.collectives.install()
-        tick = self.tick()
-        for listener in self.listeners:
-            listener.train_started(tick, trainer, pl_module)
+        self._tell(lambda listener, tick: listener.train_started(tick, trainer, pl_module))
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._tell(lambda listener, tick: listener.epoch_started(tick))
@@ -130,9 +126,7 @@ class StepClock(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
     ) -> None:
-        tick = self.tick()
-        for listener in self.listeners:
-            listener.batch_started(tick, trainer)
+        self._tell(lambda listener, tick: listener.batch_started(tick, trainer))
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
@@ -170,9 +164,7 @@ class StepClock(pl.Callback):
         self._tell(lambda listener, tick: listener.validation_epoch_ended(tick))
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        tick = self.tick()
-        for listener in self.listeners:
-            listener.validation_ended(tick, trainer)
+        self._tell(lambda listener, tick: listener.validation_ended(tick, trainer))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._tell(lambda listener, tick: listener.epoch_ended(tick))
