@@ -31,7 +31,10 @@
 - ``model_parallel_strategy_class``: Lightning's ``ModelParallelStrategy`` with
   ``root_device`` and ``num_processes`` taken from Ray Train (Lightning's read
   ``parallel_devices``, one CPU under Ray), and its precision plugin's
-  ``clip_grad_by_norm``/``clip_grad_by_value`` replaced.
+  ``clip_grad_by_norm``/``clip_grad_by_value`` replaced; under a pipeline, its
+  ``_device_mesh`` (and the module's) built three-dimensional and its
+  ``_setup_distributed``, ``_data_parallel_size`` and ``_tensor_parallel_size`` used to
+  build it, the grandparent's ``setup_environment`` called past Lightning's 2-D mesh.
 
 ``tests/unit/test_compat.py`` pins each on a real Trainer.
 """
@@ -39,7 +42,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raytrain._compat.model_parallel import PipelineParts
 
 
 def skip_sigterm_broadcast(trainer: Any) -> None:
@@ -227,31 +233,15 @@ def fsdp_strategy_class() -> type:
     return RaytrainFSDPStrategy
 
 
-def broadcast_state(module: Any, device: Any) -> None:
-    """Give every rank rank 0's weights and buffers, before ``configure_model`` shards them.
-
-    DDP does this when it wraps a model. Under model parallelism nothing does: torch's
-    ``distribute_tensor`` scatters a tensor-parallel layer's shards from rank 0, but the
-    parts the plan leaves replicated (embeddings, norms) and FSDP2's shards each come from
-    the rank's own initialisation, which differs without ``trainer.seed``. A tensor-parallel
-    group then sums partial results of different weights. Tensors on the meta device (a
-    deferred initialisation) have nothing to send yet."""
-    import torch
-    import torch.distributed as dist
-
-    for tensor in module.state_dict().values():
-        if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
-            sent = tensor.to(device)  # NCCL sends from the GPU
-            dist.broadcast(sent, src=0)
-            if sent is not tensor:
-                tensor.copy_(sent)
-
-
 def model_parallel_strategy_class(
-    clip_norm: Callable[..., Any], clip_value: Callable[..., Any]
+    clip_norm: Callable[..., Any],
+    clip_value: Callable[..., Any],
+    pipeline: PipelineParts | None = None,
 ) -> type:
     """Lightning's ``ModelParallelStrategy`` (FSDP2 and tensor parallelism on a
-    (data_parallel, tensor_parallel) ``DeviceMesh``) under Ray Train, on CPU (gloo) or GPU.
+    (data_parallel, tensor_parallel) ``DeviceMesh``) under Ray Train, on CPU (gloo) or GPU;
+    with ``pipeline``, on a (pipeline, data_parallel, tensor_parallel) mesh whose stages
+    run ``pipeline``'s schedule as the training and validation steps.
 
     Ray Train starts the processes and their process group; the strategy builds its mesh on
     it. Lightning reads a rank's device as ``parallel_devices[local_rank]``, the devices
@@ -260,38 +250,23 @@ def model_parallel_strategy_class(
     one. Every rank starts from rank 0's weights (``broadcast_state``). Lightning's
     precision plugin clips with ``torch.nn.utils``, which refuses
     parameters that mix DTensors and plain tensors (a model with tensor parallelism and no
-    FSDP2); the strategy clips with ``clip_norm(parameters, max_norm)`` and
+    FSDP2); the strategy clips with ``clip_norm(parameters, max_norm, **stage)`` and
     ``clip_value(parameters, value)`` instead (``worker.grad_clip``'s, passed in: nothing
-    here imports raytrain above ``errors``).
+    here imports raytrain above ``errors``), ``stage`` saying, under a pipeline, which
+    parameters this stage counts and the group its norm is summed over.
+
+    Under a pipeline Lightning's loop is kept; only what a step computes changes: the
+    model is cut to this rank's stage once the mesh exists (before ``configure_model``,
+    which then shards just the stage; a model without one gets ``pipeline``'s FSDP2), the
+    strategy's ``training_step`` and ``validation_step`` run the schedule, its
+    ``backward`` only calls the hooks around a backward the schedule already ran, and its
+    ``optimizer_step`` first sums the gradients of parameters several stages hold.
     """
-    import ray.train
-    import ray.train.torch
-    from lightning.pytorch.strategies import ModelParallelStrategy
+    from raytrain._compat.model_parallel import RaytrainModelParallelStrategy
 
-    class RaytrainModelParallelStrategy(ModelParallelStrategy):
-        @property
-        def root_device(self) -> Any:
-            return ray.train.torch.get_device()
-
-        @property
-        def num_processes(self) -> int:  # processes on this node
-            return int(ray.train.get_context().get_local_world_size())
-
-        def setup_environment(self) -> None:
-            super().setup_environment()
-            broadcast_state(self.lightning_module, self.root_device)
-
-        def setup(self, trainer: Any) -> None:
-            super().setup(trainer)
-            plugin: Any = self.precision_plugin
-
-            def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
-                clip_norm(plugin.main_params(optimizer), clip_val)
-
-            def clip_grad_by_value(optimizer: Any, clip_val: float) -> None:
-                clip_value(plugin.main_params(optimizer), clip_val)
-
-            plugin.clip_grad_by_norm = clip_grad_by_norm
-            plugin.clip_grad_by_value = clip_grad_by_value
-
-    return RaytrainModelParallelStrategy
+    parts = {
+        "clip_norm": staticmethod(clip_norm),
+        "clip_value": staticmethod(clip_value),
+        "pipeline": pipeline,
+    }
+    return type("RaytrainModelParallelStrategy", (RaytrainModelParallelStrategy,), parts)

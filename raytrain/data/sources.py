@@ -321,7 +321,7 @@ def check_shardable(spec: JobSpec, name: str, source: SourceSpec) -> None:
     into one shard per worker, but the ranks of a tensor-parallel group must read the same
     rows (raytrain's own loaders shard by replica, ``worker.strategy.data_rank``)."""
 
-    tp = spec.strategy.tensor_parallel_size
+    tp = spec.strategy.replica_size
     if tp == 1:
         return
     from raytrain.errors import SpecError
@@ -330,8 +330,9 @@ def check_shardable(spec: JobSpec, name: str, source: SourceSpec) -> None:
         [
             f"data.{name}: {source.uri} would be streamed by Ray Data (data.preprocess_on), "
             "which gives each worker other rows; with "
-            f"strategy.model_parallel.tensor_parallel_size {tp} the workers of a tensor-parallel "
-            "group must read the same rows: drop data.preprocess_on (each worker then reads and "
+            f"{tp} workers to a model replica (strategy.model_parallel's "
+            "tensor_parallel_size x pipeline_parallel_size) the workers of a replica must "
+            "read the same rows: drop data.preprocess_on (each worker then reads and "
             "preprocesses its own rows), or data.cache: always"
         ]
     )

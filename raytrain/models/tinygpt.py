@@ -91,18 +91,25 @@ def parallelize(model: TinyGPT, mesh: DeviceMesh, sequence_parallel: bool = True
     the final norm and the tied head stay whole on every rank: 256 x dim, small beside the
     blocks. FSDP2 (``fully_shard``) then shards every block, and the rest as one unit,
     across ``data_parallel``.
+
+    Under a pipeline (a ``pipeline`` dimension in the mesh) the same is done to the blocks
+    this rank's stage holds, and FSDP2's root is the stage (``pipeline_stages``), which is
+    what the pipeline calls.
     """
     from torch.distributed.fsdp import fully_shard
 
     tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
-    blocks = list(model.blocks)
+    blocks = [b for b in model.blocks if isinstance(b, Block)]  # this stage's, if cut
+    stage = model.__dict__.get("pipeline_stage")
     if tp.size() > 1:
         _check_tensor_parallel(model, tp.size(), sequence_parallel)
         _tensor_parallel(model, blocks, tp, sequence_parallel)
+        if stage is not None:
+            stage.sequence_shards = model.sequence_shards
     if dp.size() > 1 or tp.size() == 1:  # alone (a world of 1) too: its state is DTensors,
         for part in blocks:  # which Lightning's model-parallel restore looks for
             fully_shard(part, mesh=dp)
-        fully_shard(model, mesh=dp)
+        fully_shard(model if stage is None else stage, mesh=dp)
 
 
 def _check_tensor_parallel(model: TinyGPT, tp: int, sequence_parallel: bool) -> None:
@@ -158,6 +165,32 @@ def _tensor_parallel(
         parallelize_module(block, tp, plan)
 
 
+class GPTStage(nn.Module):
+    """One pipeline stage of a ``TinyGPT``, built from its own modules: the embeddings on
+    the first stage, a run of blocks, and on the last the final norm and the output head,
+    which is tied to the token embedding, so the last stage holds ``tok`` too (the
+    pipeline sums the two copies' gradients, ``pipeline.runner``). Takes token ids or the
+    residual stream, returns the residual stream or the logits."""
+
+    def __init__(self, gpt: TinyGPT, blocks: list[int], first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        self.tok = gpt.tok if first or last else None
+        self.pos = gpt.pos if first else None
+        self.blocks = nn.ModuleList(gpt.blocks[i] for i in blocks)
+        self.norm = gpt.norm if last else None
+        self.sequence_shards = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pos is not None and self.tok is not None:
+            x = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
+        for block in self.blocks:
+            x = block(x)
+        if self.norm is not None and self.tok is not None:
+            x = self.norm(x) @ self.tok.weight.t()
+        return x
+
+
 class TinyGPT(pl.LightningModule):
     """Byte-level GPT: token and position embeddings, ``layers`` blocks, a tied head."""
 
@@ -194,6 +227,26 @@ class TinyGPT(pl.LightningModule):
         if self.device_mesh is None or any(isinstance(p, DTensor) for p in self.parameters()):
             return
         parallelize(self, self.device_mesh, self.hparams["sequence_parallel"])
+
+    def pipeline_stages(self, mesh: DeviceMesh) -> GPTStage:
+        """This rank's stage of a pipeline over ``mesh["pipeline"]``: the blocks in equal
+        runs (the first stages one more where they do not divide), the embeddings with the
+        first, the norm and head with the last. Kept (unregistered, so not in the state)
+        for ``configure_model``, which shards the stage."""
+        pipeline = mesh["pipeline"]
+        stage, stages = pipeline.get_local_rank(), pipeline.size()
+        layers = len(self.blocks)
+        if stages > layers:
+            raise ValueError(
+                f"model.init_args.layers: {layers} blocks cannot fill {stages} pipeline "
+                "stages (strategy.model_parallel.pipeline_parallel_size)"
+            )
+        size, extra = divmod(layers, stages)
+        start = stage * size + min(stage, extra)
+        blocks = list(range(start, start + size + (stage < extra)))
+        module = GPTStage(self, blocks, first=stage == 0, last=stage == stages - 1)
+        self.__dict__["pipeline_stage"] = module
+        return module
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]

@@ -69,9 +69,7 @@ def fewest_workers_batch(spec: JobSpec) -> GlobalBatch:
     """The batching on the fewest workers ``spec`` trains on: where
     ``scaling.keep_global_batch`` accumulates the most (the spec bounds it)."""
 
-    return global_batch(
-        spec, max(1, spec.scaling.min_workers // spec.strategy.tensor_parallel_size)
-    )
+    return global_batch(spec, max(1, spec.scaling.min_workers // spec.strategy.replica_size))
 
 
 def global_batch(spec: JobSpec, world_size: int) -> GlobalBatch:
@@ -84,6 +82,7 @@ def global_batch(spec: JobSpec, world_size: int) -> GlobalBatch:
     accumulate = spec.trainer.accumulate_grad_batches
     if not spec.scaling.keep_global_batch:
         return GlobalBatch(batch, world_size, accumulate, world_size * accumulate)
-    # the most replicas: a tensor-parallel group's workers train one replica's batch
-    target = spec.scaling.max_workers // spec.strategy.tensor_parallel_size * accumulate
+    # the most replicas: a tensor-parallel group's (and a pipeline's) workers train one
+    # replica's batch
+    target = spec.scaling.max_workers // spec.strategy.replica_size * accumulate
     return GlobalBatch(batch, world_size, accumulation(target, world_size), target)

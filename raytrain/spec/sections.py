@@ -176,11 +176,47 @@ class FsdpSpec(_Section):
     )
 
 
+class PipelineSpec(_Section):
+    schedule: Literal["gpipe", "1f1b"] = Field(
+        default="1f1b",
+        description="The order a stage runs its micro-batches in (torch.distributed."
+        "pipelining): gpipe (every forward, then every backward: activations of all "
+        "micro-batches held at once) or 1f1b (one forward, one backward once the pipeline "
+        "is full: at most pipeline_parallel_size micro-batches' activations held). Both "
+        "leave the same bubble, (p - 1) / (m + p - 1) of a step.",
+    )
+    microbatches: StrictInt | Literal["auto"] = Field(
+        default="auto",
+        description="Micro-batches each batch is cut into (along its first dimension); at "
+        "least pipeline_parallel_size. `auto`: 2 x pipeline_parallel_size. More shrink the "
+        "bubble and each micro-batch's work.",
+    )
+    split_points: list[str] = Field(
+        default_factory=list,
+        description="Module paths of the model where a new stage begins, e.g. [blocks.2]: "
+        "pipeline_parallel_size - 1 of them, in the order the model's forward calls them. "
+        "The model's forward must pass one tensor from each child to the next; a model "
+        "that defines pipeline_stages(mesh) splits itself and takes none. Empty and no "
+        "hook: the model is cut into equal runs of the children its forward calls.",
+    )
+
+    @field_validator("microbatches")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be at least 1 or auto, got {value}")
+        return value
+
+    def microbatch_count(self, stages: int) -> int:
+        """The micro-batches per batch, ``auto`` resolved for ``stages`` stages."""
+        return 2 * stages if self.microbatches == "auto" else self.microbatches
+
+
 class ModelParallelSpec(_Section):
     data_parallel_size: StrictInt | Literal["auto"] = Field(
         default="auto",
         description="Workers in a data-parallel group (replicas, each FSDP2-sharded); "
-        "`auto`: scaling.num_workers / tensor_parallel_size.",
+        "`auto`: scaling.num_workers / (tensor_parallel_size x pipeline_parallel_size).",
     )
     tensor_parallel_size: StrictInt = Field(
         default=1,
@@ -188,6 +224,18 @@ class ModelParallelSpec(_Section):
         description="Workers that split each layer between them (tensor parallelism, the "
         "model's configure_model plan); 1: FSDP2 alone. data_parallel_size x this must be "
         "scaling.num_workers.",
+    )
+    pipeline_parallel_size: StrictInt = Field(
+        default=1,
+        ge=1,
+        description="Stages the model is cut into, each on its own workers, micro-batches "
+        "flowing through them (pipeline parallelism, torch.distributed.pipelining); 1: no "
+        "pipeline. data_parallel_size x tensor_parallel_size x this must be "
+        "scaling.num_workers; the mesh is (pipeline, data_parallel, tensor_parallel).",
+    )
+    pipeline: PipelineSpec = Field(
+        default_factory=PipelineSpec,
+        description="How the stages run (pipeline_parallel_size > 1).",
     )
 
     @field_validator("data_parallel_size")
@@ -200,9 +248,15 @@ class ModelParallelSpec(_Section):
     def sizes(self, world_size: int) -> tuple[int, int]:
         """(data-parallel, tensor-parallel) sizes for ``world_size`` workers, ``auto``
         resolved; assumes ``strategy_problems`` found none."""
-        tp = self.tensor_parallel_size
-        dp = world_size // tp if self.data_parallel_size == "auto" else self.data_parallel_size
+        _, dp, tp = self.mesh_shape(world_size)
         return dp, tp
+
+    def mesh_shape(self, world_size: int) -> tuple[int, int, int]:
+        """(pipeline, data-parallel, tensor-parallel) sizes for ``world_size`` workers,
+        ``auto`` resolved; assumes ``strategy_problems`` found none."""
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
+        dp = self.data_parallel_size
+        return pp, world_size // (tp * pp) if dp == "auto" else dp, tp
 
 
 class StrategySpec(_Section):
@@ -225,9 +279,24 @@ class StrategySpec(_Section):
         return self.model_parallel.tensor_parallel_size if self.name == "model_parallel" else 1
 
     @property
+    def pipeline_parallel_size(self) -> int:
+        """Pipeline stages: 1 but under the model-parallel strategy."""
+        return self.model_parallel.pipeline_parallel_size if self.name == "model_parallel" else 1
+
+    @property
+    def replica_size(self) -> int:
+        """Workers that hold one model replica between them and so read the same rows:
+        a tensor-parallel group times the pipeline's stages."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
     def needs_configure_model(self) -> bool:
-        """Whether the strategy leaves sharding the model to its ``configure_model``."""
-        return self.name == "model_parallel"
+        """Whether the strategy leaves sharding the model to its ``configure_model``: under
+        model_parallel, but for a pipeline without tensor parallelism, whose stages raytrain
+        shards itself (FSDP2 over data_parallel) when the model does not."""
+        if self.name != "model_parallel":
+            return False
+        return self.pipeline_parallel_size == 1 or self.tensor_parallel_size > 1
 
 
 class CheckpointSpec(_Section):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from raytrain.spec.sections import FsdpSpec, ModelParallelSpec
+from raytrain.spec.sections import FsdpSpec, ModelParallelSpec, PipelineSpec
 
 if TYPE_CHECKING:
     from raytrain.spec.sections import JobSpec
@@ -55,7 +55,8 @@ def mesh_problems(spec: JobSpec) -> list[str]:
         return [
             "scaling.num_workers: an elastic [min, max] range cannot run strategy "
             "model_parallel, whose mesh (strategy.model_parallel.data_parallel_size x "
-            "tensor_parallel_size) must hold every worker; give a fixed count"
+            "tensor_parallel_size x pipeline_parallel_size) must hold every worker; give a "
+            "fixed count"
         ]
     if spec.trainer.precision in UNSUPPORTED_MP_PRECISION:
         return [
@@ -63,19 +64,57 @@ def mesh_problems(spec: JobSpec) -> list[str]:
             "model_parallel (Lightning's ModelParallelStrategy): use bf16-mixed, "
             "bf16-true, 16-true or 32-true"
         ]
-    world, tp, dp = scaling.max_workers, mp.tensor_parallel_size, mp.data_parallel_size
+    world, dp = scaling.max_workers, mp.data_parallel_size
+    tp, pp = mp.tensor_parallel_size, mp.pipeline_parallel_size
+    problems = pipeline_problems(mp, pp)
     if dp == "auto":
-        if world % tp:
+        if pp == 1 and world % tp:
             return [
                 f"strategy.model_parallel.tensor_parallel_size: {tp} does not divide "
                 f"scaling.num_workers ({world}): data_parallel_size auto is their "
                 "quotient"
             ]
-        return []
-    if dp * tp != world:
+        if world % (tp * pp):
+            return [
+                *problems,
+                f"strategy.model_parallel: tensor_parallel_size x pipeline_parallel_size is "
+                f"{tp} x {pp} = {tp * pp}, which does not divide scaling.num_workers "
+                f"({world}): data_parallel_size auto is their quotient",
+            ]
+        return problems
+    if dp * tp * pp != world:
         return [
-            f"strategy.model_parallel: data_parallel_size x tensor_parallel_size is "
-            f"{dp} x {tp} = {dp * tp}, but scaling.num_workers is {world}: the mesh must "
-            "hold every worker (data_parallel_size: auto takes the quotient)"
+            *problems,
+            "strategy.model_parallel: data_parallel_size x tensor_parallel_size x "
+            f"pipeline_parallel_size is {dp} x {tp} x {pp} = {dp * tp * pp}, but "
+            f"scaling.num_workers is {world}: the mesh must hold every worker "
+            "(data_parallel_size: auto takes the quotient)",
         ]
-    return []
+    return problems
+
+
+def pipeline_problems(mp: ModelParallelSpec, pp: int) -> list[str]:
+    """A pipeline's options need a pipeline, its micro-batches fill every stage, and its
+    split points cut it into exactly ``pp`` stages (whether the model has them is
+    ``pipeline.split``'s check, on the model)."""
+    where = "strategy.model_parallel.pipeline"
+    if pp == 1:
+        if mp.pipeline != PipelineSpec():
+            return [f"{where}: options for a pipeline, but pipeline_parallel_size is 1"]
+        return []
+    problems = []
+    micro = mp.pipeline.microbatch_count(pp)
+    if micro < pp:
+        problems.append(
+            f"{where}.microbatches: {micro} is fewer than the {pp} stages "
+            "(pipeline_parallel_size): a stage would wait with nothing to do at every step"
+        )
+    points = mp.pipeline.split_points
+    if points and len(points) != pp - 1:
+        problems.append(
+            f"{where}.split_points: {len(points)} given, but {pp} stages begin at "
+            f"{pp - 1} points (the first stage begins at the model's start)"
+        )
+    if len(set(points)) != len(points):
+        problems.append(f"{where}.split_points: {points} names a point twice")
+    return problems

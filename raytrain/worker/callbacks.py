@@ -85,7 +85,7 @@ def _reports_and_checkpoints(
         startup=startup,
         system=system,
         global_batch=batching.samples if batching is not None else None,
-        readers_per_row=spec.strategy.tensor_parallel_size,
+        readers_per_row=spec.strategy.replica_size,
     )
     checkpoints = CheckpointCallback(
         schedule=schedule,

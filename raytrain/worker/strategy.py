@@ -33,11 +33,16 @@ def prepare(spec: JobSpec, trainer: Any) -> Any:
 
 
 def data_rank(spec: JobSpec, rank: int, world_size: int) -> tuple[int, int]:
-    """(rank, world size) the data is sharded by. Ranks of one tensor-parallel group split
-    each layer of one model replica, so they read the same rows: Lightning's mesh is
-    (data_parallel, tensor_parallel) in row-major order, so rank r is replica r // tp."""
-    tp = spec.strategy.tensor_parallel_size
-    return rank // tp, world_size // tp
+    """(rank, world size) the data is sharded by: the data-parallel replica ``rank`` is
+    in, and the replicas.
+
+    Ranks of one tensor-parallel group split each layer of one model replica, and the
+    stages of one pipeline each run part of it, so they all read the same rows. The mesh
+    is (pipeline, data_parallel, tensor_parallel) in row-major order, so rank r sits at
+    data-parallel coordinate (r // tp) mod dp; with one stage, r // tp."""
+    pp, tp = spec.strategy.pipeline_parallel_size, spec.strategy.tensor_parallel_size
+    replicas = world_size // (tp * pp)
+    return (rank // tp) % replicas, replicas
 
 
 def rank_zero_holds_state(spec: JobSpec) -> bool:
@@ -71,10 +76,13 @@ def build_strategy(spec: JobSpec, model: Any = None) -> Any:
         context = ray.train.get_context()
         dp, tp = spec.strategy.model_parallel.sizes(context.get_world_size())
         _warn_if_tensor_group_spans_nodes(context, tp)
+        from raytrain.pipeline import Pipeline
         from raytrain.worker import grad_clip
 
+        mp = spec.strategy.model_parallel
+        pipeline = Pipeline.of(mp) if mp.pipeline_parallel_size > 1 else None
         strategy = model_parallel_strategy_class(
-            grad_clip.clip_grad_norm_, grad_clip.clip_grad_value_
+            grad_clip.clip_grad_norm_, grad_clip.clip_grad_value_, pipeline
         )
         return strategy(
             data_parallel_size=dp, tensor_parallel_size=tp, save_distributed_checkpoint=True

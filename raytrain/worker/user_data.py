@@ -194,7 +194,7 @@ def worker_data(
         return (lambda: train), {"train_dataloaders": train, "val_dataloaders": val}
 
     seed = 0 if spec.trainer.seed is None else spec.trainer.seed
-    tp = spec.strategy.tensor_parallel_size
+    tp = spec.strategy.replica_size
     if spec.data is None:
         own = UserData(user.model, rank=rank, world_size=world_size, seed=seed, tensor_parallel=tp)
         return (lambda: own.train_loader), {}

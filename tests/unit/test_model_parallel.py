@@ -166,7 +166,7 @@ def test_a_set_ray_data_would_stream_is_refused_under_tensor_parallelism(
     with pytest.raises(SpecError) as excinfo:
         check_shardable(spec, "train", spec.files.train)  # type: ignore[union-attr, arg-type]
     (problem,) = excinfo.value.problems
-    assert problem.startswith("data.train: ") and "tensor_parallel_size 2" in problem
+    assert problem.startswith("data.train: ") and "2 workers to a model replica" in problem
     csv["strategy"]["model_parallel"]["tensor_parallel_size"] = 1  # FSDP2 alone: any shards
     one = parse_spec(csv)
     check_shardable(one, "train", one.files.train)  # type: ignore[union-attr, arg-type]
@@ -192,7 +192,7 @@ def _two_ranks(rank: int, store_path: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from raytrain._compat.lightning import broadcast_state
+    from raytrain._compat.model_parallel import broadcast_state
     from raytrain.errors import NonFiniteLossError
     from raytrain.worker.guards import FiniteGuard
 
