@@ -5,12 +5,17 @@ subclasses with its parts. Imported only from there (it imports Lightning and Ra
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import ray.train
 import ray.train.torch
+import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
+
+# what Lightning's model-parallel save writes beside the shards (``_METADATA_FILENAME``)
+META_FILE = "meta.pt"
 
 # the pipeline mesh's dimensions, outermost first: a pipeline's stages may cross nodes
 # (one activation per micro-batch goes between them), a tensor-parallel group should not
@@ -55,6 +60,44 @@ def broadcast_state(module: Any, device: Any) -> None:
                 tensor.copy_(sent)
 
 
+def flat_optimizer_state(module: Any, optimizer: Any) -> dict[str, Any]:
+    """``optimizer``'s state for a sharded checkpoint, flattened: every entry keyed by its
+    parameter's path (``param_groups.<path>.lr``), not by its group's index. Lightning
+    saves the nested form, whose ``param_groups.0.params`` lists the parameters a rank
+    holds: under a pipeline the stages hold different ones, DCP keeps one rank's copy of
+    that key, and the other stages' groups then load empty (``KeyError: 'betas'``)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(cpu_offload=True, flatten_optimizer_state_dict=True)
+    return get_optimizer_state_dict(module, optimizer, options=options)
+
+
+def load_sharded(path: Path, module: Any, optimizers: list[Any], strict: bool) -> None:
+    """Load a sharded (DCP) checkpoint's model and optimizer states into ``module`` and
+    ``optimizers``, as Lightning's model-parallel load does, reading each optimizer's state
+    in the form it was saved in: flattened (``flat_optimizer_state``) or Lightning's
+    nested one (checkpoints written before raytrain flattened them)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    model_state = {"state_dict": get_model_state_dict(module)}
+    dcp.load(model_state, checkpoint_id=path)
+    module.load_state_dict(model_state["state_dict"], strict=strict)
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    for index, optimizer in enumerate(optimizers):
+        key = f"optimizer_{index}"
+        nested = f"{key}.param_groups.0.params" in saved
+        options = StateDictOptions(cpu_offload=True, flatten_optimizer_state_dict=not nested)
+        state = {key: get_optimizer_state_dict(module, optimizer, options=options)}
+        dcp.load(state, checkpoint_id=path)
+        set_optimizer_state_dict(module, optimizer, optim_state_dict=state[key], options=options)
+
+
 class RaytrainModelParallelStrategy(ModelParallelStrategy):
     """See ``_compat.lightning.model_parallel_strategy_class``, which subclasses it with
     its parts set."""
@@ -63,6 +106,12 @@ class RaytrainModelParallelStrategy(ModelParallelStrategy):
     clip_value: Callable[..., Any]
     pipeline: PipelineParts | None = None
     _stages: Any = None  # the pipeline's runner on this rank, once set up
+
+    @property
+    def pipeline_runner(self) -> Any:
+        """This rank's ``raytrain.pipeline.runner.PipelineRunner``; None without a
+        pipeline."""
+        return self._stages
 
     @property
     def root_device(self) -> Any:
@@ -90,6 +139,19 @@ class RaytrainModelParallelStrategy(ModelParallelStrategy):
         self._stages = self.pipeline.build(module, self._device_mesh)
         if not is_overridden("configure_model", module):
             module.configure_model = self._stages.shard
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        if not self._save_distributed_checkpoint:
+            return super().optimizer_state(optimizer)
+        return flat_optimizer_state(self.model, getattr(optimizer, "_optimizer", optimizer))
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> Any:
+        path = Path(self.broadcast(checkpoint_path))
+        if not (path / ".metadata").is_file():  # not a DCP folder: Lightning's own load
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        module: Any = self.lightning_module
+        load_sharded(path, self.model, self.optimizers, module.strict_loading)
+        return torch.load(path / META_FILE, weights_only=weights_only)
 
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)

@@ -79,6 +79,7 @@ def check_before_ray(job: JobSpec) -> JobSpec:
     preflight.raise_if(
         located
         + ([] if located else class_check.check_classes(job))
+        + ([] if located or strategy_problems(job) else preflight.check_pipeline_split(job))
         + preflight.data_functions_located(job)
         + strategy_problems(job)
         + (preflight.check_capacity(job, capacity) if capacity is not None else [])

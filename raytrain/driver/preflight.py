@@ -80,6 +80,33 @@ def check_model(spec: JobSpec) -> list[str]:
     return problems
 
 
+def check_pipeline_split(spec: JobSpec) -> list[str]:
+    """A pipeline's stages found on the model as the workers will find them
+    (``pipeline.split``): the model is built here, so a pipeline job pays Lightning's
+    import before Ray starts, and a model that cannot be cut as asked is refused then."""
+    stages = spec.strategy.pipeline_parallel_size
+    if stages == 1:
+        return []
+    from raytrain.pipeline.split import HOOK, SplitError, chain, stage_ranges
+    from raytrain.spec.lightning_config import build_model
+
+    where = "strategy.model_parallel.pipeline.split_points"
+    try:
+        model = build_model(spec)
+    except SpecError as exc:
+        return exc.problems
+    points = spec.strategy.model_parallel.pipeline.split_points
+    if callable(getattr(model, HOOK, None)):
+        if points:
+            return [f"{where}: {type(model).__name__} cuts itself ({HOOK}); give none"]
+        return []
+    try:
+        stage_ranges(chain(model), points, stages)
+    except SplitError as exc:
+        return [f"{where}: {exc}"]
+    return []
+
+
 def _data_functions(spec: JobSpec) -> list[tuple[str, str]]:
     """(field, import path) of ``data.preprocess`` and ``data.transform`` where set."""
     data = spec.files

@@ -68,11 +68,17 @@ class ModelSteps:
     def __init__(self, module: Any) -> None:
         self.module = module
         self._batch: tuple[Any, int, Callable[..., Any]] | None = None
+        self._probes = 0  # loss calls still to come that only infer shapes
 
     @contextlib.contextmanager
-    def on(self, batch: Any, batch_idx: int, step_fn: Callable[..., Any]) -> Iterator[None]:
-        """While inside, ``loss`` runs ``step_fn`` on ``batch``'s rows."""
-        self._batch = (batch, batch_idx, step_fn)
+    def on(
+        self, batch: Any, batch_idx: int, step_fn: Callable[..., Any], probes: int = 0
+    ) -> Iterator[None]:
+        """While inside, ``loss`` runs ``step_fn`` on ``batch``'s rows, but for its first
+        ``probes`` calls: a new schedule's first training step first calls the loss once
+        on a stand-in output (torch infers the gradients' shapes from it), which must
+        not run the model's step (it would log and update metrics with it)."""
+        self._batch, self._probes = (batch, batch_idx, step_fn), probes
         try:
             yield
         finally:
@@ -112,8 +118,12 @@ class ModelSteps:
 
     def loss(self, output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The schedule's loss function on the last stage: the step on the micro-batch's
-        ``rows`` of the batch, its ``self(...)`` answering ``output``."""
+        ``rows`` of the batch (the target torch cut into micro-batches as it cut the
+        input), its ``self(...)`` answering ``output``."""
         assert self._batch is not None, "loss outside ModelSteps.on"
+        if self._probes:
+            self._probes -= 1
+            return output.float().sum() * 0.0  # on the output's graph, of no value
         batch, batch_idx, step_fn = self._batch
         part = take_rows(batch, int(rows[0]), int(rows[-1]) + 1, rows_of(batch))
         with forward_as(self.module, lambda *args, **kwargs: output):

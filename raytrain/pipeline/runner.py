@@ -11,6 +11,7 @@ micro-batches' mean: the whole batch's, as without a pipeline) and what the step
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,16 +83,26 @@ class PipelineRunner:
         assert self.shared is not None
         self.shared.sync()
 
-    def step(self, batch: Any, batch_idx: int, training: bool) -> torch.Tensor:
+    def step(
+        self,
+        batch: Any,
+        batch_idx: int,
+        training: bool,
+        step_fn: Callable[..., Any] | None = None,
+    ) -> torch.Tensor:
         """One batch through the pipeline: forward and backward when ``training``, else
-        forward only. Returns the batch's loss (the micro-batches' mean), on every rank."""
+        forward only. Returns the batch's loss (the micro-batches' mean), on every rank.
+        ``step_fn``: the step to run instead of the model's training or validation step
+        (an evaluation of the model's own, e.g. a fixed probe)."""
         module = self.module
-        step_fn = module.training_step if training else module.validation_step
+        if step_fn is None:
+            step_fn = module.training_step if training else module.validation_step
         rows = rows_of(batch)
+        probes = int(training and self.last and (training, rows) not in self._schedules)
         schedule = self._schedule(training, rows)
         losses: list[torch.Tensor] = []
         before = self.held.before() if training else []
-        with self.relay.recording(module), self.steps.on(batch, batch_idx, step_fn):
+        with self.relay.recording(module), self.steps.on(batch, batch_idx, step_fn, probes):
             args = self.steps.input(step_fn, batch, batch_idx) if self.first else ()
             run = schedule.step if training else schedule.eval
             if self.last:
@@ -112,8 +123,9 @@ class PipelineRunner:
 
     def _schedule(self, training: bool, rows: int) -> Any:
         """A schedule (and its ``PipelineStage``) for batches of ``rows`` rows, built
-        once: a stage keeps the shapes it first saw. 1F1B needs a micro-batch per stage;
-        a batch too small for that (a last, partial one) runs GPipe's order."""
+        once: a stage keeps the shapes it first saw, so every micro-batch must have the
+        same rows (``microbatch_count``). 1F1B needs a micro-batch per stage; a batch
+        cut into fewer runs GPipe's order."""
         key = (training, rows)
         if key not in self._schedules:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -122,8 +134,18 @@ class PipelineRunner:
             stage = PipelineStage(
                 self.stage, self.index, self.stages, self.module.device, group=self.group
             )
-            micro = min(self.microbatches, rows)
+            micro = microbatch_count(self.microbatches, rows)
             one_f_one_b = self.schedule == "1f1b" and micro >= self.stages
             kind = Schedule1F1B if one_f_one_b else ScheduleGPipe
             self._schedules[key] = kind(stage, n_microbatches=micro, loss_fn=self.steps.loss)
         return self._schedules[key]
+
+
+def microbatch_count(asked: int, rows: int) -> int:
+    """The micro-batches a batch of ``rows`` rows is cut into: the most, up to
+    ``asked``, that divide it evenly (a stage receives every micro-batch into buffers of
+    the first one's shape). A batch of a prime number of rows above ``asked`` (an epoch's
+    last, partial batch) goes through whole, as one micro-batch.
+
+    Invariant: the result divides ``rows``, and is ``asked`` whenever ``asked`` does."""
+    return max(d for d in range(1, min(asked, rows) + 1) if rows % d == 0)

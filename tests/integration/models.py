@@ -446,7 +446,14 @@ class ProbedGPT(TinyGPT):
                 handle.write(json.dumps(line) + "\n")
 
     def _probe(self, when: str) -> None:
-        loss = probe_loss(self.trainer.model, self.hparams.block)  # a collective under FSDP
+        runner = getattr(self.trainer.strategy, "pipeline_runner", None)
+        if runner is not None:  # through the pipeline: every rank takes part
+            tokens = {"tokens": probe_tokens(self.hparams.block).to(self.device)}
+            with torch.no_grad():
+                probe = runner.step(tokens, 0, False, lambda b, _: self._loss(b["tokens"]))
+            loss = float(probe)
+        else:
+            loss = probe_loss(self.trainer.model, self.hparams.block)  # a collective (FSDP)
         self._write(
             {
                 "when": when,
@@ -486,6 +493,45 @@ class ProbedGPT(TinyGPT):
             self._write({"when": "killed", "step": self.global_step, "kept": memory.last_kept})
             os.kill(os.getpid(), signal.SIGKILL)
         return super().training_step(batch, batch_idx)
+
+
+class DigitsBlocks(pl.LightningModule):
+    """A user's model with no pipeline code: a stem, a ``ModuleList`` of blocks and a
+    head, its forward a chain a pipeline's ``split_points`` can cut. Validation logs a
+    torchmetrics accuracy object, as users do."""
+
+    def __init__(self, width: int = 64, depth: int = 4, lr: float = 0.003):
+        super().__init__()
+        from torchmetrics.classification import MulticlassAccuracy
+
+        self.save_hyperparameters()
+        self.stem = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU())
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
+            for _ in range(depth)
+        )
+        self.head = torch.nn.Linear(width, 10)
+        self.val_acc = MulticlassAccuracy(num_classes=10, average="micro")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        logits = self(batch["pixels"].float() / 16.0)
+        loss = torch.nn.functional.cross_entropy(logits, batch["label"])
+        self.log("train_loss", loss, batch_size=len(batch["label"]))
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        logits = self(batch["pixels"].float() / 16.0)
+        self.val_acc.update(logits, batch["label"])
+        self.log("val_acc", self.val_acc, on_epoch=True, batch_size=len(batch["label"]))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"])
 
 
 class RankEndsClassifier(DigitsClassifier):
