@@ -9,6 +9,7 @@ start Ray, and still write nothing.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ from tests.fresh_process import run_fresh
 _TINYGPT = "model.class_path=raytrain.models.tinygpt:TinyGPT"
 _MP = "strategy.name=model_parallel"
 _TP = "strategy.model_parallel.tensor_parallel_size"
+_PP = "strategy.model_parallel.pipeline_parallel_size"
+_PIPE = "strategy.model_parallel.pipeline"
+_BLOCKS = "model.class_path=tests.integration.models:DigitsBlocks"
 
 CASES = {
     # name: (overrides, the field path the message must start with)
@@ -50,6 +54,28 @@ CASES = {
     "model_parallel_fp16_mixed": (
         [_TINYGPT, _MP, "trainer.precision=16-mixed"],
         "trainer.precision",
+    ),
+    # pipeline parallelism: sizes, options, and splits the model cannot take (found on the
+    # model, built before Ray starts)
+    "pipeline_sizes_do_not_divide_workers": (
+        [_TINYGPT, _MP, f"{_PP}=3"],
+        "strategy.model_parallel",
+    ),
+    "pipeline_options_without_a_pipeline": ([_TINYGPT, _MP, f"{_PIPE}.schedule=gpipe"], _PIPE),
+    "pipeline_fewer_microbatches_than_stages": (
+        [_TINYGPT, _MP, f"{_PP}=2", f"{_PIPE}.microbatches=1"],
+        f"{_PIPE}.microbatches",
+    ),
+    "pipeline_elastic": ([_TINYGPT, _MP, f"{_PP}=2", "scaling.num_workers=[1, 2]"], "scaling."),
+    "pipeline_split_point_missing": (
+        [_BLOCKS, _MP, f"{_PP}=2", f"{_PIPE}.split_points=[blocks.9]"],
+        f"{_PIPE}.split_points",
+    ),
+    # the digits CNN's forward reshapes its input before its first child: not a chain
+    "pipeline_forward_not_a_chain": ([_MP, f"{_PP}=2"], f"{_PIPE}.split_points"),
+    "pipeline_split_points_for_a_model_that_cuts_itself": (
+        [_TINYGPT, _MP, f"{_PP}=2", f"{_PIPE}.split_points=[blocks.1]"],
+        f"{_PIPE}.split_points",
     ),
     # read from the source: the digits model has none
     "model_parallel_without_configure_model": ([_MP], "model.class_path"),
@@ -170,7 +196,9 @@ print(json.dumps(out))
 
 
 def _run_cases(argvs: dict[str, list[str]], cwd: Path) -> dict:
-    return run_fresh(_DRIVER, argvs, cwd, pythonpath=str(cwd), timeout=300)
+    # the repository's root after the work folder: the cases' models in tests/ import
+    path = os.pathsep.join((str(cwd), str(Path(__file__).resolve().parents[2])))
+    return run_fresh(_DRIVER, argvs, cwd, pythonpath=path, timeout=300)
 
 
 def write_image_folders(root: Path) -> Path:
