@@ -1,5 +1,6 @@
-"""Per-rank model-state memory, DDP against FSDP full sharding and tensor parallelism 2:
-the GPT at 50M+ parameters; and the step time of tensor parallelism against FSDP.
+"""Per-rank model-state memory, DDP against FSDP full sharding, tensor parallelism 2,
+pipeline parallelism 2 and both (4 workers): the GPT at 50M+ parameters; and the step time
+of tensor parallelism against FSDP.
 
     python bench/memory.py [--dim 768 --layers 8 --steps 8]
 
@@ -7,7 +8,10 @@ Three real 2-worker raytrain runs of ``raytrain.models.tinygpt`` (CPU, gloo): DD
 (``sharding: full``, each block its own unit) and ``model_parallel`` with
 ``tensor_parallel_size: 2`` (TinyGPT's plan: both workers hold half of every block, the
 embeddings whole), each trained ``--steps`` steps on the stdlib text on the same 4 rows a
-step (2 per worker under DDP and FSDP, 4 on the one tensor-parallel replica). Just before
+step (2 per worker under DDP and FSDP, 4 on the one tensor-parallel or pipeline replica;
+``pipeline_parallel_size: 2`` cuts the blocks in half, embeddings with the first stage, the
+norm and the tied head, with a copy of the token embedding, with the last; TP2xPP2 does
+both on 4 workers). Just before
 the second optimizer step every rank measures the bytes of its parameters, gradients and
 optimizer state (``bench.models.MemoryProbeGPT``); rank 0 times every step. Prints the
 per-rank figures (the largest rank) with their ratios to DDP, and the median step time of
@@ -28,12 +32,22 @@ sys.path.insert(0, str(ROOT))
 KINDS = ("parameters", "gradients", "optimizer")
 
 
+def _mp(tp: int = 1, pp: int = 1) -> dict:
+    return {
+        "name": "model_parallel",
+        "model_parallel": {"tensor_parallel_size": tp, "pipeline_parallel_size": pp},
+    }
+
+
+# name: (strategy, rows per worker batch, workers)
 STRATEGIES = {
-    "ddp": ({"name": "ddp"}, 2),
-    "fsdp": ({"name": "fsdp", "fsdp": {"sharding": "full", "auto_wrap": ["Block"]}}, 2),
-    "tp2": ({"name": "model_parallel", "model_parallel": {"tensor_parallel_size": 2}}, 4),
+    "ddp": ({"name": "ddp"}, 2, 2),
+    "fsdp": ({"name": "fsdp", "fsdp": {"sharding": "full", "auto_wrap": ["Block"]}}, 2, 2),
+    "tp2": (_mp(tp=2), 4, 2),
+    "pp2": (_mp(pp=2), 4, 2),
+    "tp2pp2": (_mp(tp=2, pp=2), 4, 4),
 }
-LABELS = {"ddp": "DDP", "fsdp": "FSDP full", "tp2": "TP 2"}
+LABELS = {"ddp": "DDP", "fsdp": "FSDP full", "tp2": "TP 2", "pp2": "PP 2", "tp2pp2": "TP2xPP2"}
 
 
 def measure(strategy: str, work: Path, gpt: dict, steps: int) -> dict:
@@ -45,7 +59,7 @@ def measure(strategy: str, work: Path, gpt: dict, steps: int) -> dict:
 
     out = work / strategy
     out.mkdir()
-    section, batch = STRATEGIES[strategy]
+    section, batch, workers = STRATEGIES[strategy]
     spec = {
         "name": f"memory-{strategy}",
         "model": {
@@ -57,7 +71,9 @@ def measure(strategy: str, work: Path, gpt: dict, steps: int) -> dict:
             "columns": ["tokens"],
             "batch_size": batch,
         },
-        "scaling": {"num_workers": 2},
+        # 4 workers share this 2-core machine's CPUs (half a CPU slot each)
+        "scaling": {"num_workers": workers}
+        | ({"resources_per_worker": {"CPU": 0.5}} if workers > 2 else {}),
         "strategy": section,
         "trainer": {
             "max_steps": steps,
@@ -69,7 +85,7 @@ def measure(strategy: str, work: Path, gpt: dict, steps: int) -> dict:
         "tracking": {"mlflow": {"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}},
     }
     raytrain.fit(spec, progress=False)
-    ranks = [json.loads((out / f"memory-rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((out / f"memory-rank{r}.json").read_text()) for r in range(workers)]
     worst = {k: max(r[k] for r in ranks) for k in KINDS}
     worst["total"] = max(sum(r[k] for k in KINDS) for r in ranks)
     worst["numel"] = ranks[0]["numel"]
@@ -97,7 +113,7 @@ def main() -> None:
     print(
         f"GPT: {params / 1e6:.1f}M parameters (dim {args.dim}, {args.layers} layers), fp32, AdamW"
     )
-    header = f"{'per rank, MB (2 workers)':<26}" + "".join(f"{LABELS[s]:>11}" for s in STRATEGIES)
+    header = f"{'per rank, MB':<26}" + "".join(f"{LABELS[s]:>11}" for s in STRATEGIES)
     header += "".join(f"{LABELS[s] + ' / DDP':>17}" for s in STRATEGIES if s != "ddp")
     print(header)
     print("-" * len(header))
