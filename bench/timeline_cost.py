@@ -34,7 +34,8 @@ def _block(rank: int, on: bool, steps: int, x: Any, y: Any) -> float:
     from torch.nn.parallel import DistributedDataParallel
 
     from raytrain.models.digits import DigitsCNN
-    from raytrain.worker.step_timeline import StepTimeline, _timed_allreduce
+    from raytrain.worker.comm_hooks import HookState, gradient_hook
+    from raytrain.worker.step_timeline import StepTimeline
 
     torch.manual_seed(0)
     ddp = DistributedDataParallel(DigitsCNN(lr=0.001, channels=96, hidden=512))
@@ -43,7 +44,7 @@ def _block(rank: int, on: bool, steps: int, x: Any, y: Any) -> float:
     timeline = StepTimeline(every_n_steps=10, publish=sent.append, rank=rank, node="bench")
     trainer = SimpleNamespace(global_step=0, world_size=2)
     if on:
-        ddp.register_comm_hook(timeline, _timed_allreduce)
+        ddp.register_comm_hook(HookState(timeline=timeline), gradient_hook)
         timeline.comm_measured = True
         timeline.on_train_epoch_start(trainer, None)  # type: ignore[arg-type]
     end = timeline.end_marker()

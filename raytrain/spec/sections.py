@@ -151,6 +151,38 @@ class ScalingSpec(_Section):
         return resources
 
 
+class PowerSgdSpec(_Section):
+    rank: StrictInt = Field(
+        default=1,
+        ge=1,
+        description="The rank of the low-rank approximation each gradient matrix is sent as "
+        "(PowerSGD's matrix_approximation_rank): an n x m gradient goes as (n + m) x rank "
+        "numbers. Higher: closer to the plain gradient, less compression.",
+    )
+    start_iter: StrictInt = Field(
+        default=10,
+        ge=2,
+        description="Steps of plain all-reduce before compressing (start_powerSGD_iter; at "
+        "least 2, as error feedback needs): the first steps are the most sensitive to "
+        "inexact gradients.",
+    )
+
+
+class DdpSpec(_Section):
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+        default="none",
+        description="Gradient compression between workers (a DDP communication hook, "
+        "registered by raytrain on CPU and GPU alike): none (fp32 all-reduce), fp16 or bf16 "
+        "(gradients sent at half the bytes, summed, cast back), powersgd (each gradient "
+        "matrix sent as a low-rank approximation, its error fed back into the next step). "
+        "It pays on slow links and large models; 2 ranks on one machine gain nothing.",
+    )
+    powersgd: PowerSgdSpec = Field(
+        default_factory=PowerSgdSpec,
+        description="PowerSGD's options (comm_hook: powersgd).",
+    )
+
+
 class FsdpSpec(_Section):
     sharding: Literal["full", "grad_op", "no_shard", "hybrid"] = Field(
         default="full",
@@ -266,6 +298,7 @@ class StrategySpec(_Section):
         "model_parallel (Lightning's ModelParallelStrategy: the model's configure_model "
         "applies tensor parallelism and FSDP2 on a (data_parallel, tensor_parallel) mesh).",
     )
+    ddp: DdpSpec = Field(default_factory=DdpSpec, description="DDP options (name: ddp).")
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP options (name: fsdp).")
     model_parallel: ModelParallelSpec = Field(
         default_factory=ModelParallelSpec,

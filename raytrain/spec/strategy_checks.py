@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from raytrain.spec.sections import FsdpSpec, ModelParallelSpec, PipelineSpec
+from raytrain.spec.sections import (
+    DdpSpec,
+    FsdpSpec,
+    ModelParallelSpec,
+    PipelineSpec,
+    PowerSgdSpec,
+)
 
 if TYPE_CHECKING:
     from raytrain.spec.sections import JobSpec
@@ -23,12 +29,19 @@ def strategy_problems(spec: JobSpec) -> list[str]:
     with it (they would silently do nothing), hybrid sharding needs GPUs, a model-parallel
     mesh must hold every worker. The driver checks them before Ray starts; nothing here
     imports Lightning."""
-    for option, default in (("fsdp", FsdpSpec()), ("model_parallel", ModelParallelSpec())):
+    options = (("ddp", DdpSpec()), ("fsdp", FsdpSpec()), ("model_parallel", ModelParallelSpec()))
+    for option, default in options:
         if spec.strategy.name != option and getattr(spec.strategy, option) != default:
             return [
                 f"strategy.{option}: options for the {option} strategy, but strategy.name "
                 f"is {spec.strategy.name!r}"
             ]
+    ddp = spec.strategy.ddp
+    if ddp.comm_hook != "powersgd" and ddp.powersgd != PowerSgdSpec():
+        return [
+            "strategy.ddp.powersgd: options for comm_hook powersgd, but comm_hook is "
+            f"{ddp.comm_hook!r}"
+        ]
     if (
         spec.strategy.name == "fsdp"
         and spec.strategy.fsdp.sharding == "hybrid"

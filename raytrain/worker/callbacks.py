@@ -44,6 +44,7 @@ from raytrain.spec import JobSpec
 from raytrain.spec.global_batch import GlobalBatch
 from raytrain.worker.accumulation import AccumulationAlignment
 from raytrain.worker.checkpointing import CheckpointCallback
+from raytrain.worker.comm_hooks import Compression
 from raytrain.worker.guards import FiniteGuard, PreemptionGuard
 from raytrain.worker.hang_watchdog import HangWatchdog
 from raytrain.worker.loader_position import LoaderPosition
@@ -55,6 +56,7 @@ from raytrain.worker.spike import RollbackSkip, SpikeGuard
 from raytrain.worker.step_clock import StepClock
 from raytrain.worker.step_timeline import StepTimeline
 from raytrain.worker.strategy import (
+    compression,
     rank_zero_holds_state,
     shards_checkpoints,
 )
@@ -190,8 +192,10 @@ def build_callbacks(
     spikes = _spike_guards(spec, train_loader, publish, keeping)
     timers = [t for t in (system, timeline, watchdog) if t is not None]
     clock = [StepClock(timers)] if timers else []  # first, and its end marker last
+    compress = _compression(spec, timeline)
     ordered: list[pl.Callback] = [
         *clock,
+        *compress,
         FiniteGuard(),
         *spikes[:1],
         MixRows(train_loader, spec.trainer.log_every_n_steps),
@@ -206,3 +210,15 @@ def build_callbacks(
         *[c.end_marker() for c in clock],
     ]
     return WorkerCallbacks(ordered=ordered, reporter=reporter, checkpoints=checkpoints)
+
+
+def _compression(spec: JobSpec, timeline: StepTimeline | None) -> list[pl.Callback]:
+    """The gradient compression's callback, if the run has one; the step timeline then
+    registers the compression's hook state with itself in it (one DDP hook does both)."""
+    ddp = compression(spec)
+    if ddp is None:
+        return []
+    callback = Compression(ddp)
+    if timeline is not None:
+        timeline.hook_state = callback.state
+    return [callback]

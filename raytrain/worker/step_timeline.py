@@ -36,11 +36,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
 
 import lightning.pytorch as pl
 
 from raytrain.contract import Publish, TimelineWindow
+from raytrain.worker.comm_hooks import HookState, register
 from raytrain.worker.step_clock import StepListener, Tick
 
 PARTS = ("data_wait", "forward", "backward", "comm_wait", "optimizer", "hooks", "busy", "step")
@@ -59,32 +59,6 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, list[float]]:
     return out
 
 
-def _timed_allreduce(timeline, bucket):  # type: ignore[no-untyped-def]  # see below
-    """A DDP communication hook: marks that a gradient bucket is ready, then all-reduces it
-    as DDP does without a hook (torch's ``allreduce_hook``: the mean over ranks). Not
-    annotated: DDP refuses a hook whose annotations are not its own classes, and under
-    ``from __future__ import annotations`` every annotation is a string."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    timeline.grads_ready()
-    return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group
-
-
-def _hook_ddp(model: Any, timeline: StepTimeline) -> bool | None:
-    """Whether ``timeline``'s communication hook now marks the gradient buckets of DDP
-    ``model`` (False: a hook of the user's strategy is there already); None: not DDP.
-    Under DDP ``comm_wait`` is sent only with the hook: the gradients' wait is most of it."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(model, DistributedDataParallel):
-        return None
-    try:
-        model.register_comm_hook(timeline, _timed_allreduce)
-    except RuntimeError:  # a hook of the user's strategy is there already
-        return False
-    return True
-
-
 class StepTimeline(StepListener):
     """Times each batch's parts (see the module docstring) from the step clock's marks.
     ``clock`` must be the step clock's: the gradients' hook reads it between marks."""
@@ -97,7 +71,12 @@ class StepTimeline(StepListener):
         rank: int,
         node: str,
         clock: Callable[[], float] = time.perf_counter,
+        hook_state: HookState | None = None,
     ):
+        """``hook_state``: the DDP communication hook's state this timeline registers
+        with itself in it (``comm_hooks``; the gradient compression's, when the run has
+        one), else a plain all-reduce's."""
+        self.hook_state = hook_state or HookState()
         self.every_n_steps = max(1, every_n_steps)
         self.publish = publish
         self.rank, self.node = rank, node
@@ -122,7 +101,9 @@ class StepTimeline(StepListener):
     # -- the clock's marks, in Lightning's order -------------------------------------------
 
     def train_started(self, tick: Tick, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        hooked = _hook_ddp(getattr(trainer.strategy, "model", None), self)
+        # under DDP comm_wait is sent only with the hook: the gradients' wait is most of it
+        self.hook_state.timeline = self
+        hooked = register(getattr(trainer.strategy, "model", None), self.hook_state)
         self.comm_measured = hooked if hooked is not None else trainer.world_size > 1
 
     def batch_started(self, tick: Tick, trainer: pl.Trainer) -> None:

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from raytrain._compat.lightning import fsdp_strategy_class, model_parallel_strategy_class
-from raytrain.spec import JobSpec
+from raytrain.spec import DdpSpec, JobSpec
 
 # strategy.fsdp.sharding → torch's ShardingStrategy names
 SHARDING = {
@@ -61,6 +61,32 @@ def shards_checkpoints(spec: JobSpec) -> bool:
     return spec.strategy.name == "fsdp" and spec.strategy.fsdp.state_dict == "sharded"
 
 
+def compression(spec: JobSpec) -> DdpSpec | None:
+    """The gradient compression the run asks for (``strategy.ddp``; None: none, or a
+    strategy other than DDP, under which the spec's checks refuse one)."""
+    ddp = spec.strategy.ddp
+    return ddp if spec.strategy.name == "ddp" and ddp.comm_hook != "none" else None
+
+
+# PowerSGD on gloo: every gradient in one DDP bucket (see _powersgd_buckets)
+ONE_BUCKET_MB = 1 << 20
+
+
+def _powersgd_buckets(spec: JobSpec) -> dict[str, Any]:
+    """DDP's bucket size under PowerSGD on CPU workers (gloo): one bucket. PowerSGD
+    all-reduces a bucket's second factor from a callback of the first's future; with two
+    buckets in flight on gloo, that collective and the next bucket's first one were
+    issued in different orders on the two ranks (an 8.4M-parameter MLP in two buckets
+    under ``bench/comm_hooks.py``: 1 run of 6 aborted, "Received data size doesn't match
+    expected size"; in one bucket none of 9).
+    NCCL keeps them apart on streams; on GPUs DDP's buckets stay as they are."""
+    if spec.strategy.ddp.comm_hook != "powersgd":
+        return {}
+    import ray.train.torch
+
+    return {} if ray.train.torch.get_device().type == "cuda" else {"bucket_cap_mb": ONE_BUCKET_MB}
+
+
 def build_strategy(spec: JobSpec, model: Any = None) -> Any:
     """The Lightning strategy for ``spec.strategy``; FSDP resolves its module class names
     against ``model``."""
@@ -69,7 +95,8 @@ def build_strategy(spec: JobSpec, model: Any = None) -> Any:
     if spec.strategy.name == "ddp":
         # Every parameter gets a gradient in the models we expect; not searching for unused
         # ones saves a graph traversal per step. Bucket views avoid a gradient copy.
-        return RayDDPStrategy(find_unused_parameters=False, gradient_as_bucket_view=True)
+        buckets = _powersgd_buckets(spec)
+        return RayDDPStrategy(find_unused_parameters=False, gradient_as_bucket_view=True, **buckets)
     if spec.strategy.name == "model_parallel":
         import ray.train
 
