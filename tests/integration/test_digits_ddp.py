@@ -84,25 +84,29 @@ def powersgd_numbers(model: torch.nn.Module, rank: int = 1, rate: float = 2.0) -
 def test_powersgd_learns_digits_as_the_plain_all_reduce_at_a_fraction_of_the_bytes(
     first_run, digits_dir: Path, work: Path
 ) -> None:
+    """The digits job's 10 epochs, plain all-reduce and PowerSGD rank 1, same seed. At 4
+    epochs PowerSGD trailed by 0.033 here, at 8 by 0.022, at 10 by 0.017: its low-rank
+    gradients (under Adam) need more steps to reach the same accuracy."""
     from raytrain.models.digits import DigitsCNN
 
-    spec = digits_spec(
-        digits_dir,
-        work,
-        name="digits-powersgd",
-        strategy={"name": "ddp", "ddp": {"comm_hook": "powersgd", "powersgd": {"rank": 1}}},
-        trainer={"max_epochs": EPOCHS, "log_every_n_steps": 5, "seed": 7},
-    )
-    result = raytrain.fit(spec, progress=False)
-    _, plain = first_run  # the same CNN, seed and epochs, gradients all-reduced in fp32
-    assert result.metrics["val_acc"] == pytest.approx(plain.metrics["val_acc"], abs=0.02)
+    def run(hook: str) -> Any:
+        spec = digits_spec(
+            digits_dir,
+            work,
+            name=f"digits-{hook}",
+            strategy={"name": "ddp", "ddp": {"comm_hook": hook}},
+            trainer={"max_epochs": 10, "log_every_n_steps": 5, "seed": 7},
+        )
+        return raytrain.fit(spec, progress=False)
+
+    plain, compressed = run("none"), run("powersgd")
+    assert compressed.metrics["val_acc"] == pytest.approx(plain.metrics["val_acc"], abs=0.02)
     model = DigitsCNN()
-    sent, whole = (
-        result.metrics["comm_bytes_per_step"],
-        4 * sum(p.numel() for p in model.parameters()),
-    )
+    whole = 4 * sum(p.numel() for p in model.parameters())
+    sent = compressed.metrics["comm_bytes_per_step"]
     assert sent == 4 * powersgd_numbers(model)  # counted in the hook, on gloo
     assert whole / sent > 30  # 38282 numbers sent as 973: 39 times fewer bytes
+    assert "comm_bytes_per_step" not in plain.metrics  # no hook but the timeline's
 
 
 def _ray_processes(*names: str) -> list[str]:
