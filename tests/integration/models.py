@@ -633,6 +633,48 @@ class StartsCNN(DigitsCNN):
                 handle.write(line + "\n")
 
 
+# what a Ray worker started under `srun` inherits: Slurm's view of a 4-node, 8-task job
+SLURM_TASK_ENV = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_NTASKS": "8",
+    "SLURM_NNODES": "4",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "2",
+}
+
+
+class SlurmTaskCNN(DigitsCNN):
+    """``DigitsCNN`` in a worker that looks like a Slurm task: its ``__init__`` (run in
+    each worker before Lightning's Trainer is built) sets ``SLURM_TASK_ENV`` in the
+    worker's environment; at the start of training each rank writes the rank, world size
+    and cluster environment Lightning took, and whether Lightning's Slurm detection saw
+    the job, to ``out_dir/rank{rank}.json``."""
+
+    def __init__(self, out_dir: str, **kwargs):
+        import os
+
+        super().__init__(**kwargs)
+        self.out_dir = out_dir
+        os.environ.update(SLURM_TASK_ENV)
+
+    def on_train_start(self) -> None:
+        import json
+
+        from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+        seen = {
+            "rank": self.global_rank,
+            "world_size": self.trainer.world_size,
+            "environment": type(self.trainer.strategy.cluster_environment).__name__,
+            "slurm_detected": SLURMEnvironment.detect(),
+        }
+        with open(f"{self.out_dir}/rank{self.global_rank}.json", "w") as handle:
+            json.dump(seen, handle)
+
+
 class SlowRankCNN(DigitsCNN):
     """``DigitsCNN`` whose rank ``slow_rank`` sleeps ``times`` its own median step time in
     every training step once its first ``calibrate`` steps measured it: a straggler, its

@@ -109,6 +109,32 @@ def test_powersgd_learns_digits_as_the_plain_all_reduce_at_a_fraction_of_the_byt
     assert "comm_bytes_per_step" not in plain.metrics  # no hook but the timeline's
 
 
+def test_workers_that_inherit_a_slurm_tasks_variables_keep_ray_trains_ranks(
+    first_run, digits_dir: Path, work: Path
+) -> None:
+    """A Ray worker started under ``srun`` inherits ``SLURM_*``, and Lightning's own
+    detection would then take rank 5 of 8 from Slurm; raytrain's workers take Ray
+    Train's (its ``RayLightningEnvironment``)."""
+    out = work / "slurm-task"
+    out.mkdir()
+    spec = digits_spec(
+        digits_dir,
+        work,
+        name="digits-slurm-task",
+        model={
+            "class_path": "tests.integration.models:SlurmTaskCNN",
+            "init_args": {"out_dir": str(out), "lr": 0.003},
+        },
+        trainer={"max_epochs": 1, "log_every_n_steps": 5},
+    )
+    result = raytrain.fit(spec, progress=False)
+    seen = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [s["rank"] for s in seen] == [0, 1] and result.metrics["world_size"] == 2
+    assert all(s["world_size"] == 2 for s in seen)
+    assert all(s["environment"] == "RayLightningEnvironment" for s in seen)
+    assert all(s["slurm_detected"] for s in seen)  # the variables were there to be taken
+
+
 def _ray_processes(*names: str) -> list[str]:
     """The processes of this test's local Ray that run one of the named actors (``ray::NAME``):
     another Ray on the machine (a second suite, a soak) runs actors of the same names."""
