@@ -188,7 +188,8 @@ class RaytrainModelParallelStrategy(ModelParallelStrategy):
         self.pre_backward(closure_loss)
         module: Any = self.lightning_module
         closure_loss = self.precision_plugin.pre_backward(closure_loss, module)
-        self._stages.apply_grads()
+        trainer: Any = module.trainer
+        self._stages.apply_grads(1.0 / trainer.accumulate_grad_batches)
         closure_loss = self.precision_plugin.post_backward(closure_loss, module)
         self.post_backward(closure_loss)
         return closure_loss

@@ -96,10 +96,22 @@ def check_pipeline_split(spec: JobSpec) -> list[str]:
     except SpecError as exc:
         return exc.problems
     points = spec.strategy.model_parallel.pipeline.split_points
+    name = type(model).__name__
     if callable(getattr(model, HOOK, None)):
         if points:
-            return [f"{where}: {type(model).__name__} cuts itself ({HOOK}); give none"]
+            return [f"{where}: {name} cuts itself ({HOOK}); give none"]
         return []
+    import lightning.pytorch as pl
+
+    if type(model).configure_model is not pl.LightningModule.configure_model:
+        # it would shard the whole model (fully_shard(self), blocks another stage holds),
+        # not the stage raytrain cuts, and the pipeline would never run its root
+        return [
+            f"model.class_path: {name} defines configure_model but not {HOOK}(mesh): "
+            "under a pipeline a model that shards itself must also cut itself, returning "
+            "its stage and sharding that (raytrain.models.tinygpt:TinyGPT does both); "
+            "without either, raytrain cuts it and shards each stage with FSDP2"
+        ]
     try:
         stage_ranges(chain(model), points, stages)
     except SplitError as exc:

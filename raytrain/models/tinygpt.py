@@ -165,6 +165,14 @@ def _tensor_parallel(
         parallelize_module(block, tp, plan)
 
 
+def _check_sequence(tokens: int, shards: int) -> None:
+    if tokens % shards:
+        raise ValueError(
+            f"TinyGPT: a sequence of {tokens} tokens; under sequence parallelism it must be a "
+            f"multiple of the tensor-parallel size ({shards})"
+        )
+
+
 class GPTStage(nn.Module):
     """One pipeline stage of a ``TinyGPT``, built from its own modules: the embeddings on
     the first stage, a run of blocks, and on the last the final norm and the output head,
@@ -183,6 +191,7 @@ class GPTStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pos is not None and self.tok is not None:
+            _check_sequence(x.shape[1], self.sequence_shards)
             x = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
         for block in self.blocks:
             x = block(x)
@@ -250,11 +259,7 @@ class TinyGPT(pl.LightningModule):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
-        if t % self.sequence_shards:
-            raise ValueError(
-                f"TinyGPT: a sequence of {t} tokens; under sequence parallelism it must be a "
-                f"multiple of the tensor-parallel size ({self.sequence_shards})"
-            )
+        _check_sequence(t, self.sequence_shards)
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         for block in self.blocks:
             x = block(x)

@@ -16,8 +16,8 @@ class HeldGrads:
     """The gradients a schedule computed inside a training step, held until the step's
     backward: Lightning zeroes the gradients between the two (its closure runs the step,
     then ``zero_grad`` on the first batch of an accumulation, then the backward), which
-    would drop them. ``hold`` runs around the schedule; ``apply`` adds what it computed,
-    as a ``loss.backward()`` at that point would have."""
+    would drop them. ``before`` and ``after`` run around the schedule; ``apply`` adds what
+    it computed, as a ``loss.backward()`` at that point would have."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -38,12 +38,16 @@ class HeldGrads:
         """Hold what the schedule computed, and put back what was set aside."""
         self.fresh = self._swap(before)
 
-    def apply(self) -> None:
-        """Add the held gradients to the parameters'."""
+    def apply(self, scale: float = 1.0) -> None:
+        """Add the held gradients, times ``scale``, to the parameters'. Lightning divides
+        a step's loss by ``accumulate_grad_batches`` before its backward; the schedule
+        backpropagated the loss whole, so its gradients are scaled here instead."""
         fresh, self.fresh = self.fresh, []
         for param, grad in zip(self.module.parameters(), fresh, strict=False):
             if grad is None:
                 continue
+            if scale != 1.0:
+                grad.mul_(scale)
             if param.grad is None:
                 param.grad = grad
             else:
@@ -57,7 +61,8 @@ class SharedParams:
     it in the gradient norm."""
 
     def __init__(self, module: nn.Module, group: Any, index: int, stages: int) -> None:
-        self.module, self.group, self.index = module, group, index
+        self.module, self.group, self.index, self.stages = module, group, index, stages
+        self.kinds: dict[str, tuple[tuple[int, ...], str]] | None = None
         names = [name for name, _ in module.named_parameters()]
         held: list[list[str]] = [[] for _ in range(stages)]
         dist.all_gather_object(held, names, group=group)  # every stage's names
@@ -80,16 +85,28 @@ class SharedParams:
         )
 
     def sync(self) -> None:
-        """Sum each shared parameter's gradient over the pipeline (a stage that does not
-        hold it adds zeros)."""
+        """Sum each shared parameter's gradient over the pipeline; a stage that does not
+        hold it (a middle stage) adds zeros of the holders' shape and type, which the
+        stages tell each other at the first sync (after sharding, when they are known)."""
+        if self.kinds is None:
+            mine = {}
+            for name in self.owner:
+                param = self._param(name)
+                if param is not None:
+                    local = _local(param)
+                    mine[name] = (tuple(local.shape), str(local.dtype).removeprefix("torch."))
+            gathered: list[dict[str, Any]] = [{} for _ in range(self.stages)]
+            dist.all_gather_object(gathered, mine, group=self.group)
+            self.kinds = {k: v for stage in gathered for k, v in stage.items()}
         for name in sorted(self.owner):
             param = self._param(name)
             grad = None if param is None else param.grad
             if grad is not None:
                 dist.all_reduce(_local(grad), group=self.group)
                 continue
-            shape = _local(param).shape if param is not None else ()
-            dist.all_reduce(torch.zeros(shape, device=_device(self.module)), group=self.group)
+            shape, dtype = self.kinds[name]
+            zeros = torch.zeros(shape, dtype=getattr(torch, dtype), device=_device(self.module))
+            dist.all_reduce(zeros, group=self.group)
 
 
 def _device(module: nn.Module) -> torch.device:

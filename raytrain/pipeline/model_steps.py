@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 
-class _Called(Exception):
-    """Stops a step at its ``self(...)`` call, carrying the arguments."""
+class _Called(BaseException):
+    """Stops a step at its ``self(...)`` call, carrying the arguments (a BaseException:
+    a step that wraps ``self(x)`` in ``except Exception`` does not swallow it)."""
 
     def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         super().__init__()
@@ -28,12 +29,25 @@ class _Called(Exception):
 @contextlib.contextmanager
 def forward_as(module: Any, forward: Callable[..., Any]) -> Iterator[None]:
     """``module(...)`` calls ``forward`` while inside (an instance attribute over the
-    class's ``forward``, removed after)."""
-    module.forward = forward
+    class's ``forward``; whatever instance attribute was there before is put back)."""
+    with instance_attribute(module, "forward", forward):
+        yield
+
+
+@contextlib.contextmanager
+def instance_attribute(obj: Any, name: str, value: Any) -> Iterator[None]:
+    """``obj.<name>`` is ``value`` while inside; after, the instance attribute it had
+    (if any) is back, else the class's shows through again."""
+    missing = object()
+    had = vars(obj).get(name, missing)
+    setattr(obj, name, value)
     try:
         yield
     finally:
-        del module.forward
+        if had is missing:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, had)
 
 
 def rows_of(batch: Any) -> int:
@@ -130,6 +144,6 @@ class ModelSteps:
             result = step_fn(part, batch_idx)
         if isinstance(result, Mapping):
             result = result.get("loss")
-        if result is None:  # a validation step returns nothing
-            return output.new_zeros(())
+        if result is None:  # a validation step returns nothing; a training step may skip
+            return output.float().sum() * 0.0  # on the output's graph, for the backward
         return result

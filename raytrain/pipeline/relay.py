@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from raytrain.pipeline.model_steps import instance_attribute
+
 
 @dataclass
 class Logged:
@@ -65,11 +67,9 @@ class LogRelay:
     @contextlib.contextmanager
     def recording(self, module: Any) -> Iterator[None]:
         """While inside, ``module.log(...)`` is recorded, not logged."""
-        self.module, module.log = module, self._record
-        try:
+        self.module = module
+        with instance_attribute(module, "log", self._record):
             yield
-        finally:
-            del module.log
 
     def take(self, rows: int) -> dict[str, tuple[float | str, dict[str, Any]]]:
         """The recorded names' means (or metric paths) and options (a ``batch_size``

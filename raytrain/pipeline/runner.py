@@ -76,8 +76,8 @@ class PipelineRunner:
         assert self.shared is not None
         return {"counted": self.shared.counted, "across": self.group}
 
-    def apply_grads(self) -> None:
-        self.held.apply()
+    def apply_grads(self, scale: float = 1.0) -> None:
+        self.held.apply(scale)
 
     def sync_shared_grads(self) -> None:
         assert self.shared is not None
@@ -102,15 +102,17 @@ class PipelineRunner:
         schedule = self._schedule(training, rows)
         losses: list[torch.Tensor] = []
         before = self.held.before() if training else []
-        with self.relay.recording(module), self.steps.on(batch, batch_idx, step_fn, probes):
-            args = self.steps.input(step_fn, batch, batch_idx) if self.first else ()
-            run = schedule.step if training else schedule.eval
-            if self.last:
-                run(*args, target=torch.arange(rows), losses=losses)
-            else:
-                run(*args)
-        if training:
-            self.held.after(before)
+        try:
+            with self.relay.recording(module), self.steps.on(batch, batch_idx, step_fn, probes):
+                args = self.steps.input(step_fn, batch, batch_idx) if self.first else ()
+                run = schedule.step if training else schedule.eval
+                if self.last:  # the outputs are the loss function's: not kept merged
+                    run(*args, target=torch.arange(rows), losses=losses, return_outputs=False)
+                else:
+                    run(*args, return_outputs=False)
+        finally:
+            if training:
+                self.held.after(before)
         loss = torch.zeros((), device=module.device)
         if losses:
             loss = torch.stack([x.detach().float() for x in losses]).mean().to(module.device)

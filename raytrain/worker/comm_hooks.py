@@ -15,7 +15,8 @@ comes back on resume. Only rank 0 writes a DDP checkpoint, without waiting on th
 (``_compat.lightning.dump_state``), so what is saved is rank 0's: its iteration and its
 factors, which are the same on every rank (both are all-reduced), and not the errors,
 which differ by rank. A resume, on any number of workers, restores the iteration and the
-factors on every rank and restarts the error feedback at zero, as PowerSGD itself starts.
+factors on every rank, all-reduces plainly for 2 steps (while DDP rebuilds its buckets into
+the layout the factors were made for) and restarts the error feedback at zero.
 """
 
 from __future__ import annotations
@@ -145,8 +146,14 @@ class Compression(pl.Callback):
 
 def restore_powersgd(state: Any, saved: dict[str, Any], device: torch.device) -> None:
     """Put a saved iteration and low-rank factors into PowerSGD's ``state``, on
-    ``device`` (the gradients'); the error feedback restarts at zero."""
+    ``device`` (the gradients'); the error feedback restarts at zero.
+
+    A new DDP model starts with one bucket in parameter order and rebuilds its buckets
+    after the first step; the saved factors are of the rebuilt ones (torch requires
+    ``start_powerSGD_iter`` > 1 for this). So the resumed run all-reduces plainly for 2
+    more steps, then compresses with the restored factors, which fit again."""
     state.iter = int(saved["iter"])
+    state.start_powerSGD_iter = max(state.start_powerSGD_iter, state.iter + 2)
     state.p_memory_dict = {k: v.to(device) for k, v in saved["p"].items()}
     state.q_memory_dict = {k: v.to(device) for k, v in saved["q"].items()}
     state.error_dict = {}

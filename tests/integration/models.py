@@ -534,6 +534,16 @@ class DigitsBlocks(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"])
 
 
+class ShardedBlocks(DigitsBlocks):
+    """``DigitsBlocks`` that shards itself as a model written for FSDP2 alone does: the
+    whole model's root, which a pipeline's stage would never call."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(self, mesh=self.device_mesh["data_parallel"])
+
+
 class RankEndsClassifier(DigitsClassifier):
     """``DigitsClassifier`` (``x, y = batch``) whose every rank appends the step and epoch
     its fit ended at to ``out_dir/ends.jsonl``: where a callback stopped each rank."""

@@ -38,7 +38,9 @@ def _pipeline(stages: int, schedule: str = "1f1b", **options: object) -> dict:
     return {"name": "model_parallel", "model_parallel": mp}
 
 
-def _gpt(root: Path, out: Path, name: str, stages: int, steps: int, **kw: object) -> dict:
+def _gpt(
+    root: Path, out: Path, name: str, stages: int, steps: int, batch: int = 16, **kw: object
+) -> dict:
     out.mkdir(exist_ok=True)
     return {
         "name": name,
@@ -50,7 +52,7 @@ def _gpt(root: Path, out: Path, name: str, stages: int, steps: int, **kw: object
             "train": {"uri": str(root / "text" / "train")},
             "val": {"uri": str(root / "text" / "val")},
             "columns": ["tokens"],
-            "batch_size": 16,
+            "batch_size": batch,
         },
         "scaling": {"num_workers": stages},
         "strategy": _pipeline(stages, **kw),  # type: ignore[arg-type]
@@ -84,7 +86,16 @@ def test_pipeline_trains_as_one_stage_resumes_reshards_exports_and_splits_a_user
     single = raytrain.fit(_gpt(tmp_path, one, "gpt-one", 1, 12), progress=False)
     piped = raytrain.fit(_gpt(tmp_path, pp, "gpt-pp", 2, 12), progress=False)
     raytrain.fit(_gpt(tmp_path, gpipe, "gpt-gpipe", 2, 12, schedule="gpipe"), progress=False)
-    (one_start, one_end), (pp_start, pp_end), (_, gpipe_end) = map(_probes, (one, pp, gpipe))
+    # 2 batches of 8 accumulated: the same 16 rows a step, the schedule's gradients scaled
+    # by 1/2 as Lightning scales a loss it backpropagates
+    accumulated = _gpt(tmp_path, tmp_path / "acc", "gpt-acc", 2, 12, batch=8)
+    accumulated["trainer"]["accumulate_grad_batches"] = 2
+    raytrain.fit(accumulated, progress=False)
+    (one_start, one_end), (pp_start, pp_end), (_, gpipe_end), (_, acc_end) = map(
+        _probes, (one, pp, gpipe, tmp_path / "acc")
+    )
+    assert acc_end["step"] == 12
+    assert acc_end["loss"] == pytest.approx(one_end["loss"], abs=PARITY)
     assert pp_start["loss"] == pytest.approx(one_start["loss"], abs=1e-6)  # same weights
     assert pp_end["step"] == one_end["step"] == 12 and pp_end["world_size"] == 2
     assert pp_end["loss"] < pp_start["loss"] - 0.5  # it learnt

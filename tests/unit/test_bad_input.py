@@ -73,6 +73,10 @@ CASES = {
     ),
     # the digits CNN's forward reshapes its input before its first child: not a chain
     "pipeline_forward_not_a_chain": ([_MP, f"{_PP}=2"], f"{_PIPE}.split_points"),
+    "pipeline_model_that_shards_itself_but_does_not_cut_itself": (
+        [_BLOCKS.replace("DigitsBlocks", "ShardedBlocks"), _MP, f"{_PP}=2"],
+        "model.class_path",
+    ),
     "pipeline_split_points_for_a_model_that_cuts_itself": (
         [_TINYGPT, _MP, f"{_PP}=2", f"{_PIPE}.split_points=[blocks.1]"],
         f"{_PIPE}.split_points",

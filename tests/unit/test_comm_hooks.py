@@ -94,7 +94,8 @@ def test_powersgds_iteration_and_factors_survive_a_checkpoint_and_errors_restart
     fresh = powersgd_state(1, 10)
     assert fresh.iter == 0 and not fresh.p_memory_dict  # what a resume without it starts from
     restore_powersgd(fresh, reader._restored or {}, torch.device("cpu"))
-    assert fresh.iter == 37  # past start_iter: compressing from the first step after resume
+    assert fresh.iter == 37  # past start_iter: compressing again once DDP's buckets are
+    assert fresh.start_powerSGD_iter == 39  # rebuilt into the layout of the saved factors
     assert torch.equal(fresh.p_memory_dict[0], saved_from.p_memory_dict[0])
     assert torch.equal(fresh.q_memory_dict[0], saved_from.q_memory_dict[0])
     assert fresh.error_dict == {}  # rank 0's errors are not the other ranks': restart at 0
