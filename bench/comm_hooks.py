@@ -130,17 +130,16 @@ def _worker(rank: int, port: int, model_name: str, hook: str, args: Any, out: st
 
 
 def measure(args: Any) -> list[dict[str, Any]]:
-    import socket
     import tempfile
 
     import torch.multiprocessing as mp
 
+    from bench.ddp_baseline import free_port
+
     rows = []
     for model_name in ("digits", "mlp"):
         for hook in HOOKS:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = probe.getsockname()[1]
+            port = free_port()
             with tempfile.TemporaryDirectory() as tmp:
                 out = str(Path(tmp) / "row.json")
                 mp.spawn(_worker, args=(port, model_name, hook, args, out), nprocs=2)

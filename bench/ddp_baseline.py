@@ -19,7 +19,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(args, _free_port()), nprocs=args.workers, join=True)
+    mp.spawn(_worker, args=(args, free_port()), nprocs=args.workers, join=True)
 
 
 if __name__ == "__main__":

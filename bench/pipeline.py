@@ -113,14 +113,13 @@ def _worker(rank: int, port: int, args: Any, out: str) -> None:
 
 
 def measure(args: Any) -> list[dict[str, Any]]:
-    import socket
     import tempfile
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from bench.ddp_baseline import free_port
+
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "rows.json")
         mp.spawn(_worker, args=(port, args, out), nprocs=STAGES)

@@ -208,6 +208,13 @@ class FsdpSpec(_Section):
     )
 
 
+def _at_least_one_or_auto(value: int | str) -> int | str:
+    """A count's check where ``auto`` is also allowed (pydantic's ``ge`` takes no union)."""
+    if isinstance(value, int) and value < 1:
+        raise ValueError(f"must be at least 1 or auto, got {value}")
+    return value
+
+
 class PipelineSpec(_Section):
     schedule: Literal["gpipe", "1f1b"] = Field(
         default="1f1b",
@@ -235,9 +242,7 @@ class PipelineSpec(_Section):
     @field_validator("microbatches")
     @classmethod
     def _positive(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"must be at least 1 or auto, got {value}")
-        return value
+        return _at_least_one_or_auto(value)
 
     def microbatch_count(self, stages: int) -> int:
         """The micro-batches per batch, ``auto`` resolved for ``stages`` stages."""
@@ -273,9 +278,7 @@ class ModelParallelSpec(_Section):
     @field_validator("data_parallel_size")
     @classmethod
     def _positive(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"must be at least 1 or auto, got {value}")
-        return value
+        return _at_least_one_or_auto(value)
 
     def sizes(self, world_size: int) -> tuple[int, int]:
         """(data-parallel, tensor-parallel) sizes for ``world_size`` workers, ``auto``
