@@ -14,6 +14,9 @@ from raytrain.util.redaction import redact
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+# A run stopped on request at a committed checkpoint (SIGUSR1 to ``raytrain run``: a Slurm
+# job's time is ending): the same command resumes it. ``submit --supervise`` has 3.
+EXIT_PREEMPTED = 4
 
 
 class RaytrainError(Exception):
@@ -87,15 +90,23 @@ class LossSpikeLimitError(RuntimeError):
 
 
 class PreemptedError(RuntimeError):
-    """Raised on every rank after a SIGTERM notice, once its checkpoint is committed
-    (``worker.preemption``); the failure policy retries it against
-    ``failure.max_preemptions``."""
+    """Raised on every rank after a SIGTERM notice or the driver's request, once its
+    checkpoint is committed (``worker.preemption``); the failure policy retries it against
+    ``failure.max_preemptions``, unless the driver asked (then the run stops)."""
 
 
 class TrainingFailed(RaytrainError):
     """Training started but did not finish; the message carries the worker's own error."""
 
     exit_code = EXIT_FAILED
+
+
+class RunPreempted(TrainingFailed):
+    """The run stopped because its driver was asked to (SIGUSR1, ``driver.preempt_request``):
+    every rank saved and committed a checkpoint first, so the same command resumes it with
+    nothing lost. A Slurm job requeues itself on this exit code."""
+
+    exit_code = EXIT_PREEMPTED
 
 
 class ClusterLost(RaytrainError):

@@ -461,8 +461,10 @@ def _run_or_validate(args: argparse.Namespace) -> int:
 
         print(dump_spec(validate(args.spec, args.overrides)), end="")
         return EXIT_OK
+    from raytrain.driver import preempt_request
     from raytrain.driver.launcher import fit
 
+    preempt_request.install()  # SIGUSR1: stop at a committed checkpoint (exit 4)
     args.overrides += _chaos_overrides(args)
     result = fit(
         args.spec,

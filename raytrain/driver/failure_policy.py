@@ -15,6 +15,8 @@ exceptions:
 - workers that all stopped on a SIGTERM notice (``PreemptedError``, raised once their
   checkpoint is committed) are a preemption: retried against ``failure.max_preemptions``,
   as Ray does for a node drained for preemption, and not counted against ``max_failures``;
+  unless the driver asked the run to stop (``requested()``: SIGUSR1 to ``raytrain run``,
+  ``driver.preempt_request``): then it is raised, and the run ends at that checkpoint;
 - a fault ``failure.chaos`` injected (``injected()`` claims it: the driver's
   ``chaos.ChaosClaim``) is retried and not counted against ``max_failures``: it tests
   recovery, it says nothing of the run;
@@ -59,11 +61,13 @@ class FailurePolicy:
         max_preemptions: int,
         notify: Callable[[str], None] | None = None,
         injected: Callable[[], bool] | None = None,
+        requested: Callable[[], bool] | None = None,
     ):
         self.max_preemptions = max_preemptions
         self.preemptions = 0
         self.notify = notify
         self.injected = injected
+        self.requested = requested
 
     def decide(self, errors: Iterable[BaseException | None]) -> Decision:
         """The decision for a failure whose ranks raised ``errors`` (empty: the group died
@@ -88,6 +92,8 @@ class FailurePolicy:
             logger.warning("an injected fault (failure.chaos): restarting from the checkpoint")
             return Decision.RETRY
         if errors and all(wraps(error, PreemptedError) for error in errors):
+            if self.requested is not None and self.requested():
+                return Decision.RAISE  # the driver asked: stop at the committed checkpoint
             self.preemptions += 1
             if self.max_preemptions != -1 and self.preemptions > self.max_preemptions:
                 return Decision.RAISE

@@ -32,6 +32,16 @@ class MetricsSink:
         self._events: list[Event] = []
         self._started = time.time()
         self._failures = 0
+        self._preempt = False
+
+    def request_preemption(self) -> None:
+        """The driver was asked to stop at a committed checkpoint (``driver.preempt_request``)."""
+        self._preempt = True
+
+    def preemption_requested(self) -> bool:
+        """Whether the driver asked: rank 0's ``PreemptionGuard`` and the failure policy
+        read it (a ``"requested"`` notice; a preemption then stops the run)."""
+        return self._preempt
 
     def put(self, event: Event) -> None:
         self._events.append(event)
@@ -78,6 +88,24 @@ class SinkNotice:
 
     def __call__(self, text: str) -> None:
         self.sink.put.remote(FailureNotice(text))
+
+
+class SinkRequested:
+    """Whether the driver asked the run to stop at a checkpoint (the sink's flag), or False
+    when the sink cannot be asked in ``timeout_s``. Picklable: rank 0 and the failure
+    policy each get one."""
+
+    def __init__(self, sink: Any, timeout_s: float = 10.0):
+        self.sink = sink
+        self.timeout_s = timeout_s
+
+    def __call__(self) -> bool:
+        import ray
+
+        try:
+            return bool(ray.get(self.sink.preemption_requested.remote(), timeout=self.timeout_s))
+        except Exception:  # a sink restarting or slow: no request seen this time
+            return False
 
 
 def stop_sink(sink: Any) -> None:

@@ -19,7 +19,7 @@ import yaml
 from raytrain.contract import Report, RollbackNotice, RunListener
 from raytrain.driver.background import Background
 from raytrain.driver.model_log import ModelLog
-from raytrain.errors import TrackingError
+from raytrain.errors import RunPreempted, TrackingError
 from raytrain.records import runstate
 from raytrain.spec import JobSpec
 from raytrain.util.redaction import redact, redact_tree
@@ -182,10 +182,11 @@ class RunRecord(RunListener):
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
         """A run that failed before its record was closed closes its MLflow run ``FAILED``,
-        or ``KILLED`` on Ctrl-C, unless ``close_on_failure`` is off (a sweep's trial, whose
-        driver alone knows whether the scheduler stopped it)."""
+        or ``KILLED`` on Ctrl-C or a stop on request (``RunPreempted``), unless
+        ``close_on_failure`` is off (a sweep's trial, whose driver alone knows whether the
+        scheduler stopped it)."""
         if exc is not None and self.close_on_failure and not self.finished:
-            killed = isinstance(exc, KeyboardInterrupt)
+            killed = isinstance(exc, KeyboardInterrupt | RunPreempted)
             self.finish("KILLED" if killed else "FAILED", error=str(exc))
 
     def finish(self, status: str, *, error: str | None = None, best: str | None = None) -> None:

@@ -46,14 +46,16 @@ def build_trainer(
     max_preemptions: int,
     notify: Callable[[str], None] | None = None,
     injected: Callable[[], bool] | None = None,
+    requested: Callable[[], bool] | None = None,
     **trainer_kwargs: Any,
 ) -> ControllerTrainer:
     """The run's trainer (``trainer_kwargs``: ``TorchTrainer``'s own arguments); ``notify``
-    is told each worker-group failure, ``injected`` says whether one was injected
+    is told each worker-group failure, ``injected`` says whether one was injected,
+    ``requested`` whether the driver asked the run to stop at a checkpoint
     (``FailurePolicy``). ``ends_with_run``: this run started the cluster, which ends with
     it."""
     return ControllerTrainer(
-        policy=FailurePolicy(max_preemptions, notify, injected),
+        policy=FailurePolicy(max_preemptions, notify, injected, requested),
         trimmed=embedded_env is not None and not os.getenv(STOCK_ENV),
         ends_with_run=ends_with_run,
         embedded_env=embedded_env,

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from raytrain import storage
 from raytrain.contract import SCORE_KEY, RunListener, WorkerConfig
+from raytrain.driver import preempt_request
 from raytrain.driver.hangs import Hangs
 from raytrain.driver.progress import Latest, ProgressLine
 from raytrain.driver.ray_runtime import RayHandle
 from raytrain.driver.results import Trained, worker_errors
 from raytrain.driver.run_record import RunRecord
 from raytrain.driver.timeline import Straggler, Timelines
-from raytrain.errors import RunStateError, TrainingFailed
+from raytrain.errors import PreemptedError, RunPreempted, RunStateError, TrainingFailed, wraps
 from raytrain.records.lease import Lease
 from raytrain.records.status_record import StatusRecord
 from raytrain.spec import JobSpec
@@ -88,7 +89,7 @@ def make_trainer(
 
     from raytrain.data.sources import dataset_config
     from raytrain.driver.chaos import ChaosClaim
-    from raytrain.driver.progress import SinkNotice
+    from raytrain.driver.progress import SinkNotice, SinkRequested
     from raytrain.driver.trainer import build_trainer
     from raytrain.worker.entry import train_loop
 
@@ -107,6 +108,7 @@ def make_trainer(
         max_preemptions=job.failure.max_preemptions,
         notify=SinkNotice(sink),
         injected=ChaosClaim(chaos) if chaos is not None else None,
+        requested=SinkRequested(sink),
         train_loop_per_worker=train_loop,
         train_loop_config=work.as_train_loop_config(),
         torch_config=TorchConfig(backend="nccl" if job.scaling.use_gpu is True else "gloo"),
@@ -163,7 +165,8 @@ def train(
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
         heard = _listeners(job, record, status, line, listeners, timelines, hangs)
-        result = _fit(trainer, sink, record, held, line, mark, [*heard, latest])
+        with preempt_request.forwarding(sink):  # SIGUSR1: stop at a committed checkpoint
+            result = _fit(trainer, sink, record, held, line, mark, [*heard, latest])
     finally:
         stop_sink(sink)
         stop_keeper(keeper)
@@ -312,7 +315,7 @@ def _fit(
         record.tracker()  # raises why the run was aborted
         raise
     except TrainingFailedError as exc:
-        raise TrainingFailed(worker_errors(exc)) from exc
+        raise _failed(exc) from exc
     finally:
         if line is not None:
             line.close()
@@ -320,7 +323,7 @@ def _fit(
     if pump.stopped is not None:  # a listener's stop in the last drain, after training
         raise pump.stopped.error
     if result.error is not None:
-        raise TrainingFailed(worker_errors(result.error))
+        raise _failed(result.error)
     if pump.errors:  # training finished; say what the progress line or MLflow missed
         print(
             f"raytrain: warning: {len(pump.errors)} metric report(s) were not recorded; "
@@ -328,6 +331,21 @@ def _fit(
             file=sys.stderr,
         )
     return result
+
+
+def _failed(error: BaseException) -> TrainingFailed:
+    """Ray's error of a run that did not finish, as raytrain's: ``RunPreempted`` when the
+    ranks stopped at a checkpoint because the driver was asked to (the failure policy
+    raises a preemption only then), ``TrainingFailed`` otherwise."""
+    ranks = list((getattr(error, "worker_failures", None) or {}).values()) or [error]
+    if preempt_request.requested() and all(wraps(e, PreemptedError) for e in ranks):
+        return RunPreempted(
+            [
+                "preempted: stopped at a committed checkpoint on request (SIGUSR1); the same "
+                "command resumes the run"
+            ]
+        )
+    return TrainingFailed(worker_errors(error))
 
 
 def _clear_node_copies(job: JobSpec) -> None:

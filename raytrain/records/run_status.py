@@ -35,10 +35,18 @@ State = Literal["starting", "training", "checkpointing", "restarting", "finished
 # Why a run whose driver ended by itself failed (``RunStatus.failure``): ``bad_input`` (a
 # spec, a file, a run folder in use: exit 2), ``non_finite`` (a NaN or inf loss),
 # ``workers`` (an exception in the workers: the user's code, or a failure that used up
-# ``failure.max_failures``), ``interrupted`` (the driver was asked to stop), ``driver``
+# ``failure.max_failures``), ``interrupted`` (the driver was asked to stop), ``preempted``
+# (it stopped at a committed checkpoint on request: SIGUSR1, a Slurm job's end), ``driver``
 # (anything else the driver raised). A driver that died writes none.
 FailureKind = Literal[
-    "bad_input", "non_finite", "spike_limit", "workers", "infrastructure", "interrupted", "driver"
+    "bad_input",
+    "non_finite",
+    "spike_limit",
+    "workers",
+    "infrastructure",
+    "interrupted",
+    "preempted",
+    "driver",
 ]
 # States after which the driver writes no more: a record in another state that stopped
 # ageing belongs to a driver that died.

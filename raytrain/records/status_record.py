@@ -28,6 +28,7 @@ from raytrain.errors import (
     ModelNotRegistered,
     NonFiniteLossError,
     RaytrainError,
+    RunPreempted,
     TrainingFailed,
     wraps,
 )
@@ -74,6 +75,8 @@ def failure_kind(error: BaseException) -> FailureKind:
         return "non_finite"
     if named(LossSpikeLimitError):
         return "spike_limit"
+    if isinstance(error, RunPreempted):
+        return "preempted"
     if isinstance(error, TrainingFailed):
         died = all(any(m in line for m in INFRASTRUCTURE_MARKERS) for line in problems)
         return "infrastructure" if died else "workers"

@@ -63,6 +63,7 @@ class EndKind(enum.Enum):
     NON_FINITE = "non-finite loss"
     SPIKE_LIMIT = "loss spikes"  # failure.spike.max_rollbacks spent
     WORKERS_LOST = "workers lost"  # the workers died (not raised) past max_failures
+    PREEMPTED = "preempted"  # stopped at a committed checkpoint on request (SIGUSR1)
     RUN_FAILED = "run failed"  # the driver failed by itself, for another reason
     STOPPED = "stopped"  # someone stopped the job (`raytrain stop`, `ray job stop`)
     SETUP_FAILED = "setup failed"  # the job's runtime environment could not be set up
@@ -117,6 +118,11 @@ _RECORDED_VERDICTS: dict[str, tuple[EndKind, bool, str]] = {
         "the workers were lost (their processes or nodes died, or preempted) "
         "beyond the spec's failure limits",
     ),
+    "preempted": (
+        EndKind.PREEMPTED,
+        True,
+        "the run stopped at a committed checkpoint on request (SIGUSR1 to its driver)",
+    ),
     "workers": (
         EndKind.USER_CODE,
         False,
@@ -152,7 +158,8 @@ def classify(end: JobEnd) -> Verdict:
       kind: ``non_finite``, ``spike_limit``, ``workers`` (the user's code raised, after
       the ``failure.max_failures`` restarts): not resubmitted; ``infrastructure`` (the
       workers only died: processes or nodes lost, preemptions past their budget):
-      resubmitted, the resumed run gets its failure budget again.
+      resubmitted, the resumed run gets its failure budget again; ``preempted`` (stopped at
+      a committed checkpoint on request): resubmitted.
     - FAILED with neither an exit code nor a Ray-side error type (an older Ray): the status
       record decides; ``failed`` is the run's verdict, any other state a dead driver.
     """

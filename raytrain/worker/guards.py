@@ -70,8 +70,11 @@ class Checkpointer(Protocol):
         """Checkpoint this step and return once Ray Train's controller has taken it."""
 
 
-# The notices, by the code the ranks all-reduce (MAX: a SIGTERM wins over a node drain).
-NOTICES = (None, "node drain", "SIGTERM")
+# The notices, by the code the ranks all-reduce (MAX: a SIGTERM wins over the driver's
+# request, which wins over a node drain).
+NOTICES = (None, "node drain", "requested", "SIGTERM")
+# The notices after which the run stops at its checkpoint (``PreemptedError``).
+STOPPING = {"requested": "the driver was asked to stop (SIGUSR1)", "SIGTERM": "SIGTERM received"}
 
 
 class PreemptionGuard(pl.Callback):
@@ -83,7 +86,8 @@ class PreemptionGuard(pl.Callback):
     the guard waits until Ray Train has taken it (a taken checkpoint survives the worker
     group; an untaken one is dropped with it). After a node-drain notice training goes on:
     Ray Train restarts the run when the node goes. After a SIGTERM the process is going, so
-    every rank raises ``PreemptedError`` and the run restarts from that checkpoint.
+    every rank raises ``PreemptedError`` and the run restarts from that checkpoint; after
+    the driver's request (``"requested"``) too, and the run then stops there.
     """
 
     def __init__(self, checkpoints: Checkpointer, check_s: float = 1.0):
@@ -123,11 +127,11 @@ class PreemptionGuard(pl.Callback):
             return
         self._acted = kind
         self.checkpoints.checkpoint_now(trainer, f"preemption ({kind})")
-        if kind == "SIGTERM":
+        if kind in STOPPING:
             from raytrain.errors import PreemptedError
 
             raise PreemptedError(
-                f"preempted: SIGTERM received; checkpoint at step {step} committed, the run "
+                f"preempted: {STOPPING[kind]}; checkpoint at step {step} committed, the run "
                 "resumes from it"
             )
 

@@ -112,6 +112,7 @@ def train(config: dict[str, Any], entered: float) -> None:
     from raytrain.checkpoints.layout import run_dir
     from raytrain.spec.global_batch import global_batch
     from raytrain.spec.lightning_config import instantiate
+    from raytrain.worker import preemption
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
     from raytrain.worker.reporting import ReportLogger
     from raytrain.worker.strategy import data_rank
@@ -138,6 +139,9 @@ def train(config: dict[str, Any], entered: float) -> None:
         print(f"raytrain: {threads.describe()}", flush=True)
     checkpoint = ray.train.get_checkpoint()
     restored = _from_memory(work, rank, checkpoint)
+    preemption.watch_requests(
+        _sink_reader(work.sink, "preemption_requested", False) if rank == 0 else None
+    )
     callbacks = build_callbacks(
         spec,
         data,
@@ -146,7 +150,7 @@ def train(config: dict[str, Any], entered: float) -> None:
         timeline,
         watchdog,
         batching,
-        _mtbf_reader(work.sink) if rank == 0 else None,
+        _sink_reader(work.sink, "mtbf", None) if rank == 0 else None,
         user.callbacks,
         **_keeping(work, restored),
     )
@@ -330,21 +334,24 @@ def _checkpoint_step(checkpoint: Any) -> int | None:
         return sys.maxsize
 
 
-def _mtbf_reader(sink: Any) -> Callable[[], float | None] | None:
-    """What asks the driver's sink for the run's mean time between failures (None: no sink,
-    or it did not answer in time: the interval is then chosen without a measured one)."""
+def _sink_reader(sink: Any, method: str, default: Any) -> Callable[[], Any] | None:
+    """What asks the driver's sink ``method()`` (None: no sink): its answer, or ``default``
+    when it does not answer in 10 s (a sink restarted or slow: the next caller asks again).
+    Rank 0 reads the run's mean time between failures (``mtbf``, for
+    ``checkpoint.every_n_steps: auto``) and whether the driver asked the run to stop at a
+    checkpoint (``preemption_requested``, for ``worker.preemption.watch_requests``)."""
     if sink is None:
         return None
 
-    def mtbf() -> float | None:
+    def read() -> Any:
         import ray
 
         try:
-            return ray.get(sink.mtbf.remote(), timeout=10)
-        except Exception:  # a sink restarted or slow: the next checkpoint asks again
-            return None
+            return ray.get(getattr(sink, method).remote(), timeout=10)
+        except Exception:
+            return default
 
-    return mtbf
+    return read
 
 
 def _process_started_at(default: float) -> float:

@@ -3,7 +3,10 @@
 A cloud takes a spot node back after a notice: a SIGTERM to the processes (Kubernetes,
 most schedulers), or a Ray node drain with reason PREEMPTION and a deadline (Ray's
 autoscaler; Ray Train's preemption watcher tells every worker). Either way the workers have
-a grace window to save their work.
+a grace window to save their work. A third notice comes from the driver: ``raytrain run``
+sent SIGUSR1 (a Slurm job whose time ends, ``driver.preempt_request``) sets a flag on the
+run's event sink, which rank 0 reads at each check (``watch_requests``); the run then stops
+at that checkpoint instead of restarting.
 
 Ray's own SIGTERM handler in a worker process exits at once, which is a plain worker
 failure: charged to ``max_failures``, with everything since the last checkpoint lost.
@@ -23,10 +26,14 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 _sigterm = threading.Event()
 _training = threading.Event()
+# rank 0's reader of the driver's request (None on the other ranks: the guard's all-reduce
+# shares what rank 0 saw)
+_requested: list[Callable[[], bool]] = []
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -55,6 +62,11 @@ def sigterm_received() -> bool:
     return _sigterm.is_set()
 
 
+def watch_requests(reader: Callable[[], bool] | None) -> None:
+    """Read the driver's stop request with ``reader`` at each check (rank 0), or not."""
+    _requested[:] = [reader] if reader is not None else []
+
+
 def ray_preemption_info() -> Any:
     """Ray Train's preemption info for this worker (a node of the group drains for a
     preemption), or None. Read locally: no barrier, unlike ``ray.train.get_preemption_info``."""
@@ -64,9 +76,12 @@ def ray_preemption_info() -> Any:
 
 
 def notice() -> str | None:
-    """This worker's preemption notice, if any: ``"SIGTERM"`` or ``"node drain"``."""
+    """This worker's preemption notice, if any: ``"SIGTERM"``, ``"requested"`` (by the
+    driver) or ``"node drain"``."""
     if sigterm_received():
         return "SIGTERM"
+    if any(read() for read in _requested):
+        return "requested"
     if ray_preemption_info() is not None:
         return "node drain"
     return None

@@ -114,6 +114,20 @@ def test_unlimited_preemptions_are_always_retried() -> None:
     assert all(decide(p, PreemptedError("SIGTERM")) == RETRY for _ in range(50))
 
 
+def test_a_preemption_the_driver_asked_for_stops_the_run() -> None:
+    # SIGUSR1 to the driver (a Slurm job's end): the ranks stop at their committed
+    # checkpoint and the run ends there, however many preemptions are allowed; a failure
+    # of another kind meanwhile is still Ray's to count
+    asked = [False]
+    config = FailureConfig(max_failures=1, max_preemption_failures=-1)
+    p = PolicyAdapter(config, FailurePolicy(-1, requested=lambda: asked[0]))
+    preempted = (PreemptedError("SIGTERM"), PreemptedError("SIGTERM"))
+    assert decide(p, *preempted) == RETRY
+    asked[0] = True
+    assert decide(p, RuntimeError("worker died")) == RETRY
+    assert decide(p, *preempted) == RAISE
+
+
 def test_a_preemption_on_some_ranks_only_is_a_failure() -> None:
     # a rank that failed for its own reason is not explained by another rank's notice
     p = policy(max_failures=0, max_preemptions=-1)

@@ -114,6 +114,24 @@ def test_a_sigterm_while_training_checkpoints_then_stops_every_rank(sigterm_noti
     assert len(report.calls) == 1
 
 
+def test_the_drivers_request_checkpoints_then_stops_every_rank(sigterm_notice: None) -> None:
+    # rank 0 reads the driver's request (SIGUSR1 to `raytrain run`) from the run's sink
+    asked = [False]
+    preemption.watch_requests(lambda: asked[0])
+    try:
+        report, trainer = FakeReport(), FakeTrainer(global_step=0)
+        guard = PreemptionGuard(report, check_s=0.0)
+        guard.on_train_start(trainer, None)  # type: ignore[arg-type]
+        _steps(guard, trainer, 1, 2)
+        asked[0] = True
+        with pytest.raises(PreemptedError, match="SIGUSR1.*checkpoint at step 3 committed"):
+            _steps(guard, trainer, 3)
+        assert report.calls == [(3, "preemption (requested)")]
+    finally:
+        preemption.watch_requests(None)
+    assert preemption.notice() is None
+
+
 def test_the_notice_is_checked_only_at_a_new_step_when_due(sigterm_notice: None) -> None:
     report, trainer = FakeReport(), FakeTrainer()
     # a check interval far longer than any step: after the first check, the next is 1000
