@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from raytrain.cli.slurm import add_slurm_flags
 from raytrain.errors import EXIT_OK, RaytrainError, SpecError
 from raytrain.util.terminal import printable
 
@@ -185,6 +186,7 @@ def _add_submit(sub: Any) -> None:
         metavar="N",
         help="with --supervise: submit again at most N times (default: 3)",
     )
+    add_slurm_flags(submit)
     submit.add_argument(
         "--head-wait",
         type=float,

@@ -165,8 +165,7 @@ def train(
         record.start(on_error=lambda exc: trainer.abort())
         held.on_lost = lambda holder: trainer.abort()
         heard = _listeners(job, record, status, line, listeners, timelines, hangs)
-        with preempt_request.forwarding(sink):  # SIGUSR1: stop at a committed checkpoint
-            result = _fit(trainer, sink, record, held, line, mark, [*heard, latest])
+        result = _fit(trainer, sink, record, held, line, mark, [*heard, latest])
     finally:
         stop_sink(sink)
         stop_keeper(keeper)
@@ -301,7 +300,8 @@ def _fit(
 
     try:
         pump = ReportPump(sink, listeners, on_stop=trainer.abort)
-        with pump:
+        # SIGUSR1 to this process: the ranks stop at a committed checkpoint
+        with pump, preempt_request.forwarding(sink):
             result = trainer.fit()
             mark("trained")
     except RunAborted:
