@@ -181,10 +181,8 @@ class RunRecord(RunListener):
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
-        """A run that failed before its record was closed closes its MLflow run ``FAILED``,
-        or ``KILLED`` on Ctrl-C or a stop on request (``RunPreempted``), unless
-        ``close_on_failure`` is off (a sweep's trial, whose driver alone knows whether the
-        scheduler stopped it)."""
+        """A failed run closes its MLflow run ``FAILED`` (``KILLED``: Ctrl-C, ``RunPreempted``)
+        unless ``close_on_failure`` is off (a sweep's trial: its driver knows why)."""
         if exc is not None and self.close_on_failure and not self.finished:
             killed = isinstance(exc, KeyboardInterrupt | RunPreempted)
             self.finish("KILLED" if killed else "FAILED", error=str(exc))

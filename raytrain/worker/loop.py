@@ -112,7 +112,6 @@ def train(config: dict[str, Any], entered: float) -> None:
     from raytrain.checkpoints.layout import run_dir
     from raytrain.spec.global_batch import global_batch
     from raytrain.spec.lightning_config import instantiate
-    from raytrain.worker import preemption
     from raytrain.worker.callbacks import build_callbacks  # imports Lightning
     from raytrain.worker.reporting import ReportLogger
     from raytrain.worker.strategy import data_rank
@@ -139,9 +138,6 @@ def train(config: dict[str, Any], entered: float) -> None:
         print(f"raytrain: {threads.describe()}", flush=True)
     checkpoint = ray.train.get_checkpoint()
     restored = _from_memory(work, rank, checkpoint)
-    preemption.watch_requests(
-        _sink_reader(work.sink, "preemption_requested", False) if rank == 0 else None
-    )
     callbacks = build_callbacks(
         spec,
         data,
@@ -150,7 +146,7 @@ def train(config: dict[str, Any], entered: float) -> None:
         timeline,
         watchdog,
         batching,
-        _sink_reader(work.sink, "mtbf", None) if rank == 0 else None,
+        _rank0_readers(work, rank),
         user.callbacks,
         **_keeping(work, restored),
     )
@@ -352,6 +348,19 @@ def _sink_reader(sink: Any, method: str, default: Any) -> Callable[[], Any] | No
             return default
 
     return read
+
+
+def _rank0_readers(work: WorkerConfig, rank: int) -> Callable[[], float | None] | None:
+    """Rank 0 reads the driver's sink: whether the run was asked to stop at a checkpoint
+    (set here, for ``worker.preemption``) and its MTBF (returned, for the checkpoint
+    interval). The other ranks read nothing: the guards' all-reduces share rank 0's."""
+    from raytrain.worker import preemption
+
+    if rank != 0:
+        preemption.watch_requests(None)
+        return None
+    preemption.watch_requests(_sink_reader(work.sink, "preemption_requested", False))
+    return _sink_reader(work.sink, "mtbf", None)
 
 
 def _process_started_at(default: float) -> float:

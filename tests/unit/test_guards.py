@@ -124,7 +124,7 @@ def test_the_drivers_request_checkpoints_then_stops_every_rank(sigterm_notice: N
         guard.on_train_start(trainer, None)  # type: ignore[arg-type]
         _steps(guard, trainer, 1, 2)
         asked[0] = True
-        with pytest.raises(PreemptedError, match="SIGUSR1.*checkpoint at step 3 committed"):
+        with pytest.raises(PreemptedError, match=r"SIGUSR1.*checkpoint at step 3 committed"):
             _steps(guard, trainer, 3)
         assert report.calls == [(3, "preemption (requested)")]
     finally:
