@@ -23,7 +23,14 @@ from raytrain.driver.ray_runtime import RayHandle
 from raytrain.driver.results import Trained, worker_errors
 from raytrain.driver.run_record import RunRecord
 from raytrain.driver.timeline import Straggler, Timelines
-from raytrain.errors import PreemptedError, RunPreempted, RunStateError, TrainingFailed, wraps
+from raytrain.errors import (
+    PreemptedError,
+    RunPreempted,
+    RunStateError,
+    TrainingFailed,
+    root_cause,
+    wraps,
+)
 from raytrain.records.lease import Lease
 from raytrain.records.status_record import StatusRecord
 from raytrain.spec import JobSpec
@@ -339,12 +346,7 @@ def _failed(error: BaseException) -> TrainingFailed:
     raises a preemption only then), ``TrainingFailed`` otherwise."""
     ranks = list((getattr(error, "worker_failures", None) or {}).values()) or [error]
     if preempt_request.requested() and all(wraps(e, PreemptedError) for e in ranks):
-        return RunPreempted(
-            [
-                "preempted: stopped at a committed checkpoint on request (SIGUSR1); the same "
-                "command resumes the run"
-            ]
-        )
+        return RunPreempted(f"stopped on request (SIGUSR1): {root_cause(ranks[0])}")
     return TrainingFailed(worker_errors(error))
 
 

@@ -86,9 +86,10 @@ class SlurmJob:
 
 
 def fields(text: str) -> dict[str, str]:
-    """``scontrol -o``'s one line of ``Key=Value`` pairs (a value may hold spaces only in
-    the last pairs, which are not read here)."""
-    return dict(pair.split("=", 1) for pair in text.split() if "=" in pair)
+    """``scontrol -o``'s one line of ``Key=Value`` pairs. A value may hold a space (a path
+    under a folder with one): a pair ends only where the next ``Key=`` begins."""
+    pairs = re.split(r"\s+(?=[A-Za-z][A-Za-z/:_]*=)", text.strip())
+    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
 
 
 def show(number: str) -> SlurmJob:
