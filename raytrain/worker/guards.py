@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import lightning.pytorch as pl
 import torch
 
+from raytrain._compat.lightning import epoch_last_batch
 from raytrain._compat.torch import grad_norms
 from raytrain.errors import NonFiniteLossError
 from raytrain.worker.grad_clip import local_shard
@@ -87,7 +88,12 @@ class PreemptionGuard(pl.Callback):
     group; an untaken one is dropped with it). After a node-drain notice training goes on:
     Ray Train restarts the run when the node goes. After a SIGTERM the process is going, so
     every rank raises ``PreemptedError`` and the run restarts from that checkpoint; after
-    the driver's request (``"requested"``) too, and the run then stops there.
+    the driver's request (``"requested"``) too, and the run then stops there. A notice
+    agreed at an epoch's last batch is acted on at that epoch's end, after its validation:
+    a checkpoint taken in the last batch's ``on_train_batch_end`` resumes at the next epoch
+    with the validation skipped and that epoch's steps never trained (as a step checkpoint
+    there would, ``worker.checkpointing``); seen on a Slurm job preempted at step 207 of
+    a 23-step epoch, which ended at step 345 of 368.
     """
 
     def __init__(self, checkpoints: Checkpointer, check_s: float = 1.0):
@@ -96,6 +102,7 @@ class PreemptionGuard(pl.Callback):
         self._next_check = 0
         self._since: tuple[int, float] = (0, 0.0)
         self._acted: str | None = None
+        self._pending: str | None = None  # a notice agreed at an epoch's last batch
         self._last_step = -1
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -126,6 +133,18 @@ class PreemptionGuard(pl.Callback):
         if kind is None or kind == self._acted:
             return
         self._acted = kind
+        if epoch_last_batch(trainer):  # at the epoch's end instead: see the class docstring
+            self._pending = kind
+            return
+        self._act(trainer, kind)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        kind, self._pending = self._pending, None
+        if kind is not None:
+            self._act(trainer, kind)
+
+    def _act(self, trainer: pl.Trainer, kind: str) -> None:
+        step = trainer.global_step
         self.checkpoints.checkpoint_now(trainer, f"preemption ({kind})")
         if kind in STOPPING:
             from raytrain.errors import PreemptedError

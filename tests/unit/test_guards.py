@@ -27,12 +27,28 @@ class FakeStrategy:
 
 
 @dataclass
+class FakeProgress:
+    is_last_batch: bool = False
+
+
+@dataclass
+class FakeEpochLoop:
+    batch_progress: FakeProgress = field(default_factory=FakeProgress)
+
+
+@dataclass
+class FakeFitLoop:
+    epoch_loop: FakeEpochLoop = field(default_factory=FakeEpochLoop)
+
+
+@dataclass
 class FakeTrainer:
     """What the guards read of a Lightning Trainer."""
 
     global_step: int = 0
     current_epoch: int = 0
     strategy: FakeStrategy = field(default_factory=FakeStrategy)
+    fit_loop: FakeFitLoop = field(default_factory=FakeFitLoop)
 
 
 class FakeReport:
@@ -130,6 +146,25 @@ def test_the_drivers_request_checkpoints_then_stops_every_rank(sigterm_notice: N
     finally:
         preemption.watch_requests(None)
     assert preemption.notice() is None
+
+
+def test_a_notice_at_an_epochs_last_batch_is_acted_on_at_the_epochs_end(
+    sigterm_notice: None,
+) -> None:
+    # a checkpoint in the last batch's on_train_batch_end resumed at the next epoch with
+    # this one's validation skipped and its steps lost (a Slurm job: 345 steps of 368)
+    report, trainer = FakeReport(), FakeTrainer(global_step=22)
+    guard = PreemptionGuard(report, check_s=0.0)
+    guard.on_train_start(trainer, None)  # type: ignore[arg-type]
+    signal.raise_signal(signal.SIGTERM)
+    trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
+    _steps(guard, trainer, 23)
+    assert report.calls == []  # the epoch's validation and end run first
+    with pytest.raises(PreemptedError, match="checkpoint at step 23 committed"):
+        guard.on_train_epoch_end(trainer, None)  # type: ignore[arg-type]
+    assert report.calls == [(23, "preemption (SIGTERM)")]
+    guard.on_train_epoch_end(trainer, None)  # type: ignore[arg-type]
+    assert len(report.calls) == 1
 
 
 def test_the_notice_is_checked_only_at_a_new_step_when_due(sigterm_notice: None) -> None:
