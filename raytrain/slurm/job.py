@@ -1,7 +1,10 @@
 """Inside a Slurm allocation: a Ray cluster across its nodes, the run on it, and its end.
 
 ``python -m raytrain.slurm.job FOLDER/job-STAMP.json`` is what the sbatch script of ``submit
---slurm`` runs (``exec``: this process is the batch step's, and gets Slurm's USR1). It:
+--slurm`` runs (``exec``: this process is the batch step's, and gets Slurm's USR1); a
+user's own sbatch script runs ``python -m raytrain.slurm.job SPEC [OVERRIDES...]``
+(``cluster/slurm/raytrain.sbatch``), the node's CPUs and GPUs then read from Slurm's
+variables. It:
 
 1. picks the job's port block (``slurm.ports``) and writes a new Ray token (0600) into the
    Slurm folder: Ray's token authentication, as raytrain's other clusters have;
@@ -205,8 +208,30 @@ def requeue() -> None:
     subprocess.run(["scontrol", "requeue", job], check=False)
 
 
+def described(argv: list[str]) -> SlurmRun:
+    """The run: ``job-STAMP.json`` from ``submit --slurm``, or a spec and its overrides
+    from a user's own sbatch script, sized by the allocation's variables."""
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return SlurmRun.model_validate_json(Path(argv[0]).read_text())
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE", "1")
+    gpus = os.environ.get("SLURM_GPUS_ON_NODE") or "0"
+    return SlurmRun(
+        spec=argv[0],
+        overrides=tuple(argv[1:]),
+        workdir=os.getcwd(),
+        folder=os.path.join(os.getcwd(), ".raytrain", "slurm", "sbatch"),
+        cpus_per_node=int(cpus),
+        gpus_per_node=int(gpus.split(":")[-1]),
+        python=sys.executable,
+    )
+
+
 def main(argv: list[str]) -> int:
-    run = SlurmRun.model_validate_json(Path(argv[0]).read_text())
+    if not argv:
+        say("usage: python -m raytrain.slurm.job (JOB.json | SPEC [OVERRIDES...])")
+        return 2
+    run = described(argv)
+    Path(run.folder).mkdir(parents=True, exist_ok=True)
     notices = Notices()
     token = Path(run.folder) / TOKEN_FILE.format(job=os.environ["SLURM_JOB_ID"])
     token.touch(mode=0o600)
