@@ -163,7 +163,9 @@ def slurm_job_command(args: argparse.Namespace) -> int:
 
     number = control.job_number(args.job_id)
     if args.command == "stop":
-        control.stop(number)
+        if not control.stop(number):
+            print(printable(f"raytrain: {control.show(number).describe()}: had already ended"))
+            return EXIT_OK
         if args.wait:
             for _ in control.follow(number):  # until Slurm says it ended
                 pass

@@ -108,9 +108,12 @@ def show(number: str) -> SlurmJob:
     )
 
 
-def stop(number: str) -> None:
-    """Cancel the job."""
+def stop(number: str) -> bool:
+    """Cancel the job; False when it had already ended."""
+    if show(number).ended:
+        return False
     slurm_command(["scancel", number])
+    return True
 
 
 def follow(number: str, poll_s: float = 1.0) -> Iterator[str]:

@@ -7,7 +7,7 @@ munged on loopback), one run asserting the whole of it:
   requeues itself, and its second attempt resumes from exactly that step;
 - it ends COMPLETED, val_acc >= 0.95, as attempt 2 of one MLflow run with one value per
   epoch (no step logged twice), nothing of its Ray cluster left running;
-- ``raytrain status|logs slurm:JOBID`` read it back.
+- ``raytrain status|logs|stop slurm:JOBID`` read it back (``stop``: it had ended).
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def test_a_slurm_job_trains_is_preempted_requeues_and_resumes(
             said = out.read_text(errors="replace")
             status_cli = _cli(cluster, work, "status", target)
             logs_cli = _cli(cluster, work, "logs", target)
+            stop_cli = _cli(cluster, work, "stop", target)
         finally:
             if before is None:
                 os.environ.pop("SLURM_CONF", None)
@@ -128,5 +129,6 @@ def test_a_slurm_job_trains_is_preempted_requeues_and_resumes(
     assert status_cli.returncode == 0 and "COMPLETED" in status_cli.stdout, status_cli.stderr
     assert "attempt 2" in status_cli.stdout and "finished" in status_cli.stdout
     assert logs_cli.returncode == 0 and "resuming digits-slurm" in logs_cli.stdout
+    assert stop_cli.returncode == 0 and "had already ended" in stop_cli.stdout, stop_cli.stderr
     left = [cmd for cmd in (c for _, c in _process_table().values()) if f"rtslurm-{number}" in cmd]
     assert left == []
