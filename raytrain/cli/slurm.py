@@ -119,6 +119,8 @@ def submit_slurm(args: argparse.Namespace) -> int:
         workdir=str(workdir),
         folder=str(workdir / ".raytrain" / "slurm" / job.name),
         fresh=args.fresh,
+        resume_anyway=args.resume_anyway,
+        force=args.force,
         cpus_per_node=cpus,
         gpus_per_node=args.gpus_per_node,
         python=sbatch.python(),

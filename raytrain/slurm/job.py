@@ -174,11 +174,21 @@ def _ignore_usr1() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
+def driver_argv(run: SlurmRun, restarts: int) -> list[str]:
+    """``raytrain run`` of attempt ``restarts + 1``: ``--fresh`` on the first only (a
+    requeued job resumes); ``--force`` on every later one too, as the run's lease may
+    still name the earlier attempt, which Slurm has ended (killed with its node: its
+    heartbeat goes stale only after ``records.lease.STALE_S``)."""
+    argv = [run.python, "-m", "raytrain", "run", run.spec, *run.overrides]
+    argv += ["--fresh"] if run.fresh and restarts == 0 else []
+    argv += ["--resume-anyway"] if run.resume_anyway else []
+    argv += ["--force"] if run.force or restarts > 0 else []
+    return argv
+
+
 def run_driver(run: SlurmRun, env: dict[str, str], notices: Notices) -> int:
     """``raytrain run`` against the cluster, passing Slurm's notices on; its exit code."""
-    first = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
-    argv = [run.python, "-m", "raytrain", "run", run.spec, *run.overrides]
-    argv += ["--fresh"] if run.fresh and first else []
+    argv = driver_argv(run, int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
     # SIGUSR1 ignored until the driver installs its handler: one sent before is lost, not
     # fatal (its default action ends the process), and is sent again
     driver = subprocess.Popen(argv, env=env, cwd=run.workdir, preexec_fn=_ignore_usr1)

@@ -61,6 +61,8 @@ class SlurmRun(BaseModel):
     workdir: str = Field(description="where ``raytrain run`` runs (the submit's folder)")
     folder: str = Field(description="the run's Slurm folder: script, token, output")
     fresh: bool = Field(False, description="start over on the first attempt only")
+    resume_anyway: bool = Field(False, description="resume even though the spec changed")
+    force: bool = Field(False, description="take the run over from a live run holding it")
     cpus_per_node: int = Field(ge=1, description="Ray's CPUs on each node")
     gpus_per_node: int = Field(0, ge=0, description="Ray's GPUs on each node")
     python: str = Field(description="the Python that runs raytrain (the submitter's)")

@@ -12,6 +12,7 @@ import pytest
 
 from raytrain.cli.app import main
 from raytrain.slurm import control
+from raytrain.slurm.job import driver_argv
 from raytrain.slurm.ports import BLOCK, BLOCKS, FIRST, WORKER_OFFSET, port_block
 from raytrain.slurm.sbatch import SbatchOptions, SlurmRun, described, script
 
@@ -96,6 +97,19 @@ def test_the_script_asks_for_the_notice_and_requeue_and_quotes_every_value(
     assert described(path).name == "job-1.json"
     output = next(line for line in lines if line.startswith("#SBATCH --output="))
     assert shlex.split(output.removeprefix("#SBATCH --output="))[0].endswith("/slurm-%j.out")
+
+
+def test_fresh_on_the_first_attempt_only_and_later_ones_take_the_lease_over(
+    tmp_path: Path,
+) -> None:
+    run = _run(tmp_path, fresh=True, resume_anyway=True)
+    first, second = driver_argv(run, 0), driver_argv(run, 1)
+    assert first[:5] == [run.python, "-m", "raytrain", "run", run.spec]
+    assert first[5] == "trainer.max_epochs=2"
+    assert "--fresh" in first and "--force" not in first
+    assert "--fresh" not in second and "--force" in second
+    assert "--resume-anyway" in first and "--resume-anyway" in second
+    assert "--force" in driver_argv(_run(tmp_path, force=True), 0)
 
 
 def test_scontrol_lines_are_read_back_with_spaces_in_paths() -> None:
