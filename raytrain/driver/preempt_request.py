@@ -49,21 +49,27 @@ def requested() -> bool:
 
 
 @contextmanager
-def forwarding(sink: Any) -> Iterator[None]:
-    """While training: hand a stop request (now or later) to the run's ``sink``, once."""
+def forwarding(sink: Any, every_s: float = 2.0) -> Iterator[None]:
+    """While training: hand a stop request (now or later) to the run's ``sink``, and again
+    every ``every_s`` until training ends: the sink is restarted if its process dies, and
+    a restarted sink has forgotten the flag (setting it again is harmless)."""
     done = threading.Event()
 
     def forward() -> None:
-        while not done.is_set():
-            if _asked.wait(timeout=0.5):
-                print(
-                    "raytrain: SIGUSR1: saving a checkpoint, then stopping (the same "
-                    "command resumes the run)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                with suppress(Exception):  # the sink is gone: the run ended meanwhile
-                    sink.request_preemption.remote()
+        while not done.is_set() and not _asked.wait(timeout=0.5):
+            pass
+        if done.is_set():
+            return
+        print(
+            "raytrain: SIGUSR1: saving a checkpoint, then stopping (the same command "
+            "resumes the run)",
+            file=sys.stderr,
+            flush=True,
+        )
+        while True:
+            with suppress(Exception):  # the sink is gone or restarting: the next try
+                sink.request_preemption.remote()
+            if done.wait(timeout=every_s):
                 return
 
     thread = threading.Thread(target=forward, name="raytrain-preempt-request", daemon=True)

@@ -147,6 +147,11 @@ class CheckpointCallback(pl.Callback):
             self._deferred = False
             self._checkpoint(trainer, "epoch")
 
+    def defer_to_epoch_end(self, trainer: pl.Trainer) -> bool:
+        """Whether a checkpoint asked for now is taken at the epoch's end instead (a
+        loader that keeps no position, mid-epoch); it then is (``on_train_epoch_end``)."""
+        return not epoch_last_batch(trainer) and self._defer(trainer)
+
     def _defer(self, trainer: pl.Trainer) -> bool:
         """Whether a checkpoint due now, mid-epoch, waits for the epoch's end instead (see
         the module docstring); every rank answers alike (they share the loader's type)."""

@@ -70,12 +70,26 @@ class Checkpointer(Protocol):
     def checkpoint_now(self, trainer: pl.Trainer, kind: str) -> None:
         """Checkpoint this step and return once Ray Train's controller has taken it."""
 
+    def defer_to_epoch_end(self, trainer: pl.Trainer) -> bool:
+        """Whether a checkpoint asked for now is taken at the epoch's end instead (a train
+        loader that keeps no position); it then is."""
+
 
 # The notices, by the code the ranks all-reduce (MAX: a SIGTERM wins over the driver's
 # request, which wins over a node drain).
 NOTICES = (None, "node drain", "requested", "SIGTERM")
 # The notices after which the run stops at its checkpoint (``PreemptedError``).
 STOPPING = {"requested": "the driver was asked to stop (SIGUSR1)", "SIGTERM": "SIGTERM received"}
+
+
+def _ends_here(trainer: pl.Trainer) -> bool:
+    """Whether training ends with the epoch ending now (in ``on_train_epoch_end``): its
+    last epoch, ``max_steps`` reached, or a callback (EarlyStopping) asked it to stop."""
+    last_epoch = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= (
+        trainer.max_epochs or 0
+    )
+    steps_done = trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps
+    return bool(trainer.should_stop or last_epoch or steps_done)
 
 
 class PreemptionGuard(pl.Callback):
@@ -93,7 +107,9 @@ class PreemptionGuard(pl.Callback):
     a checkpoint taken in the last batch's ``on_train_batch_end`` resumes at the next epoch
     with the validation skipped and that epoch's steps never trained (as a step checkpoint
     there would, ``worker.checkpointing``); seen on a Slurm job preempted at step 207 of
-    a 23-step epoch, which ended at step 345 of 368.
+    a 23-step epoch, which ended at step 345 of 368. So is any notice where the train
+    loader keeps no position (its checkpoints are taken at epochs' ends). A run that ends
+    with that epoch anyway is not stopped: it finishes (a stop would requeue a done run).
     """
 
     def __init__(self, checkpoints: Checkpointer, check_s: float = 1.0):
@@ -103,6 +119,7 @@ class PreemptionGuard(pl.Callback):
         self._since: tuple[int, float] = (0, 0.0)
         self._acted: str | None = None
         self._pending: str | None = None  # a notice agreed at an epoch's last batch
+        self._pending_end = False  # acting on it, at the epoch's end
         self._last_step = -1
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -133,7 +150,8 @@ class PreemptionGuard(pl.Callback):
         if kind is None or kind == self._acted:
             return
         self._acted = kind
-        if epoch_last_batch(trainer):  # at the epoch's end instead: see the class docstring
+        # at the epoch's end instead: see the class docstring
+        if epoch_last_batch(trainer) or self.checkpoints.defer_to_epoch_end(trainer):
             self._pending = kind
             return
         self._act(trainer, kind)
@@ -141,12 +159,17 @@ class PreemptionGuard(pl.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         kind, self._pending = self._pending, None
         if kind is not None:
-            self._act(trainer, kind)
+            self._pending_end = True
+            try:
+                self._act(trainer, kind)
+            finally:
+                self._pending_end = False
 
     def _act(self, trainer: pl.Trainer, kind: str) -> None:
         step = trainer.global_step
         self.checkpoints.checkpoint_now(trainer, f"preemption ({kind})")
-        if kind in STOPPING:
+        # a run that ends at this epoch anyway finishes: stopping would requeue a done run
+        if kind in STOPPING and not (self._pending_end and _ends_here(trainer)):
             from raytrain.errors import PreemptedError
 
             raise PreemptedError(

@@ -49,6 +49,9 @@ class FakeTrainer:
     current_epoch: int = 0
     strategy: FakeStrategy = field(default_factory=FakeStrategy)
     fit_loop: FakeFitLoop = field(default_factory=FakeFitLoop)
+    max_epochs: int = 10
+    max_steps: int = -1
+    should_stop: bool = False
 
 
 class FakeReport:
@@ -56,9 +59,13 @@ class FakeReport:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, str]] = []
+        self.keeps_no_position = False
 
     def checkpoint_now(self, trainer: FakeTrainer, kind: str) -> None:
         self.calls.append((trainer.global_step, kind))
+
+    def defer_to_epoch_end(self, trainer: FakeTrainer) -> bool:
+        return self.keeps_no_position
 
 
 def _model(grad: float) -> torch.nn.Module:
@@ -165,6 +172,31 @@ def test_a_notice_at_an_epochs_last_batch_is_acted_on_at_the_epochs_end(
     assert report.calls == [(23, "preemption (SIGTERM)")]
     guard.on_train_epoch_end(trainer, None)  # type: ignore[arg-type]
     assert len(report.calls) == 1
+
+
+def test_a_stop_at_the_last_epochs_end_lets_the_run_finish(sigterm_notice: None) -> None:
+    # stopping a run that ends here anyway would requeue a finished run (exit 4)
+    report, trainer = FakeReport(), FakeTrainer(global_step=44, current_epoch=1, max_epochs=2)
+    guard = PreemptionGuard(report, check_s=0.0)
+    guard.on_train_start(trainer, None)  # type: ignore[arg-type]
+    signal.raise_signal(signal.SIGTERM)
+    trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
+    _steps(guard, trainer, 46)
+    guard.on_train_epoch_end(trainer, None)  # type: ignore[arg-type]  # no PreemptedError
+    assert report.calls == [(46, "preemption (SIGTERM)")]
+
+
+def test_a_loader_without_a_position_is_stopped_at_the_epochs_end(sigterm_notice: None) -> None:
+    # its checkpoints are taken at epochs' ends: stopping mid-epoch would save nothing
+    report, trainer = FakeReport(), FakeTrainer(global_step=4)
+    report.keeps_no_position = True
+    guard = PreemptionGuard(report, check_s=0.0)
+    guard.on_train_start(trainer, None)  # type: ignore[arg-type]
+    signal.raise_signal(signal.SIGTERM)
+    _steps(guard, trainer, 5, 6)  # training goes on to the epoch's end
+    assert report.calls == []
+    with pytest.raises(PreemptedError, match="checkpoint at step 6 committed"):
+        guard.on_train_epoch_end(trainer, None)  # type: ignore[arg-type]
 
 
 def test_the_notice_is_checked_only_at_a_new_step_when_due(sigterm_notice: None) -> None:
