@@ -85,10 +85,12 @@ def _when(seconds_ms: int | None) -> str:
 
 def run_job_command(args: argparse.Namespace) -> int:
     """Run one job command; ``JobsError`` (exit 2) for a bad address, token or job id."""
-    from raytrain.cli.slurm import slurm_job_command, submit_slurm
+    from raytrain.cli.slurm import refuse_slurm_flags, slurm_job_command, submit_slurm
 
     if args.command == "submit" and args.slurm:
         return submit_slurm(args)
+    if args.command == "submit":
+        refuse_slurm_flags(args)
     if args.command not in ("submit", "list") and args.job_id.startswith("slurm:"):
         return slurm_job_command(args)
     if args.command == "submit" and args.supervise:

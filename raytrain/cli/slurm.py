@@ -29,6 +29,31 @@ RAY_JOB_FLAGS = {
 }
 
 
+# SbatchOptions' fields by the flag that sets them, where the two names differ.
+FLAGS = {"grace_s": "--grace", "sbatch_args": "--sbatch-arg", "cpus_per_node": "--cpus-per-node"}
+# The flags that mean something only with --slurm, and their defaults.
+SLURM_ONLY: dict[str, object] = {
+    "nodes": 1,
+    "gpus_per_node": 0,
+    "cpus_per_node": None,
+    "partition": None,
+    "time": None,
+    "account": None,
+    "grace": None,
+    "sbatch_arg": [],
+    "dry_run": False,
+}
+
+
+def refuse_slurm_flags(args: argparse.Namespace) -> None:
+    """A Slurm flag without ``--slurm`` is bad input: ``--dry-run`` would otherwise submit
+    a real Ray job."""
+    given = [name for name, default in SLURM_ONLY.items() if getattr(args, name) != default]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise SpecError(f"{flags}: for a Slurm job; add --slurm")
+
+
 def add_slurm_flags(submit: Any) -> None:
     group = submit.add_argument_group(
         "Slurm", "with --slurm: an sbatch job that starts its own Ray cluster (docs/slurm.md)"
@@ -90,9 +115,10 @@ def _options(args: argparse.Namespace, cpus: int) -> Any:
         )
     except ValidationError as exc:
         first = exc.errors()[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-").replace("grace-s", "grace")
-        flag = flag.replace("sbatch-args", "sbatch-arg")
-        raise SpecError(f"{flag}: {first['msg']}") from None
+        where = str(first["loc"][0]) if first["loc"] else ""
+        flag = FLAGS.get(where, "--" + where.replace("_", "-"))
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise SpecError(f"{flag}: {message}" if where else message) from None
 
 
 def default_cpus(job: Any, nodes: int) -> int:
@@ -111,7 +137,7 @@ def submit_slurm(args: argparse.Namespace) -> int:
         raise SpecError(f"--nodes {args.nodes}: must be at least 1")
     workdir = Path(args.working_dir).resolve()
     job = validate(args.spec, args.overrides)
-    cpus = args.cpus_per_node or default_cpus(job, args.nodes)
+    cpus = default_cpus(job, args.nodes) if args.cpus_per_node is None else args.cpus_per_node
     options = _options(args, cpus)
     run = sbatch.SlurmRun(
         spec=args.spec,
@@ -183,7 +209,8 @@ def slurm_job_command(args: argparse.Namespace) -> int:
             print(_shown(path.read_text(errors="replace")), end="")
         return EXIT_OK
     job = control.show(number)
-    print(printable(job.describe()))
+    # with --json, stdout is the run's record alone
+    print(printable(job.describe()), file=sys.stderr if args.json else sys.stdout)
     return _run_status(job, args.json)
 
 

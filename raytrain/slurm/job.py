@@ -27,6 +27,7 @@ resumes from the last committed checkpoint.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -36,17 +37,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
 from raytrain.errors import EXIT_FAILED, EXIT_PREEMPTED
-from raytrain.slurm.ports import PortBlock, port_block
+from raytrain.slurm.ports import WORKER_OFFSET, PortBlock, port_block
 from raytrain.slurm.sbatch import TOKEN_FILE, SlurmRun
 
-# How long the nodes get to listen, and the driver between two SIGUSR1s (it ignores one
-# that comes before its handler is installed, during its imports).
+# How long the head gets to listen, and the cluster's steps to stop on SIGTERM.
 NODES_WAIT_S = 180.0
-RESEND_S = 2.0
 STOP_GRACE_S = 10.0
 
 
@@ -66,6 +66,13 @@ def hostnames() -> list[str]:
     return [here, *[name for name in listed if name != here]]
 
 
+def node_ip_address() -> str:
+    """This node's address as Ray picks it (``ray.util``)."""
+    from ray.util import get_node_ip_address
+
+    return str(get_node_ip_address())
+
+
 def _listening(host: str, port: int) -> bool:
     with suppress(OSError), socket.create_connection((host, port), timeout=1):
         return True
@@ -73,11 +80,13 @@ def _listening(host: str, port: int) -> bool:
 
 
 def _taken(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return True
+    """Whether any of a block's node ports, from ``port`` on, is in use on this node."""
+    for each in range(port, port + WORKER_OFFSET):
+        with socket.socket() as s:
+            try:
+                s.bind(("", each))
+            except OSError:
+                return True
     return False
 
 
@@ -86,7 +95,9 @@ class SlurmCluster:
 
     def __init__(self, run: SlurmRun, nodes: list[str], block: PortBlock, env: dict[str, str]):
         self.run, self.nodes, self.block, self.env = run, nodes, block, env
-        self.head_ip = socket.gethostbyname(nodes[0])
+        # Ray's own choice of this node's address (the route out of it), not the hostname's:
+        # Debian maps a host's own name to 127.0.1.1, which other nodes cannot reach
+        self.head_ip = node_ip_address()
         self.steps: list[subprocess.Popen[bytes]] = []
         restart = os.environ.get("SLURM_RESTART_COUNT", "0")
         self.temp_dir = f"/tmp/rtslurm-{os.environ['SLURM_JOB_ID']}-{restart}"
@@ -113,41 +124,60 @@ class SlurmCluster:
             *self.block.node_args(head=head),
         ]
 
-    def _srun(self, command: list[str], nodes: list[str]) -> subprocess.Popen[bytes]:
-        srun = [
+    def srun(self, nodes: list[str]) -> list[str]:
+        """``srun`` of one task on each of ``nodes``, with the node's CPUs and GPUs (since
+        Slurm 22.05 a step no longer inherits ``--cpus-per-task``: it would get one CPU)."""
+        gpus = [f"--gpus-per-node={self.run.gpus_per_node}"] if self.run.gpus_per_node else []
+        return [
             "srun",
             "--overlap",
             f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes)}",
             f"--nodelist={','.join(nodes)}",
+            f"--cpus-per-task={self.run.cpus_per_node}",
+            *gpus,
             "--kill-on-bad-exit=1",
         ]
-        step = subprocess.Popen([*srun, *command], env=self.env)
+
+    def _step(self, command: list[str], nodes: list[str]) -> subprocess.Popen[bytes]:
+        step = subprocess.Popen([*self.srun(nodes), *command], env=self.env)
         self.steps.append(step)
         return step
 
     def start(self) -> None:
-        """The head, then the other nodes; returns once each listens."""
+        """The head, then the other nodes; returns once every node is in the cluster."""
         say(f"Ray head on {self.nodes[0]} ({self.address}), {len(self.nodes)} node(s)")
-        head = self._srun(self._ray_start(head=True), self.nodes[:1])
-        self._wait([(self.head_ip, self.block.gcs)], [head])
+        self._step(self._ray_start(head=True), self.nodes[:1])
+        self._wait(lambda: _listening(self.head_ip, self.block.gcs))
         if len(self.nodes) > 1:
-            rest = self._srun(self._ray_start(head=False), self.nodes[1:])
-            ports = [(socket.gethostbyname(n), self.block.node_manager) for n in self.nodes[1:]]
-            self._wait(ports, [rest])
+            self._step(self._ray_start(head=False), self.nodes[1:])
+            self._wait(self._all_joined)
 
-    def _wait(self, ports: list[tuple[str, int]], steps: list[subprocess.Popen[bytes]]) -> None:
+    def _all_joined(self) -> bool:
+        """Whether every node of the allocation is alive in the cluster (Ray's node table)."""
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
+        joined = sum(1 for node in ray.nodes() if node.get("Alive"))
+        if joined >= len(self.nodes):
+            ray.shutdown()
+            return True
+        return False
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
         deadline = time.monotonic() + NODES_WAIT_S
-        while not all(_listening(host, port) for host, port in ports):
-            if any(step.poll() is not None for step in steps):
+        while not ready():
+            if any(step.poll() is not None for step in self.steps):
                 raise RuntimeError("a `ray start` step ended before its node was up")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the Ray nodes did not listen in {NODES_WAIT_S:.0f} s")
+                raise RuntimeError(f"the Ray nodes were not up in {NODES_WAIT_S:.0f} s")
             time.sleep(0.5)
 
     def stop(self) -> None:
         """SIGTERM the steps (srun passes it to ``ray start --block``, which stops its
-        node's processes); SIGKILL what is left after ``STOP_GRACE_S``."""
+        node's processes); SIGKILL what is left after ``STOP_GRACE_S``; then remove Ray's
+        temp dir on every node."""
         for step in self.steps:
             with suppress(ProcessLookupError):
                 step.send_signal(signal.SIGTERM)
@@ -158,6 +188,15 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 step.kill()
                 step.wait()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if len(self.nodes) > 1:
+            with suppress(subprocess.SubprocessError, OSError):
+                subprocess.run(
+                    [*self.srun(self.nodes[1:]), "rm", "-rf", self.temp_dir],
+                    env=self.env,
+                    timeout=60,
+                    check=False,
+                )
 
 
 class Notices:
@@ -172,6 +211,17 @@ class Notices:
 
 def _ignore_usr1() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def catches_usr1(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for SIGUSR1 (``SigCgt`` in its status): the
+    driver installs one at its start; before, a SIGUSR1 is ignored and must come again."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
 
 
 def driver_argv(run: SlurmRun, restarts: int) -> list[str]:
@@ -192,22 +242,37 @@ def run_driver(run: SlurmRun, env: dict[str, str], notices: Notices) -> int:
     # SIGUSR1 ignored until the driver installs its handler: one sent before is lost, not
     # fatal (its default action ends the process), and is sent again
     driver = subprocess.Popen(argv, env=env, cwd=run.workdir, preexec_fn=_ignore_usr1)
-    told = False
+    told = delivered = False
     while driver.poll() is None:
-        if notices.term.is_set():
-            driver.send_signal(signal.SIGTERM)
-            break
-        if notices.usr1.is_set():
-            if not told:
-                say("USR1: the job's time ends soon; the run checkpoints and stops")
-                told = True
+        asked = notices.usr1.is_set() or notices.term.is_set()
+        if asked and not told:
+            why = "SIGTERM: the job is ending" if notices.term.is_set() else "USR1: time is short"
+            say(f"{why}; the run saves a checkpoint and stops")
+            told = True
+        if asked and not delivered:
+            # sent until the driver's handler is there, then no more: a signal interrupts
+            # the driver's blocking calls, Ray's too
+            delivered = catches_usr1(driver.pid)
             with suppress(ProcessLookupError):
                 driver.send_signal(signal.SIGUSR1)
-            with suppress(subprocess.TimeoutExpired):
-                driver.wait(timeout=RESEND_S)
-            continue
-        notices.usr1.wait(timeout=0.5)
+        with suppress(subprocess.TimeoutExpired):
+            driver.wait(timeout=0.5)
     return driver.wait()
+
+
+def committed_step(run: SlurmRun) -> int | None:
+    """The step of the run's latest committed checkpoint (-1: none yet); None when it
+    cannot be read. A job requeues only if its attempt moved it forward: one whose every
+    attempt is stopped before its first checkpoint would requeue forever."""
+    try:
+        from raytrain.checkpoints.layout import latest_committed, run_dir
+        from raytrain.spec import load_spec
+
+        spec = load_spec(Path(run.workdir) / run.spec, run.overrides)
+        found = latest_committed(run_dir(spec), spec.storage)
+    except Exception:
+        return None
+    return -1 if found is None else int(found[1].get("step", -1))
 
 
 def requeue() -> None:
@@ -246,23 +311,28 @@ def main(argv: list[str]) -> int:
     token = Path(run.folder) / TOKEN_FILE.format(job=os.environ["SLURM_JOB_ID"])
     token.touch(mode=0o600)
     token.write_text(secrets.token_hex(16))
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(token),
-    }
-    env.pop("RAY_AUTH_TOKEN", None)
+    # this process's too: it asks the cluster whether every node joined
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    env = dict(os.environ)
     cluster = SlurmCluster(run, hostnames(), port_block(int(env["SLURM_JOB_ID"]), _taken), env)
+    before = committed_step(run)
     code = EXIT_FAILED
     try:
         cluster.start()
         code = run_driver(run, {**env, "RAY_ADDRESS": cluster.address}, notices)
     finally:
         cluster.stop()
-        shutil.rmtree(cluster.temp_dir, ignore_errors=True)
     say(f"the run exited {code}")
-    if code == EXIT_PREEMPTED:
-        requeue()
+    if code == EXIT_PREEMPTED and not notices.term.is_set():
+        after = committed_step(run)
+        if after is not None and before is not None and after <= before:
+            say(
+                f"not requeued: no checkpoint newer than step {before} was committed in this "
+                "attempt (its time, less --grace, is too short for a step?)"
+            )
+        else:
+            requeue()
     return code
 
 

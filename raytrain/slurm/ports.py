@@ -49,9 +49,11 @@ class PortBlock:
         return self.base + 2
 
 
-def port_block(job_id: int, taken: Callable[[int], bool] = lambda port: False) -> PortBlock:
-    """The block of job ``job_id``: block ``job_id mod BLOCKS``, or the next one whose GCS
-    port is not ``taken`` on this node (the head's), wrapping around.
+def port_block(job_id: int, taken: Callable[[int], bool] = lambda base: False) -> PortBlock:
+    """The block of job ``job_id``: block ``job_id mod BLOCKS``, or the next one that is not
+    ``taken(base)`` on this node (the head's: any of its node ports in use), wrapping
+    around. Worker nodes take the head's block unchecked: a job sharing one of them with
+    another whose id is equal modulo ``BLOCKS`` would collide there.
 
     Invariant: every port of every block lies in [FIRST, FIRST + BLOCKS * BLOCK), blocks do
     not overlap, and two jobs whose ids differ modulo ``BLOCKS`` get different blocks when

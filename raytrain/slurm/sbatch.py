@@ -23,11 +23,53 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TOKEN_FILE = "ray_token-{job}"
 OUTPUT = "slurm-%j.out"
 DEFAULT_GRACE_S = 120
+
+
+# sbatch options raytrain's job depends on: an --sbatch-arg may not change them.
+MANAGED = {
+    **dict.fromkeys(("--signal",), "USR1 before the end: the checkpoint's notice"),
+    **dict.fromkeys(("--requeue", "--no-requeue"), "the job requeues itself"),
+    **dict.fromkeys(("--output", "-o", "--error", "-e", "--open-mode"), "logs slurm:JOBID"),
+    **dict.fromkeys(("--nodes", "-N"), "--nodes"),
+    **dict.fromkeys(("--ntasks-per-node", "--ntasks", "-n"), "one Ray node per Slurm node"),
+    **dict.fromkeys(("--cpus-per-task", "-c"), "--cpus-per-node"),
+    **dict.fromkeys(("--gpus-per-node",), "--gpus-per-node"),
+}
+
+
+def _check_directive(value: str) -> None:
+    """sbatch reads ``#SBATCH`` lines itself, not a shell: a line break ends the directive
+    and a backslash escapes even inside quotes, so neither may be in a value."""
+    if any(ch in value for ch in "\\\n\r") or not value.isprintable():
+        raise ValueError(f"{value!r}: a line break, backslash or control character")
+
+
+def time_limit_s(text: str) -> int | None:
+    """Seconds of an sbatch ``--time`` (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); None for
+    one this does not read (``UNLIMITED``, a typo: sbatch itself judges it)."""
+    days_text, dash, rest = text.partition("-")
+    if not dash:
+        days_text, rest = "0", text
+    try:
+        days, parts = int(days_text), [int(p) for p in rest.split(":")]
+    except ValueError:
+        return None
+    if len(parts) > 3:
+        return None
+    if dash:
+        h, m, s = [*parts, 0, 0][:3]
+    elif len(parts) == 3:
+        h, m, s = parts
+    elif len(parts) == 2:
+        h, m, s = 0, parts[0], parts[1]
+    else:
+        h, m, s = 0, parts[0], 0
+    return ((days * 24 + h) * 60 + m) * 60 + s
 
 
 class SbatchOptions(BaseModel):
@@ -49,6 +91,36 @@ class SbatchOptions(BaseModel):
         description="--grace: seconds of notice (USR1) before the job's end, to checkpoint",
     )
     sbatch_args: tuple[str, ...] = Field((), description="--sbatch-arg: more sbatch options")
+
+    @field_validator("partition", "time", "account")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_directive(value)
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _options(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            _check_directive(value)
+            if not value.startswith("-"):
+                raise ValueError(f"{value!r}: an sbatch option begins with '-'")
+            # --long=value, or -x with its value attached (-N2, -o/path)
+            name = value.split("=", 1)[0] if value.startswith("--") else value[:2]
+            if name in MANAGED:
+                raise ValueError(f"{name}: raytrain sets it ({MANAGED[name]})")
+        return values
+
+    @model_validator(mode="after")
+    def _grace_within_time(self) -> SbatchOptions:
+        limit = time_limit_s(self.time) if self.time is not None else None
+        if limit is not None and self.grace_s >= limit:
+            raise ValueError(
+                f"--grace {self.grace_s} s: not shorter than --time {self.time} ({limit} s): "
+                "every attempt would be told to stop at its start, and requeue forever"
+            )
+        return self
 
 
 class SlurmRun(BaseModel):

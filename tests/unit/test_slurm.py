@@ -14,7 +14,7 @@ from raytrain.cli.app import main
 from raytrain.slurm import control
 from raytrain.slurm.job import driver_argv
 from raytrain.slurm.ports import BLOCK, BLOCKS, FIRST, WORKER_OFFSET, port_block
-from raytrain.slurm.sbatch import SbatchOptions, SlurmRun, described, script
+from raytrain.slurm.sbatch import SbatchOptions, SlurmRun, described, script, time_limit_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,6 +135,13 @@ def test_scontrol_lines_are_read_back_with_spaces_in_paths() -> None:
         (["--grace", "3"], "--grace"),
         (["--gpus-per-node", "-1"], "--gpus-per-node"),
         (["trainer.max_epochs=0"], "trainer.max_epochs"),
+        (["--cpus-per-node", "0"], "--cpus-per-node"),
+        (["--partition", "a\nb"], "--partition"),  # sbatch ends a directive at a newline
+        (["--account", "a\\b"], "--account"),
+        (["--sbatch-arg=--signal=USR2@9"], "--sbatch-arg: --signal"),
+        (["--sbatch-arg=-o/tmp/x"], "--sbatch-arg"),
+        (["--sbatch-arg=qos"], "--sbatch-arg"),
+        (["--time", "1:00", "--grace", "60"], "--grace 60 s: not shorter than --time"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag_and_write_nothing(
@@ -147,6 +154,24 @@ def test_bad_flags_exit_2_naming_the_flag_and_write_nothing(
     assert err.startswith("error: ") and named in err.splitlines()[0], err
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", [["--dry-run"], ["--nodes", "2"], ["--grace", "60"]])
+def test_slurm_flags_without_slurm_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: list[str]
+) -> None:
+    # --dry-run without --slurm would otherwise submit a real Ray job
+    spec = str(ROOT / "jobs" / "digits.yaml")
+    assert main(["submit", spec, "--working-dir", str(tmp_path), *flag]) == 2
+    assert "add --slurm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("10", 600), ("10:30", 630), ("1:00:00", 3600), ("1-0", 86400), ("1-2:3:4", 93784)],
+)
+def test_sbatch_time_limits_read_as_sbatch_reads_them(text: str, seconds: int) -> None:
+    assert time_limit_s(text) == seconds
 
 
 def test_a_dry_run_prints_the_script_and_writes_nothing(
