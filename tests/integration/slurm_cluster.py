@@ -50,6 +50,9 @@ class SlurmCluster:
         return self.command("squeue", "-h", "-o", "%i").split()
 
 
+# KillWait=5: a step that does not end on SIGTERM (Ray's `ray start --block` takes more
+# than 10 s after a Ray Train run) gets SIGKILL 5 s later, not after Slurm's default 30 s:
+# the test's Ray clusters hold nothing to flush.
 def _config(root: Path, cpus: int) -> str:
     return f"""ClusterName=rt{secrets.token_hex(2)}
 SlurmctldHost=localhost(127.0.0.1)
@@ -74,7 +77,7 @@ MpiDefault=none
 ReturnToService=2
 JobRequeue=1
 MinJobAge=3600
-KillWait=10
+KillWait=5
 InactiveLimit=0
 NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
 PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP

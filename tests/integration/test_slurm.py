@@ -12,14 +12,17 @@ munged on loopback), one run asserting the whole of it:
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+from raytrain.cli.app import main
 from raytrain.records.run_status import read_status
 from raytrain.slurm import control
 from tests.conftest import digits_spec, write_spec
@@ -27,7 +30,7 @@ from tests.integration.ray_head import _process_table
 from tests.integration.slurm_cluster import SlurmCluster, slurm_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-EPOCHS = 16
+EPOCHS = 20
 
 
 def _until(what: str, ready: Callable[[], bool], timeout_s: float, log: Path) -> None:
@@ -49,6 +52,15 @@ def _cli(cluster: SlurmCluster, work: Path, *args: str) -> subprocess.CompletedP
         text=True,
         timeout=120,
     )
+
+
+def _in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """A command that reads a job back, run in this process (``SLURM_CONF`` set): its
+    exit code and output, as a subprocess's."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def _show(cluster: SlurmCluster, number: str) -> control.SlurmJob:
@@ -73,35 +85,45 @@ def test_a_slurm_job_trains_is_preempted_requeues_and_resumes(
             number = control.job_number(target)
             out = work / ".raytrain" / "slurm" / "digits-slurm" / f"slurm-{number}.out"
 
-            # mid-run, by the run's own record: past its second epoch's checkpoint
+            # as soon as the run's own record says it trains: the notice takes a few
+            # seconds to land (the record's and the preemption check's intervals), and the
+            # run must still be training then
             def training() -> bool:
                 assert not _show(cluster, number).ended, out.read_text()
                 status = read_status(run_dir)
-                return status is not None and status.step >= 2 * 23
+                return status is not None and status.step >= 5
 
             _until("the run training", training, 300, out)
             cluster.command("scancel", "--signal=USR1", "--batch", number)
 
             def requeued() -> bool:
                 job = _show(cluster, number)
+                assert not job.ended, f"the job ended, not requeued:\n{out.read_text()}"
                 return job.restarts == 1 and job.state == "PENDING"
 
             _until("the job requeued", requeued, 180, out)
-            # Slurm holds a requeued job for a while before it may start again; a cluster
-            # admin lifts it so
-            cluster.command("scontrol", "update", f"JobId={number}", "StartTime=now")
+
+            # Slurm holds a requeued job for 2 minutes before it may start again; a
+            # cluster admin lifts the hold so, again while Slurm may still be setting it
+            def restarted() -> bool:
+                if _show(cluster, number).state != "PENDING":
+                    return True
+                cluster.command("scontrol", "update", f"JobId={number}", "StartTime=now")
+                return False
+
+            _until("the requeued job's start", restarted, 120, out)
             _until("the job's end", lambda: _show(cluster, number).ended, 400, out)
             job = _show(cluster, number)
             said = out.read_text(errors="replace")
-            status_cli = _cli(cluster, work, "status", target)
-            logs_cli = _cli(cluster, work, "logs", target)
-            stop_cli = _cli(cluster, work, "stop", target)
+            status_cli = _in_process("status", target)
+            logs_cli = _in_process("logs", target)
+            stop_cli = _in_process("stop", target)
         finally:
             if before is None:
                 os.environ.pop("SLURM_CONF", None)
             else:
                 os.environ["SLURM_CONF"] = before
-    assert job.state == "COMPLETED" and job.restarts == 1, said
+    assert job.state == "COMPLETED" and job.restarts == 1, f"{job.describe()}\n{said}"
 
     # the first attempt stopped at a committed checkpoint; the second resumed from it
     stopped = re.search(r"stopped on request \(SIGUSR1\).*checkpoint at step (\d+) committed", said)
