@@ -44,10 +44,6 @@ class PortBlock:
             args += ["--port", str(self.gcs), "--ray-client-server-port", str(b + 1)]
         return args
 
-    @property
-    def node_manager(self) -> int:
-        return self.base + 2
-
 
 def port_block(job_id: int, taken: Callable[[int], bool] = lambda base: False) -> PortBlock:
     """The block of job ``job_id``: block ``job_id mod BLOCKS``, or the next one that is not
