@@ -166,7 +166,7 @@ def serve(num_cpus: int, num_gpus: int | None, warm: int) -> None:
         signal.signal(sig, on_signal)
     try:
         if handle.pool is not None:  # up returns once a run would find the pool warm
-            handle.pool.wait_ready(WARM_WAIT_S)
+            handle.pool.fill(WARM_WAIT_S)
         started = handle.embedded_env or {}
         compared = {
             k: v for k, v in started.items() if k in EMBEDDED_ENV or k.startswith("RAY_TRAIN_")
