@@ -29,7 +29,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from raytrain._compat.ray_train import ControllerTrainer, OnWorkerGroupStart, RunAborted
+from raytrain._compat.ray_train import ControllerTrainer, RunAborted
+from raytrain._compat.ray_train_controller import OnWorkerGroupStart
 from raytrain.driver.failure_policy import FailurePolicy
 from raytrain.worker.entry import on_group_start
 

@@ -17,7 +17,7 @@ def test_a_dead_controllers_placement_group_is_removed_on_a_cluster_without_a_da
     import ray
     from ray.util.placement_group import placement_group, placement_group_table
 
-    from raytrain._compat.ray_train import GcsPlacementGroupCleaner
+    from raytrain._compat.ray_train_controller import GcsPlacementGroupCleaner
 
     @ray.remote(num_cpus=0)
     class Controller:

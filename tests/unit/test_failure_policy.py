@@ -15,7 +15,7 @@ import pytest
 from ray.train import FailureConfig
 from ray.train.v2.api.exceptions import WorkerGroupError
 
-from raytrain._compat.ray_train import PolicyAdapter
+from raytrain._compat.ray_train_controller import PolicyAdapter
 from raytrain.driver.failure_policy import Decision, FailurePolicy
 from raytrain.errors import NonFiniteLossError, PreemptedError
 
