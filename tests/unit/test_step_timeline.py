@@ -4,6 +4,8 @@ is named."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
@@ -240,7 +242,7 @@ def test_the_comm_hook_registers_on_a_real_ddp_model_and_marks_each_bucket() -> 
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    model = None
+    model = timeline = trainer = None
     try:
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
         timeline = StepTimeline(every_n_steps=1, publish=None, rank=0, node="n")
@@ -251,7 +253,15 @@ def test_the_comm_hook_registers_on_a_real_ddp_model_and_marks_each_bucket() -> 
         assert timeline._ready_at is not None  # the bucket's mark
         assert model.module.weight.grad is not None  # torch's all-reduce still ran
     finally:
-        # DDP's reducer holds the group: released first. Destroyed after the group, it joined
-        # gloo's threads at the test's end and hung there (a clean-clone CI run, once).
-        del model
-        dist.destroy_process_group()
+        # DDP's reducer holds the group, so it goes first. Destroyed after the group, it
+        # joined gloo's threads at the test's end and hung there (two clean-clone CI runs).
+        # ``del model`` alone did not free it: the trainer and the timeline's hooks (a
+        # cycle) still held it. So every holder is dropped and collected, and the test
+        # checks that the model is gone before the group is destroyed.
+        held = weakref.ref(model) if model is not None else None
+        model = timeline = trainer = None
+        gc.collect()
+        alive = held is not None and held() is not None
+        if not alive:
+            dist.destroy_process_group()
+    assert not alive, "DDP's model outlived the test: its reducer would hang on the group"
