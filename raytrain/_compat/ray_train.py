@@ -39,7 +39,6 @@ each through ``ray.train.v2._internal``, and nowhere else does raytrain touch it
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from collections.abc import Sequence
@@ -65,8 +64,6 @@ from raytrain._compat.ray_train_controller import (
     PolicyAdapter,
     controller_env,
 )
-
-logger = logging.getLogger(__name__)
 
 
 class RunAborted(Exception):
