@@ -722,10 +722,15 @@ class SlowRankCNN(DigitsCNN):
         import statistics
         import time
 
+        slept = 0.0
         if self.global_rank == self.slow_rank and len(self._walls) >= self.calibrate:
-            time.sleep(self.times * statistics.median(self._walls))
+            slept = self.times * statistics.median(self._walls)
+            time.sleep(slept)
         if self.collective:
             rows = torch.tensor(float(len(batch["label"])))
             torch.distributed.all_reduce(rows)  # every rank's rows this step
-            self.log("rows_per_step", rows, sync_dist=True, batch_size=len(batch["label"]))
+            size = len(batch["label"])
+            self.log("rows_per_step", rows, sync_dist=True, batch_size=size)
+            # the straggler's sleep, for a test to hold the named factor to
+            self.log("straggler_sleep_s", slept, sync_dist=True, reduce_fx="max", batch_size=size)
         return super().training_step(batch, batch_idx)

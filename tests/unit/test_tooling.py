@@ -69,3 +69,51 @@ def test_no_function_over_60_lines_and_no_class_over_150(tmp_path: Path) -> None
     (tmp_path / "pkg" / "big.py").write_text(f"class Big:\n{methods}")
     _, classes = lengths(tmp_path, "pkg")
     assert classes["pkg/big.py:Big"] > MAX_CLASS_LINES
+
+
+_HANGS_IN_C = """
+import signal, time
+
+def test_hangs_where_no_signal_reaches():
+    # as the gloo hang did: the main thread blocked in C++ (a destructor joining
+    # threads), where a SIGALRM handler written in Python never runs
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(120)
+"""
+
+
+def test_a_test_hung_in_native_code_is_ended_by_the_timeout(tmp_path: Path) -> None:
+    """pytest-timeout's default (signal) method cannot end a test whose main thread is
+    blocked in native code, and a hang there once held CI for 27 minutes: the project's
+    configuration must use the thread method, which dumps every stack and exits."""
+    import subprocess
+    import sys
+    import tomllib
+
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    method = options["ini_options"]["timeout_method"]
+    (tmp_path / "test_planted.py").write_text(_HANGS_IN_C)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "--timeout",
+            "2",
+            "--timeout-method",
+            method,
+            str(tmp_path / "test_planted.py"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "Timeout" in done.stdout + done.stderr
+    assert "test_hangs_where_no_signal_reaches" in done.stdout + done.stderr
