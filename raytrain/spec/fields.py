@@ -98,7 +98,7 @@ def _refuse_bool(value: Any, depth: int = 0) -> None:
 def _check_location(value: str) -> str:
     """A path or URI that can name a store (``storage.location_problem``): no host in a
     ``file://`` URI, no credentials in any URI."""
-    from raytrain.storage import location_problem
+    from raytrain.storage.locations import location_problem
 
     problem = location_problem(value)
     if problem is not None:

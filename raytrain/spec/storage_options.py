@@ -12,7 +12,7 @@ from raytrain.spec.fields import (
     _check_endpoint,
     _Section,
 )
-from raytrain.storage import DEFAULT_ATTEMPTS
+from raytrain.storage.filesystems import DEFAULT_ATTEMPTS
 
 
 class _EndpointSection(_Section):

@@ -8,8 +8,10 @@ driver imports, by importing it in a fresh interpreter).
   and the rest imports ``worker/`` only through ``worker.entry``, what the driver hands
   Ray Train. ``_compat`` imports nothing of raytrain but ``errors``.
 - Only ``raytrain._compat`` names a private API of Ray, Lightning, MLflow or torch.
-- Only ``raytrain.storage`` branches on a storage URI's scheme, and only
+- Only the ``raytrain.storage`` package branches on a storage URI's scheme, and only
   ``raytrain.spec.strategy_checks`` and ``raytrain.worker.strategy`` on the strategy's name.
+- The top of ``raytrain/`` holds packages, and no module but ``__init__``, ``__main__`` and
+  ``errors``.
 
 Each rule is a function of a module graph or a syntax tree, so each test below also checks
 that its rule catches a violation written for it (a rule that can never fail holds nothing).
@@ -330,7 +332,7 @@ def test_compat_is_what_touches_them() -> None:
     }
 
 
-# -- one module branches on the URI scheme, one on the strategy -------------------------------
+# -- one package branches on the URI scheme, two modules on the strategy ----------------------
 
 _SCHEMES = {"s3", "gs", "gcs", "abfs", "abfss", "az", "wasb", "wasbs", "hdfs", "file"}
 
@@ -385,12 +387,17 @@ def strategy_branches(tree: ast.Module) -> list[int]:
 _NOT_STORAGE = {"raytrain.submit.connection", "raytrain.tracking.mlflow_tracker"}
 
 
+def in_storage(name: str) -> bool:
+    """Whether module ``name`` is the ``raytrain.storage`` package or one of its modules."""
+    return name == "raytrain.storage" or name.startswith("raytrain.storage.")
+
+
 def test_only_storage_branches_on_the_uri_scheme() -> None:
     trees = sources()
     found = {
         name: lines
         for name, tree in trees.items()
-        if name != "raytrain.storage" and (lines := scheme_branches(tree))
+        if not in_storage(name) and (lines := scheme_branches(tree))
     }
     assert set(found) <= _NOT_STORAGE, found
     # the exempt modules do not branch on a store's scheme either: only on "://" in an address
@@ -399,7 +406,9 @@ def test_only_storage_branches_on_the_uri_scheme() -> None:
         for line in found[name]:
             text = source.splitlines()[line - 1]
             assert not re.search(r"['\"](s3|gs|gcs|abfss?|az|file)(://)?['\"]", text), text
-    assert scheme_branches(trees["raytrain.storage"])  # where it happens, the rule sees it
+    # where it happens, the rule sees it: telling a path from a URI, and a store's endpoint
+    assert scheme_branches(trees["raytrain.storage.locations"])
+    assert scheme_branches(trees["raytrain.storage.filesystems"])
     for code in (
         'ok = uri.startswith("s3://")',
         'remote = "://" in uri',
@@ -481,11 +490,11 @@ DRIVER_SIDE = sorted(
     if name.startswith(
         ("raytrain.driver", "raytrain.cli", "raytrain.submit", "raytrain.sweep", "raytrain.records")
     )
+    or in_storage(name)
     or name
     in {
         "raytrain",
         "raytrain.spec",
-        "raytrain.storage",
         "raytrain.contract",
         "raytrain.checkpoints.layout",
         "raytrain.data.sources",
@@ -511,3 +520,30 @@ def test_importing_the_driver_side_leaves_lightning_out(extra: list[str], tmp_pa
         names = [*names, "raytrain.worker.callbacks"]
     loaded = run_fresh(_IMPORT_ALL, names, tmp_path, pythonpath=str(ROOT), timeout=240)
     assert loaded == (["lightning"] if extra else []), loaded
+
+
+# -- the top of raytrain/ holds packages ------------------------------------------------------
+
+TOP_MODULES = {"__init__.py", "__main__.py", "errors.py"}
+
+
+def loose_at_top(top: Path) -> list[str]:
+    """What the top of the package folder ``top`` holds other than packages and
+    ``TOP_MODULES``: a module (``storage.py``), or a folder of modules with no
+    ``__init__.py`` (a namespace package, imported by accident)."""
+    modules = [p.name for p in top.glob("*.py") if p.name not in TOP_MODULES]
+    folders = [
+        f"{p.name}/"
+        for p in top.iterdir()
+        if p.is_dir() and any(p.glob("*.py")) and not (p / "__init__.py").exists()
+    ]
+    return sorted(modules + folders)
+
+
+def test_the_top_of_raytrain_holds_only_packages_and_its_own_modules(tmp_path: Path) -> None:
+    assert loose_at_top(PACKAGE) == []
+    # the rule sees both violations: a loose module, and a folder of modules that is no package
+    for name in ("__init__.py", "errors.py", "storage.py", "spec/__init__.py", "util/paths.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert loose_at_top(tmp_path) == ["storage.py", "util/"]
