@@ -26,9 +26,9 @@ UNSUPPORTED_MP_PRECISION = ("16-mixed", "16", "64-true", "64")
 
 def strategy_problems(spec: JobSpec) -> list[str]:
     """Problems of ``spec.strategy`` the schema cannot see: a strategy's options only come
-    with it (they would silently do nothing), hybrid sharding needs GPUs, a model-parallel
-    mesh must hold every worker. The driver checks them before Ray starts; nothing here
-    imports Lightning."""
+    with it (they would silently do nothing), hybrid sharding and SyncBatchNorm need GPUs,
+    a model-parallel mesh must hold every worker. The driver checks them before Ray starts;
+    nothing here imports Lightning."""
     options = (("ddp", DdpSpec()), ("fsdp", FsdpSpec()), ("model_parallel", ModelParallelSpec()))
     for option, default in options:
         if spec.strategy.name != option and getattr(spec.strategy, option) != default:
@@ -51,6 +51,13 @@ def strategy_problems(spec: JobSpec) -> list[str]:
         return [
             "strategy.fsdp.sharding: hybrid needs GPU workers (scaling.use_gpu: true, or "
             "auto on a cluster with GPUs); on CPU workers use full"
+        ]
+    if spec.trainer.passthrough.get("sync_batchnorm") and spec.scaling.use_gpu is False:
+        # torch's SyncBatchNorm refuses CPU tensors: DDP's constructor fails in every worker
+        return [
+            "trainer.sync_batchnorm: torch's SyncBatchNorm runs on GPU workers only "
+            "(scaling.use_gpu: true, or auto on a cluster with GPUs); on CPU workers leave "
+            "it out"
         ]
     if spec.strategy.name == "model_parallel":
         return mesh_problems(spec)

@@ -40,6 +40,11 @@ CASES = {
         ["strategy.name=fsdp", "strategy.fsdp.sharding=hybrid", "scaling.use_gpu=false"],
         "strategy.fsdp.sharding",
     ),
+    # torch's SyncBatchNorm refuses CPU tensors (found in every worker, after Ray started)
+    "sync_batchnorm_on_cpu": (
+        ["trainer.sync_batchnorm=true", "scaling.use_gpu=false"],
+        "trainer.sync_batchnorm",
+    ),
     # strategy model_parallel (a model with a configure_model, so only the mesh is wrong)
     "model_parallel_options_without_it": ([f"{_TP}=2"], "strategy.model_parallel"),
     "mesh_does_not_hold_the_workers": (
