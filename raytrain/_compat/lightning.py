@@ -45,6 +45,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from torch.nn import Module
+    from torch.optim import Optimizer
+
     from raytrain._compat.model_parallel import PipelineParts
 
 
@@ -63,7 +67,7 @@ def skip_sigterm_broadcast(trainer: Any) -> None:
     loop._broadcast_sigterm_tensor = lambda: None
 
 
-def validation_may_follow(trainer: Any) -> bool:
+def validation_may_follow(trainer: pl.Trainer) -> bool:
     """Whether a validation may run after the training batch just run: its epoch's last, or
     one ``val_check_interval`` falls on. Lightning builds the validation's loader and
     fetches its first batch before ``on_validation_start``. Errs towards yes (it does not
@@ -75,14 +79,14 @@ def validation_may_follow(trainer: Any) -> bool:
     return isinstance(every, int) and every > 0 and progress.current.ready % every == 0
 
 
-def epoch_last_batch(trainer: Any) -> bool:
+def epoch_last_batch(trainer: pl.Trainer) -> bool:
     """Whether the training batch just run was its epoch's last: in its
     ``on_train_batch_end`` the epoch's end (validation, epoch-end hooks, the epoch count)
     has not run yet."""
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
-def set_epoch_length(trainer: Any, length: int) -> None:
+def set_epoch_length(trainer: pl.Trainer, length: int) -> None:
     """Make ``length`` the current epoch's number of batches, as if Lightning had read it at
     setup: its loop's limit, the fetcher of an epoch already iterating, and the validation
     interval when it is a fraction of the epoch. No change when it already is."""
@@ -99,7 +103,7 @@ def set_epoch_length(trainer: Any, length: int) -> None:
         trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))
 
 
-def restored_mid_epoch(trainer: Any) -> int:
+def restored_mid_epoch(trainer: pl.Trainer) -> int:
     """The batches of the epoch a restore stands at when it is mid-epoch (Lightning then
     resumes that epoch without ``on_train_epoch_start``); 0 at an epoch's start or end."""
     progress = trainer.fit_loop.epoch_loop.batch_progress
@@ -128,7 +132,7 @@ def accumulate_from(trainer: Any, offset: Callable[[], int]) -> None:
     loop._accumulated_batches_reached = reached
 
 
-def dump_state(trainer: Any) -> dict[str, Any]:
+def dump_state(trainer: pl.Trainer) -> dict[str, Any]:
     """The full Lightning state, as ``trainer.save_checkpoint`` would write it (weights,
     optimizers, schedulers, loops and the loaders' positions, callbacks), without writing
     it or waiting on the other ranks: its tensors are the live ones."""
@@ -205,16 +209,16 @@ def fsdp_strategy_class() -> type:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     class RaytrainFSDPStrategy(RayFSDPStrategy):
-        def _setup_model(self, model: Any) -> Any:
+        def _setup_model(self, model: Module) -> Module:
             root = self._wrap(model)
 
-            def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
+            def clip_grad_by_norm(optimizer: Optimizer, clip_val: float) -> None:
                 root.clip_grad_norm_(clip_val)  # a collective: every rank clips
 
             self.precision_plugin.clip_grad_by_norm = clip_grad_by_norm
             return root
 
-        def _wrap(self, model: Any) -> Any:
+        def _wrap(self, model: Module) -> Any:
             wrapped = any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
             if self.root_device.type != "cpu" or wrapped:
                 return super()._setup_model(model)

@@ -7,10 +7,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 
-def last_steps(client: Any, run_id: str) -> dict[str, int]:
+def last_steps(client: MlflowClient, run_id: str) -> dict[str, int]:
     """The last step logged for each metric of the run: MLflow's latest value per key is
     the one at the highest step."""
     data = client.get_run(run_id).data

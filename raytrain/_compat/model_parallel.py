@@ -6,13 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray.train
 import ray.train.torch
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from lightning.fabric.utilities.types import _PATH
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.optim import Optimizer
 
 # what Lightning's model-parallel save writes beside the shards (``_METADATA_FILENAME``)
 META_FILE = "meta.pt"
@@ -30,7 +37,22 @@ class PipelineParts(Protocol):
     @property
     def stages(self) -> int: ...
 
-    def build(self, module: Any, mesh: Any) -> Any: ...
+    def build(self, module: pl.LightningModule, mesh: DeviceMesh) -> PipelineStages: ...
+
+
+class PipelineStages(Protocol):
+    """What the strategy calls on this rank's pipeline runner (``raytrain.pipeline.runner.
+    PipelineRunner``), once ``PipelineParts.build`` has made it."""
+
+    def shard(self) -> None: ...
+
+    def clip_options(self) -> dict[str, Any]: ...
+
+    def apply_grads(self, scale: float = ...) -> None: ...
+
+    def sync_shared_grads(self) -> None: ...
+
+    def step(self, batch: Any, batch_idx: int, training: bool) -> torch.Tensor: ...
 
 
 def batch_and_index(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, int]:
@@ -40,7 +62,7 @@ def batch_and_index(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any,
     return batch, int(index)
 
 
-def broadcast_state(module: Any, device: Any) -> None:
+def broadcast_state(module: Any, device: torch.device) -> None:
     """Give every rank rank 0's weights and buffers, before ``configure_model`` shards them.
 
     DDP does this when it wraps a model. Under model parallelism nothing does: torch's
@@ -60,7 +82,7 @@ def broadcast_state(module: Any, device: Any) -> None:
                 tensor.copy_(sent)
 
 
-def flat_optimizer_state(module: Any, optimizer: Any) -> dict[str, Any]:
+def flat_optimizer_state(module: Any, optimizer: Optimizer) -> dict[str, Any]:
     """``optimizer``'s state for a sharded checkpoint, flattened: every entry keyed by its
     parameter's path (``param_groups.<path>.lr``), not by its group's index. Lightning
     saves the nested form, whose ``param_groups.0.params`` lists the parameters a rank
@@ -72,7 +94,7 @@ def flat_optimizer_state(module: Any, optimizer: Any) -> dict[str, Any]:
     return get_optimizer_state_dict(module, optimizer, options=options)
 
 
-def load_sharded(path: Path, module: Any, optimizers: list[Any], strict: bool) -> None:
+def load_sharded(path: Path, module: Any, optimizers: list[Optimizer], strict: bool) -> None:
     """Load a sharded (DCP) checkpoint's model and optimizer states into ``module`` and
     ``optimizers``, as Lightning's model-parallel load does, reading each optimizer's state
     in the form it was saved in: flattened (``flat_optimizer_state``) or Lightning's
@@ -105,16 +127,16 @@ class RaytrainModelParallelStrategy(ModelParallelStrategy):
     clip_norm: Callable[..., Any]
     clip_value: Callable[..., Any]
     pipeline: PipelineParts | None = None
-    _stages: Any = None  # the pipeline's runner on this rank, once set up
+    _stages: PipelineStages | None = None  # the pipeline's runner on this rank, once set up
 
     @property
-    def pipeline_runner(self) -> Any:
+    def pipeline_runner(self) -> PipelineStages | None:
         """This rank's ``raytrain.pipeline.runner.PipelineRunner``; None without a
         pipeline."""
         return self._stages
 
     @property
-    def root_device(self) -> Any:
+    def root_device(self) -> torch.device:
         return ray.train.torch.get_device()
 
     @property
@@ -140,12 +162,14 @@ class RaytrainModelParallelStrategy(ModelParallelStrategy):
         if not is_overridden("configure_model", module):
             module.configure_model = self._stages.shard
 
-    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         if not self._save_distributed_checkpoint:
             return super().optimizer_state(optimizer)
         return flat_optimizer_state(self.model, getattr(optimizer, "_optimizer", optimizer))
 
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> Any:
+    def load_checkpoint(
+        self, checkpoint_path: _PATH, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         path = Path(self.broadcast(checkpoint_path))
         if not (path / ".metadata").is_file():  # not a DCP folder: Lightning's own load
             return super().load_checkpoint(checkpoint_path, weights_only)
@@ -153,33 +177,39 @@ class RaytrainModelParallelStrategy(ModelParallelStrategy):
         load_sharded(path, self.model, self.optimizers, module.strict_loading)
         return torch.load(path / META_FILE, weights_only=weights_only)
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: pl.Trainer) -> None:
         super().setup(trainer)
         plugin: Any = self.precision_plugin
         stage = {} if self._stages is None else self._stages.clip_options()
 
-        def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
+        def clip_grad_by_norm(optimizer: Optimizer, clip_val: float) -> None:
             self.clip_norm(plugin.main_params(optimizer), clip_val, **stage)
 
-        def clip_grad_by_value(optimizer: Any, clip_val: float) -> None:
+        def clip_grad_by_value(optimizer: Optimizer, clip_val: float) -> None:
             self.clip_value(plugin.main_params(optimizer), clip_val)
 
         plugin.clip_grad_by_norm = clip_grad_by_norm
         plugin.clip_grad_by_value = clip_grad_by_value
 
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+    def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
         if self._stages is None:
             return super().training_step(*args, **kwargs)
         with self.precision_plugin.train_step_context():
             return self._stages.step(*batch_and_index(args, kwargs), training=True)
 
-    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+    def validation_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
         if self._stages is None:
             return super().validation_step(*args, **kwargs)
         with self.precision_plugin.val_step_context():
             return self._stages.step(*batch_and_index(args, kwargs), training=False)
 
-    def backward(self, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+    def backward(
+        self,
+        closure_loss: torch.Tensor,
+        optimizer: Optimizer | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         if self._stages is None:
             return super().backward(closure_loss, optimizer, *args, **kwargs)
         # the schedule ran forward and backward in training_step; its gradients, held
@@ -194,7 +224,13 @@ class RaytrainModelParallelStrategy(ModelParallelStrategy):
         self.post_backward(closure_loss)
         return closure_loss
 
-    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kw: Any) -> Any:
+    def optimizer_step(
+        self,
+        optimizer: Optimizer,
+        closure: Callable[[], Any],
+        model: pl.LightningModule | torch.nn.Module | None = None,
+        **kw: Any,
+    ) -> Any:
         if self._stages is None:
             return super().optimizer_step(optimizer, closure, model, **kw)
         stages = self._stages

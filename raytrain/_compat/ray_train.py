@@ -42,7 +42,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray._raylet import RAY_NODE_ID_KEY  # type: ignore[attr-defined]  # Cython: no stub
@@ -65,12 +65,17 @@ from raytrain._compat.ray_train_controller import (
     controller_env,
 )
 
+if TYPE_CHECKING:
+    from ray.train import Result
+    from ray.train.v2._internal.execution.callback import RayTrainCallback
+    from ray.train.v2.api.preemption import PreemptionInfo
+
 
 class RunAborted(Exception):
     """``fit`` ended because ``abort`` was called."""
 
 
-def worker_preemption_info() -> Any:
+def worker_preemption_info() -> PreemptionInfo | None:
     """Ray Train's preemption info for this worker (a node of the group drains for a
     preemption), or None. Read locally: no barrier, unlike ``ray.train.get_preemption_info``."""
     try:
@@ -79,7 +84,7 @@ def worker_preemption_info() -> Any:
         return None
 
 
-def _gcs_cleaner(callback: Any) -> Any:
+def _gcs_cleaner(callback: RayTrainCallback) -> RayTrainCallback:
     """Ray's placement-group cleaner callback (made with its defaults) as
     ``GcsPlacementGroupCleanerCallback``; any other callback as it is."""
     is_rays = type(callback) is PlacementGroupCleanerCallback
@@ -106,7 +111,7 @@ class ControllerTrainer(TorchTrainer):
         trimmed: bool = False,
         ends_with_run: bool = False,
         embedded_env: dict[str, str] | None = None,
-        group_callbacks: Sequence[Any] = (),
+        group_callbacks: Sequence[RayTrainCallback] = (),
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -124,7 +129,7 @@ class ControllerTrainer(TorchTrainer):
         if self._controller is not None:
             self._controller.abort.remote()
 
-    def _create_default_callbacks(self) -> list[Any]:
+    def _create_default_callbacks(self) -> list[RayTrainCallback]:
         callbacks = [*super()._create_default_callbacks(), *self._group_callbacks]
         # Ray Train moves every worker into its own artifacts folder; the workers stay where
         # Ray started them instead (the driver's directory on a local cluster, the job's
@@ -137,7 +142,7 @@ class ControllerTrainer(TorchTrainer):
             drop += (DatasetsCallback,)
         return [_gcs_cleaner(cb) for cb in callbacks if not isinstance(cb, drop)]
 
-    def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Any:
+    def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Result:
         env = controller_env()
         options: dict[str, Any] = {
             "num_cpus": 0,

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import queue
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 from ray._common.constants import (
@@ -43,6 +43,10 @@ from ray.train.v2._internal.execution.failure_handling import (
 )
 from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
 from ray.train.v2._internal.execution.worker_group import WorkerGroup
+
+if TYPE_CHECKING:
+    from ray.train.v2._internal.execution.context import TrainRunContext
+    from ray.train.v2.api.exceptions import TrainingFailedError
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ class OnWorkerGroupStart(WorkerGroupCallback):
     def __init__(self, fn: Callable[[], None]):
         self.fn = fn
 
-    def after_worker_group_start(self, worker_group: Any) -> None:
+    def after_worker_group_start(self, worker_group: WorkerGroup) -> None:
         worker_group.execute(self.fn)
 
 
@@ -107,7 +111,7 @@ class GcsPlacementGroupCleanerCallback(PlacementGroupCleanerCallback):
     """Ray's callback, starting ``GcsPlacementGroupCleaner`` (detached: it outlives the
     controller it watches) in place of Ray's cleaner."""
 
-    def after_controller_start(self, train_run_context: Any) -> None:
+    def after_controller_start(self, train_run_context: TrainRunContext) -> None:
         self._controller_actor_id = ray.get_runtime_context().get_actor_id()
         cleaner: Any = ray.remote(num_cpus=0)(GcsPlacementGroupCleaner)  # untyped in Ray
         try:
@@ -136,7 +140,7 @@ class PolicyAdapter(DefaultFailurePolicy):
         super().__init__(failure_config)
         self.policy = policy
 
-    def make_decision(self, training_failed_error: Any) -> Any:
+    def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
         failures = getattr(training_failed_error, "worker_failures", None) or {}
         decision = self.policy.decide(failures.values()).value
         if decision == "RAISE":
@@ -150,7 +154,7 @@ class LocalScalingPolicy(FixedScalingPolicy):
     """A fixed worker count that asks no autoscaler for resources: the cluster is this
     machine, and a reservation it cannot satisfy is refused in preflight."""
 
-    def after_controller_start(self, train_run_context: Any) -> None:
+    def after_controller_start(self, train_run_context: TrainRunContext) -> None:
         return None
 
     def _maybe_send_resource_request(self) -> None:

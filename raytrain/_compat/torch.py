@@ -32,7 +32,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import io
+
     import torch
+    from torch.distributed.checkpoint import LoadPlanner, StorageReader
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import ReadItem
 
 LAYOUT_REBUILDER = ("torch.serialization", "_get_layout")
 
@@ -44,14 +49,16 @@ def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(torch._foreach_norm(grads))
 
 
-def layout_rebuilder() -> Any:
+def layout_rebuilder() -> Callable[[str], torch.layout]:
     """The function ``LAYOUT_REBUILDER`` names."""
     import torch
 
     return torch.serialization._get_layout
 
 
-def whole_load_planner(load: Callable[[str, Any], Any], keys: set[str] | None = None) -> Any:
+def whole_load_planner(
+    load: Callable[[str, Any], Any], keys: set[str] | None = None
+) -> LoadPlanner:
     """DCP's planner that fills an empty state dict with everything a checkpoint holds
     (only ``keys``' entries when given), each non-tensor entry read by ``load(fqn, bytes)``
     (the bytes a ``BytesIO``)."""
@@ -59,7 +66,7 @@ def whole_load_planner(load: Callable[[str, Any], Any], keys: set[str] | None = 
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
     class Planner(_EmptyStateDictLoadPlanner):
-        def load_bytes(self, read_item: Any, value: Any) -> None:
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
             fqn = read_item.dest_index.fqn
             loaded = load(fqn, value)
             if self.flatten_state_dict:
@@ -70,14 +77,16 @@ def whole_load_planner(load: Callable[[str, Any], Any], keys: set[str] | None = 
     return Planner(keys=keys)
 
 
-def load_without_process_group(state: dict[str, Any], reader: Any, planner: Any) -> None:
+def load_without_process_group(
+    state: dict[str, Any], reader: StorageReader, planner: LoadPlanner
+) -> None:
     """Load a DCP checkpoint through ``reader`` and ``planner`` into ``state``, here."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     _load_state_dict(state, reader, planner=planner, no_dist=True)
 
 
-def dcp_storage_entries(metadata: Any) -> list[tuple[str, Any, Any, Any, Any]]:
+def dcp_storage_entries(metadata: Metadata) -> list[tuple[str, Any, Any, Any, Any]]:
     """Each storage entry of DCP ``metadata``, as its file reader finds its bytes: (the
     entry's key, its path relative to the checkpoint folder, offset, length, transforms),
     whatever types the file holds; a ``TypeError`` when they are not such records."""

@@ -9,9 +9,12 @@ is built this way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule
+    from torch.distributed.device_mesh import DeviceMesh
+
     from raytrain.pipeline.runner import PipelineRunner
     from raytrain.spec.sections import ModelParallelSpec
 
@@ -37,7 +40,7 @@ class Pipeline:
             tuple(options.split_points),
         )
 
-    def build(self, module: Any, mesh: Any) -> PipelineRunner:
+    def build(self, module: LightningModule, mesh: DeviceMesh) -> PipelineRunner:
         """This rank's runner, the module cut to its stage (a collective over the
         pipeline)."""
         import sys

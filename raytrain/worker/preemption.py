@@ -27,7 +27,12 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from ray.train.v2.api.preemption import PreemptionInfo
 
 _sigterm = threading.Event()
 _training = threading.Event()
@@ -36,7 +41,7 @@ _training = threading.Event()
 _requested: list[Callable[[], bool]] = []
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     if _training.is_set() and not _sigterm.is_set():
         _sigterm.set()  # the train loop checkpoints and stops within its grace window
         return
@@ -67,7 +72,7 @@ def watch_requests(reader: Callable[[], bool] | None) -> None:
     _requested[:] = [reader] if reader is not None else []
 
 
-def ray_preemption_info() -> Any:
+def ray_preemption_info() -> PreemptionInfo | None:
     """Ray Train's preemption info for this worker (a node of the group drains for a
     preemption), or None. Read locally: no barrier, unlike ``ray.train.get_preemption_info``."""
     from raytrain._compat.ray_train import worker_preemption_info
