@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
     from raytrain.spec import JobSpec
 
 
@@ -154,7 +156,7 @@ def start_keeper() -> Any:
     return actor.options(scheduling_strategy=strategy).remote()
 
 
-def stop_keeper(keeper: Any) -> None:
+def stop_keeper(keeper: ActorHandle | None) -> None:
     """End the keeper with the run: its handle sits in the trainer's worker config."""
     import ray
 

@@ -29,9 +29,9 @@ import io
 import os
 import pickle
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 from raytrain._compat.torch import (
     LAYOUT_REBUILDER,
@@ -42,6 +42,11 @@ from raytrain._compat.torch import (
 )
 from raytrain.checkpoints.layout import DCP_METADATA
 from raytrain.errors import StorageError
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata
+    from torch.distributed.checkpoint.planner import ReadItem
 
 # DCP's metadata file inside a sharded checkpoint folder; Lightning's file beside it.
 LIGHTNING_META = "meta.pt"
@@ -166,7 +171,7 @@ class _MetadataUnpickler(pickle._Unpickler):
     dispatch: dict[int, Any] = dict(pickle._Unpickler.dispatch)  # type: ignore[misc]
     stack: list[Any]
 
-    def __init__(self, file: Any, allowed: dict[tuple[str, str], Any]):
+    def __init__(self, file: BinaryIO, allowed: dict[tuple[str, str], Any]):
         super().__init__(file)
         self._allowed = allowed
         self._types = {v for v in allowed.values() if isinstance(v, type)}
@@ -194,11 +199,11 @@ class _MetadataUnpickler(pickle._Unpickler):
         except KeyError:
             raise pickle.UnpicklingError(f"GLOBAL {module}.{name} is not allowed") from None
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: Any) -> NoReturn:
         raise pickle.UnpicklingError("persistent ids are not allowed in DCP metadata")
 
 
-def read_dcp_metadata(folder: str, label: str | None = None) -> Any:
+def read_dcp_metadata(folder: str, label: str | None = None) -> Metadata:
     """The DCP ``Metadata`` of sharded checkpoint ``folder``, unpickled safely."""
     from torch.distributed.checkpoint.metadata import Metadata
 
@@ -232,7 +237,7 @@ def _regular_size(path: str, label: str, limit: int | None = None) -> int:
     return info.st_size
 
 
-def check_shards(folder: str, metadata: Any, label: str) -> None:
+def check_shards(folder: str, metadata: Metadata, label: str) -> None:
     """Refuse ``metadata`` unless every entry's bytes lie in a regular file inside
     ``folder`` (its path relative, links resolved), within that file, untransformed, and a
     non-tensor entry within ``MAX_BYTES_ENTRY``: what torch's reader will read."""
@@ -289,7 +294,7 @@ def check_shards(folder: str, metadata: Any, label: str) -> None:
             )
 
 
-def _safe_reader(folder: str, metadata: Any, label: str) -> Any:
+def _safe_reader(folder: str, metadata: Any, label: str) -> FileSystemReader:
     """A DCP ``FileSystemReader`` for ``folder`` that returns ``metadata`` (read safely, by
     ``read_dcp_metadata``) instead of unpickling ``.metadata`` itself, once
     ``check_shards`` found every entry it will read inside the folder."""
@@ -299,7 +304,7 @@ def _safe_reader(folder: str, metadata: Any, label: str) -> Any:
     check_shards(folder, metadata, label)
 
     class SafeReader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -323,7 +328,7 @@ class _Refusals:
             self.error = self.error or exc
             raise
 
-    def run(self, load: Any) -> None:
+    def run(self, load: Callable[[], object]) -> None:
         try:
             load()
         except (KeyboardInterrupt, SystemExit):
@@ -377,13 +382,16 @@ def verify_dcp(folder: str, label: str | None = None) -> None:
             super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
 
         def set_up_planner(
-            self, state_dict: Any, metadata: Any = None, is_coordinator: bool = False
+            self,
+            state_dict: STATE_DICT_TYPE,
+            metadata: Metadata | None = None,
+            is_coordinator: bool = False,
         ) -> None:
             entries = metadata.state_dict_metadata.items() if metadata is not None else []
             only = {k: None for k, v in entries if isinstance(v, BytesStorageMetadata)}
             super().set_up_planner(only, metadata, is_coordinator)
 
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
             refusals.load(read_item.dest_index.fqn, value)
 
     reader, planner = _safe_reader(folder, metadata, name), BytesOnly()
