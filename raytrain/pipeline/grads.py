@@ -60,7 +60,9 @@ class SharedParams:
     Megatron-LM keeps tied embeddings equal; and only the first stage holding one counts
     it in the gradient norm."""
 
-    def __init__(self, module: nn.Module, group: Any, index: int, stages: int) -> None:
+    def __init__(
+        self, module: nn.Module, group: dist.ProcessGroup, index: int, stages: int
+    ) -> None:
         self.module, self.group, self.index, self.stages = module, group, index, stages
         self.kinds: dict[str, tuple[tuple[int, ...], str]] | None = None
         names = [name for name, _ in module.named_parameters()]
@@ -113,7 +115,7 @@ def _device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
-def _local(tensor: Any) -> torch.Tensor:
+def _local(tensor: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
+
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule
 
 
 class _Called(BaseException):
@@ -27,7 +30,7 @@ class _Called(BaseException):
 
 
 @contextlib.contextmanager
-def forward_as(module: Any, forward: Callable[..., Any]) -> Iterator[None]:
+def forward_as(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
     """``module(...)`` calls ``forward`` while inside (an instance attribute over the
     class's ``forward``; whatever instance attribute was there before is put back)."""
     with instance_attribute(module, "forward", forward):
@@ -35,7 +38,7 @@ def forward_as(module: Any, forward: Callable[..., Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def instance_attribute(obj: Any, name: str, value: Any) -> Iterator[None]:
+def instance_attribute(obj: object, name: str, value: object) -> Iterator[None]:
     """``obj.<name>`` is ``value`` while inside; after, the instance attribute it had
     (if any) is back, else the class's shows through again."""
     missing = object()
@@ -79,7 +82,7 @@ class ModelSteps:
     """One batch's step (``training_step`` or ``validation_step``) as the pipeline's
     input (``input``) and loss function (``loss``)."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: LightningModule) -> None:
         self.module = module
         self._batch: tuple[Any, int, Callable[..., Any]] | None = None
         self._probes = 0  # loss calls still to come that only infer shapes
@@ -102,7 +105,7 @@ class ModelSteps:
         """The arguments ``step_fn`` gives ``self(...)`` for ``batch``."""
         name = f"{type(self.module).__name__}.{step_fn.__name__}"
 
-        def called(*args: Any, **kwargs: Any) -> Any:
+        def called(*args: Any, **kwargs: Any) -> NoReturn:
             raise _Called(args, kwargs)
 
         with forward_as(self.module, called):

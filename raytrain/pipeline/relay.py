@@ -14,11 +14,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from raytrain.pipeline.model_steps import instance_attribute
+
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule
 
 
 @dataclass
@@ -44,7 +47,7 @@ class LogRelay:
         self.logged: dict[str, Logged] = {}
         self.module: Any = None
 
-    def _record(self, name: str, value: Any, **options: Any) -> None:
+    def _record(self, name: str, value: object, **options: Any) -> None:
         entry = self.logged.setdefault(name, Logged(options=dict(options)))
         if isinstance(value, torch.Tensor):
             entry.values.append(float(value.detach().float().mean()))
@@ -53,7 +56,7 @@ class LogRelay:
         else:
             entry.metric = self._path(name, value)
 
-    def _path(self, name: str, value: Any) -> str:
+    def _path(self, name: str, value: object) -> str:
         for path, sub in self.module.named_modules():
             if sub is value and path:
                 return str(path)
@@ -65,7 +68,7 @@ class LogRelay:
         )
 
     @contextlib.contextmanager
-    def recording(self, module: Any) -> Iterator[None]:
+    def recording(self, module: LightningModule) -> Iterator[None]:
         """While inside, ``module.log(...)`` is recorded, not logged."""
         self.module = module
         with instance_attribute(module, "log", self._record):

@@ -25,6 +25,7 @@ from raytrain.pipeline.stage import keep_only, shard_stage, stage_module
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 
 class PipelineRunner:
@@ -123,7 +124,7 @@ class PipelineRunner:
         self.relay.publish(module, means[0])
         return loss
 
-    def _schedule(self, training: bool, rows: int) -> Any:
+    def _schedule(self, training: bool, rows: int) -> PipelineScheduleSingle:
         """A schedule (and its ``PipelineStage``) for batches of ``rows`` rows, built
         once: a stage keeps the shapes it first saw, so every micro-batch must have the
         same rows (``microbatch_count``). 1F1B needs a micro-batch per stage; a batch
