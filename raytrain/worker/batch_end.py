@@ -9,9 +9,12 @@ checkpoint saves) belongs to the batch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 
 class BatchEnd(pl.Callback):
@@ -21,6 +24,11 @@ class BatchEnd(pl.Callback):
         self.done = done
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        idx: int,
     ) -> None:
         self.done(trainer)

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
+    from ray.actor import ActorHandle
 
 
 class ChaosMarks(pl.Callback):
     """Marks for the ``monkey`` actor (see the module docstring)."""
 
-    def __init__(self, monkey: Any, node: str):
+    def __init__(self, monkey: ActorHandle, node: str):
         self.monkey, self.node = monkey, node
         self._last_step = -1
         self._first_pending = False
@@ -30,7 +34,12 @@ class ChaosMarks(pl.Callback):
         )
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        idx: int,
     ) -> None:
         step = trainer.global_step
         if trainer.global_rank != 0 or step == self._last_step:  # accumulating

@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
@@ -41,6 +41,9 @@ from raytrain.checkpoints.layout import CKPT_FILE, META_FILE
 from raytrain.worker.loader_position import keeps_position
 from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 
 class IntervalTuning:
@@ -127,7 +130,12 @@ class CheckpointCallback(pl.Callback):
         self.tuning.trained_since = time.perf_counter()
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        idx: int,
     ) -> None:
         step = trainer.global_step
         if step == self._last_step:  # still accumulating gradients

@@ -28,7 +28,12 @@ import lightning.pytorch as pl
 import torch
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
     from raytrain.spec.sections import DdpSpec
+    from raytrain.worker.step_timeline import StepTimeline
 
 
 class HookState:
@@ -36,12 +41,14 @@ class HookState:
     PowerSGD's state), the step timeline to tell (None: none), and the bytes sent since
     ``take_bytes`` was last called."""
 
-    def __init__(self, kind: str = "none", powersgd: Any = None, timeline: Any = None) -> None:
+    def __init__(
+        self, kind: str = "none", powersgd: Any = None, timeline: StepTimeline | None = None
+    ) -> None:
         self.kind, self.powersgd, self.timeline = kind, powersgd, timeline
         self.sent = 0
         self.registered = False  # on the DDP model (by the step timeline or Compression)
 
-    def send(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    def send(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
         buffer = bucket.buffer()
@@ -78,7 +85,7 @@ def gradient_hook(state, bucket):  # type: ignore[no-untyped-def]  # see below
     return state.send(bucket)
 
 
-def register(model: Any, state: HookState) -> bool | None:
+def register(model: object, state: HookState) -> bool | None:
     """Register ``gradient_hook`` with ``state`` on DDP ``model``: True if it now sends
     the gradients, False if a hook of the user's strategy is there already, None if the
     model is not DDP."""
@@ -94,7 +101,7 @@ def register(model: Any, state: HookState) -> bool | None:
     return True
 
 
-def powersgd_state(rank: int, start_iter: int) -> Any:
+def powersgd_state(rank: int, start_iter: int) -> PowerSGDState:
     """PowerSGD's state for the default process group, as ``strategy.ddp.powersgd`` asks."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
@@ -124,7 +131,12 @@ class Compression(pl.Callback):
             register(getattr(trainer.strategy, "model", None), self.state)
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        i: int,
     ) -> None:
         sent = self.state.take_bytes()
         if sent:

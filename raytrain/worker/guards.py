@@ -26,6 +26,7 @@ from raytrain.errors import NonFiniteLossError
 from raytrain.worker.grad_clip import local_shard
 
 if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
     from torch.optim import Optimizer
 
 
@@ -140,7 +141,12 @@ class PreemptionGuard(pl.Callback):
         self.on_train_end(trainer, pl_module)
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        idx: int,
     ) -> None:
         step = trainer.global_step
         if step == self._last_step or step < self._next_check:  # accumulating, or not due

@@ -46,7 +46,7 @@ class LoaderPosition(pl.Callback):
             loader.position = batch_idx + 1
 
 
-def keeps_position(loader: Any) -> bool:
+def keeps_position(loader: object) -> bool:
     """Whether a restore mid-epoch resumes ``loader`` where it was: it has Lightning's
     loader protocol (``state_dict`` and ``load_state_dict``, which Lightning saves in
     checkpoints and restores), as raytrain's own loaders, a user's map-style loader once

@@ -24,6 +24,13 @@ from raytrain.contract import Publish, Startup, WorkerConfig
 from raytrain.spec import JobSpec
 
 if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    import ray.train
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import Logger
+    from lightning.pytorch.profilers import Profiler
+    from ray.actor import ActorHandle
+
     from raytrain.worker.hang_watchdog import HangWatchdog
     from raytrain.worker.memory_state import Restored
     from raytrain.worker.step_timeline import StepTimeline
@@ -54,12 +61,12 @@ def _quiet_lightning() -> None:
 
 def build_trainer(
     spec: JobSpec,
-    callbacks: list[Any],
-    model: Any = None,
-    loggers: list[Any] | None = None,
-    profiler: Any = None,
+    callbacks: list[Callback],
+    model: pl.LightningModule | None = None,
+    loggers: list[Logger] | None = None,
+    profiler: Profiler | None = None,
     accumulate: int | None = None,
-) -> Any:
+) -> pl.Trainer:
     """A Lightning Trainer with the spec's options, prepared to run under Ray Train
     (``model``: what FSDP's module class names refer to; ``accumulate``: batches a step
     accumulates, default the spec's). The spec's other Trainer arguments
@@ -189,7 +196,7 @@ def _startup(spec: JobSpec, marks: dict[str, float]) -> Startup:
     )
 
 
-def _with_chaos(work: WorkerConfig, ordered: list[Any]) -> list[Any]:
+def _with_chaos(work: WorkerConfig, ordered: list[Callback]) -> list[Callback]:
     """``failure.chaos``: the callbacks and, last, what tells the fault injector where this
     worker is and how far it got."""
     if work.chaos is None:
@@ -249,7 +256,9 @@ def _timers(
     return timeline, watchdog
 
 
-def _from_memory(work: WorkerConfig, rank: int, checkpoint: Any) -> Restored | None:
+def _from_memory(
+    work: WorkerConfig, rank: int, checkpoint: ray.train.Checkpoint | None
+) -> Restored | None:
     """``checkpoint.memory_every_n_steps``: what ``memory_state.restore_from_memory`` found
     (a state newer than ``checkpoint``, and the keeper's token: None when the keeper could
     not be reached, the same on every rank, and this group keeps nothing); None: no keeper."""
@@ -268,11 +277,11 @@ def _from_memory(work: WorkerConfig, rank: int, checkpoint: Any) -> Restored | N
 
 
 def _fit(
-    trainer: Any,
-    model: Any,
+    trainer: pl.Trainer,
+    model: pl.LightningModule,
     loaders: dict[str, Any],
     spec: JobSpec,
-    checkpoint: Any,
+    checkpoint: ray.train.Checkpoint | None,
     from_memory: str | None,
 ) -> None:
     """``trainer.fit``, from the newest state there is: one kept in memory (newer than
@@ -330,7 +339,9 @@ def _checkpoint_step(checkpoint: Any) -> int | None:
         return sys.maxsize
 
 
-def _sink_reader(sink: Any, method: str, default: Any) -> Callable[[], Any] | None:
+def _sink_reader(
+    sink: ActorHandle | None, method: str, default: object
+) -> Callable[[], Any] | None:
     """What asks the driver's sink ``method()`` (None: no sink): its answer, or ``default``
     when it does not answer in 10 s (a sink restarted or slow: the next caller asks again).
     Rank 0 reads the run's mean time between failures (``mtbf``, for

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -67,6 +67,12 @@ from raytrain.checkpoints.node_slots import (
 )
 from raytrain.worker.loader_position import keeps_position
 from raytrain.worker.local_state import NodeCopy, newest_state, read_state
+
+if TYPE_CHECKING:
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
+    from torch.optim import Optimizer
+
 from raytrain.worker.packing import (
     PACKED_DATA,
     PACKED_STATE,
@@ -92,7 +98,7 @@ MEMORY_SHARE = 0.5
 
 
 def collective_hazards(
-    module: pl.LightningModule, callbacks: list[Any], optimizers: list[Any]
+    module: pl.LightningModule, callbacks: list[Callback], optimizers: list[Optimizer]
 ) -> list[str]:
     """Why rank 0 cannot dump a checkpoint alone, as far as can be told: a user's
     ``on_save_checkpoint`` (the model's or a callback's) may wait on the other ranks (a
@@ -124,7 +130,7 @@ def _local_bytes(tensor: torch.Tensor) -> int:
     return int(local.numel() * local.element_size())
 
 
-def state_bytes(module: torch.nn.Module, optimizers: list[Any]) -> int:
+def state_bytes(module: torch.nn.Module, optimizers: list[Optimizer]) -> int:
     """The bytes of the tensors this rank's part of a checkpoint of ``module`` and
     ``optimizers`` holds: parameters, buffers and the optimizers' state (its moments,
     after the first step); under FSDP and tensor parallelism, this rank's shards. Read
@@ -306,7 +312,7 @@ class NodeCopies:
         self.writing = self.threads.submit("write", self._write, step, skeleton, nbytes, send)
         return True
 
-    def _write(self, step: int, skeleton: Any, nbytes: int, send: bool) -> Written:
+    def _write(self, step: int, skeleton: object, nbytes: int, send: bool) -> Written:
         """End the copy (the write thread) and, with ``send``, start its send to the
         keeper; returns the CPU seconds it took this thread and the send."""
         began = time.thread_time()
@@ -473,7 +479,12 @@ class MemoryState(pl.Callback):
         self._step_ended = time.perf_counter()
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        idx: int,
     ) -> None:
         step = trainer.global_step
         takes_part = self.together or self.rank == 0

@@ -22,7 +22,7 @@ import torch
 from raytrain.checkpoints.keeper import Files
 
 
-def skeleton_bytes(skeleton: Any) -> bytes:
+def skeleton_bytes(skeleton: object) -> bytes:
     """A packed state's skeleton (no tensors: a ``TensorSlot`` for each) as a plain pickle
     of protocol 2, the one ``torch.save`` writes and ``torch.load(weights_only=True)``
     reads: ``unpack`` reads it with that same unpickler. Not ``torch.save``: its zip
@@ -104,7 +104,7 @@ def pack(state: Any) -> tuple[Any, torch.Tensor]:
     return skeleton, buffer
 
 
-def packed_files(skeleton: Any, buffer: torch.Tensor) -> dict[str, Any]:
+def packed_files(skeleton: object, buffer: torch.Tensor) -> dict[str, Any]:
     """``pack``'s result as the files a keeper holds (the buffer as a numpy array: Ray
     copies it into its object store, the keeper takes it as bytes)."""
     return {PACKED_STATE: skeleton_bytes(skeleton), PACKED_DATA: buffer.numpy()}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger
@@ -25,6 +25,9 @@ from raytrain.checkpoints.layout import checkpoint_score
 from raytrain.contract import Publish, Report, Startup
 from raytrain.worker.schedule import CheckpointSchedule
 from raytrain.worker.system_metrics import SystemMetrics
+
+if TYPE_CHECKING:
+    from argparse import Namespace
 
 
 def scalar_metrics(trainer: pl.Trainer) -> dict[str, float]:
@@ -363,5 +366,7 @@ class ReportLogger(Logger):
             except (TypeError, ValueError):
                 continue
 
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+    def log_hyperparams(
+        self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any
+    ) -> None:
         pass  # the spec is the run's params, logged by the driver

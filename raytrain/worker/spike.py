@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -46,8 +46,11 @@ from raytrain.records.rollback_record import (
 from raytrain.spec import SpikeSpec, StorageSpec
 from raytrain.worker.loader_position import keeps_position, refit_epoch_length
 
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 
-def batch_loss(trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> float:
+
+def batch_loss(trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT) -> float:
     """The batch's loss as ``training_step`` returned it (NaN: none). Lightning hands on the
     loss divided by the accumulation; multiplied back, a resize that changes the
     accumulation does not change the scale the window judges."""
@@ -91,7 +94,12 @@ class SpikeGuard(pl.Callback):
         self.losses.extend(state_dict.get("losses", []))
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        idx: int,
     ) -> None:
         # every rank, every batch: the all-reduce is a collective
         value = torch.tensor([batch_loss(trainer, pl_module, outputs)], dtype=torch.float64)

@@ -25,6 +25,8 @@ from raytrain._compat.torch_collectives import CollectiveTimer
 from raytrain.worker.batch_end import BatchEnd
 
 if TYPE_CHECKING:
+    import torch
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
     from torch.optim import Optimizer
 
 
@@ -129,7 +131,7 @@ class StepClock(pl.Callback):
         self._tell(lambda listener, tick: listener.batch_started(tick, trainer))
 
     def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
         self._tell(lambda listener, tick: listener.backward_started(tick))
 
@@ -142,7 +144,12 @@ class StepClock(pl.Callback):
         self._tell(lambda listener, tick: listener.optimizer_started(tick))
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        idx: int,
     ) -> None:
         self._tell(lambda listener, tick: listener.batch_ended(tick))
 
@@ -153,7 +160,7 @@ class StepClock(pl.Callback):
         self,
         trainer: pl.Trainer,
         pl_module: pl.LightningModule,
-        outputs: Any,
+        outputs: STEP_OUTPUT,
         batch: Any,
         idx: int,
         dataloader_idx: int = 0,
@@ -176,7 +183,9 @@ class StepClock(pl.Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.collectives.remove()
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, err: Any) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, err: BaseException
+    ) -> None:
         self.collectives.remove()  # a failed fit runs no callback's teardown
         for listener in self.listeners:
             listener.stopped()

@@ -9,10 +9,16 @@ worker's rank and world size.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain._compat.lightning import fsdp_strategy_class, model_parallel_strategy_class
 from raytrain.spec import DdpSpec, JobSpec
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.strategies import Strategy
+    from ray.train import TrainContext
 
 # strategy.fsdp.sharding → torch's ShardingStrategy names
 SHARDING = {
@@ -23,7 +29,7 @@ SHARDING = {
 }
 
 
-def prepare(spec: JobSpec, trainer: Any) -> Any:
+def prepare(spec: JobSpec, trainer: pl.Trainer) -> pl.Trainer:
     """``trainer``, checked by Ray's ``prepare_trainer`` where Ray has a class for the
     strategy. It only checks the strategy is one of Ray's; Ray has none for Lightning's
     ``ModelParallelStrategy``, which ``_compat.lightning`` adapts as Ray's adapt theirs."""
@@ -87,7 +93,7 @@ def _powersgd_buckets(spec: JobSpec) -> dict[str, Any]:
     return {} if ray.train.torch.get_device().type == "cuda" else {"bucket_cap_mb": ONE_BUCKET_MB}
 
 
-def build_strategy(spec: JobSpec, model: Any = None) -> Any:
+def build_strategy(spec: JobSpec, model: torch.nn.Module | None = None) -> Strategy:
     """The Lightning strategy for ``spec.strategy``; FSDP resolves its module class names
     against ``model``."""
     from ray.train.lightning import RayDDPStrategy
@@ -145,7 +151,7 @@ def tensor_group_spans_nodes(world_rank: int, local_rank: int, tp: int) -> bool:
     return local_rank == 0 and world_rank % tp != 0
 
 
-def _warn_if_tensor_group_spans_nodes(context: Any, tp: int) -> None:
+def _warn_if_tensor_group_spans_nodes(context: TrainContext, tp: int) -> None:
     """Say so on the first worker of a node that begins inside a tensor-parallel group: the
     run works, but the group's collectives go over the network."""
     rank = context.get_world_rank()

@@ -18,8 +18,8 @@ it reads, is refused.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sized
-from typing import Any
+from collections.abc import Callable, Iterator, Sized
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import (
     BatchSampler,
@@ -34,6 +34,9 @@ from raytrain.data.loaders import worker_loaders
 from raytrain.data.order import EpochSchedule
 from raytrain.spec import DataSpec, JobSpec
 from raytrain.spec.lightning_config import UserObjects
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
 
 # What a ShardedLoader keeps of the user's DataLoader: how a batch is made and loaded.
 KEPT = (
@@ -88,7 +91,7 @@ class _ScheduleSampler:
     def __init__(self, schedule: EpochSchedule):
         self.schedule = schedule
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[list[int]]:
         for rows in self.schedule.index_batches():
             yield rows.tolist()
 
@@ -97,8 +100,8 @@ class _ScheduleSampler:
 
 
 def shard(
-    loader: Any, *, rank: int, world_size: int, seed: int, where: str, tensor_parallel: int = 1
-) -> Any:
+    loader: object, *, rank: int, world_size: int, seed: int, where: str, tensor_parallel: int = 1
+) -> object:
     """``loader`` as this rank's share: a ``ShardedLoader`` for a DataLoader over a
     map-style dataset; anything else as it is, but not under ``tensor_parallel`` > 1 (see
     the module docstring). ``where`` names the loader in errors
@@ -154,7 +157,13 @@ class UserData:
     instance: its class, and with it everything Lightning reads of it, is the user's."""
 
     def __init__(
-        self, source: Any, *, rank: int, world_size: int, seed: int, tensor_parallel: int = 1
+        self,
+        source: pl.LightningDataModule | pl.LightningModule,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        tensor_parallel: int = 1,
     ):
         self.source = source
         self.train_loader: Any = None
@@ -163,7 +172,7 @@ class UserData:
             original = getattr(source, hook)
 
             @functools.wraps(original)
-            def sharded(original: Any = original, hook: str = hook) -> Any:
+            def sharded(original: Callable[[], object] = original, hook: str = hook) -> object:
                 loader = shard(
                     original(),
                     rank=rank,
