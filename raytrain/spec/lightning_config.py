@@ -41,6 +41,9 @@ from raytrain.spec import ClassSpec, DataModuleSpec, JobSpec
 from raytrain.util.imports import import_object
 
 if TYPE_CHECKING:
+    from jsonargparse import Namespace
+    from lightning.pytorch import LightningModule
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
     from torch.optim import Optimizer
 
 
@@ -98,7 +101,7 @@ def needs_lightning(spec: JobSpec) -> bool:
     )
 
 
-def _nests_class(value: Any) -> bool:
+def _nests_class(value: object) -> bool:
     if isinstance(value, dict):
         return "class_path" in value or any(_nests_class(v) for v in value.values())
     if isinstance(value, list):
@@ -106,7 +109,7 @@ def _nests_class(value: Any) -> bool:
     return False
 
 
-def build_parser(cli_path: str | None) -> tuple[Any, Any]:
+def build_parser(cli_path: str | None) -> tuple[LightningCLI, LightningArgumentParser]:
     """A ``LightningCLI`` (``cli_path``'s subclass, or LightningCLI itself) and its parser,
     set up as ``LightningCLI.__init__`` sets them up with ``run=False``: model and data in
     subclass mode (the config gives their ``class_path``), no config saving. The CLI's
@@ -148,7 +151,7 @@ def build_parser(cli_path: str | None) -> tuple[Any, Any]:
     return cli, parser
 
 
-def parse(parser: Any, tree: dict[str, Any]) -> Any:
+def parse(parser: LightningArgumentParser, tree: dict[str, Any]) -> Namespace:
     """``tree`` parsed by ``parser`` (a jsonargparse Namespace); raises ``SpecError`` with
     jsonargparse's reason, on one line naming the field."""
     try:  # a copy: jsonargparse turns the tree's list entries into Namespaces as it goes,
@@ -178,7 +181,7 @@ def config_problems(spec: JobSpec) -> list[str]:
 _TRIED_CALLBACKS = ("lightning.pytorch.", "pytorch_lightning.")
 
 
-def trial_problems(config: Any) -> list[str]:
+def trial_problems(config: Namespace) -> list[str]:
     """What the constructors of ``config``'s optimizer, scheduler and Lightning's own
     callbacks refuse, each named by its field (``optimizer.init_args: torch.optim.Adam
     refused them: ValueError: Invalid learning rate: -1``).
@@ -204,7 +207,7 @@ def trial_problems(config: Any) -> list[str]:
     return problems
 
 
-def _tried(where: str, block: Any, first: Any, problems: list[str]) -> Any:
+def _tried(where: str, block: Any, first: object, problems: list[str]) -> Any:
     """``block`` (a parsed ``class_path``/``init_args``) built, given ``first`` as its first
     argument unless None; None, and a problem naming ``where``, if its constructor raised."""
     path = str(block.get("class_path"))
@@ -219,7 +222,7 @@ def _tried(where: str, block: Any, first: Any, problems: list[str]) -> Any:
         return None
 
 
-def import_problems(node: Any, where: str = "") -> list[str]:
+def import_problems(node: object, where: str = "") -> list[str]:
     """Each ``class_path`` in ``node`` (a LightningCLI tree, walked to any depth) whose
     module fails to import, named by its field, with the exception's type and message.
 
@@ -245,7 +248,7 @@ def import_problems(node: Any, where: str = "") -> list[str]:
     return problems
 
 
-def _checkpoint_subclasses(config: Any) -> list[str]:
+def _checkpoint_subclasses(config: Namespace) -> list[str]:
     """A callback deriving from ModelCheckpoint (Lightning's own is read as ``checkpoint``
     before parsing, ``spec.model_checkpoint``) would write checkpoints raytrain neither
     commits nor resumes from: refused, naming it."""
@@ -316,7 +319,7 @@ class UserObjects:
     loggers: list[Any] = field(default_factory=list)
 
 
-def build_model(spec: JobSpec) -> Any:
+def build_model(spec: JobSpec) -> LightningModule:
     """``spec``'s model built as the workers build it (nested classes, the automatic
     optimizer), for what the driver does with trained weights (MLflow's model, ``export``):
     the model alone under LightningCLI's own parser; everything under a project's CLI class,
@@ -355,7 +358,7 @@ def instantiate(
     )
 
 
-def _listed(value: Any) -> list[Any]:
+def _listed(value: object) -> list[Any]:
     if value is None or isinstance(value, bool):
         return []
     return list(value) if isinstance(value, list) else [value]
@@ -423,7 +426,7 @@ def _refused(error: BaseException, tree: dict[str, Any]) -> str:
     return f"{field}: {_cut(root_cause(error))}"
 
 
-def _block_of(node: Any, class_path: str, where: tuple[str, ...] = ()) -> list[str] | None:
+def _block_of(node: object, class_path: str, where: tuple[str, ...] = ()) -> list[str] | None:
     """The path to the first block of ``node`` whose ``class_path`` is ``class_path``."""
     if isinstance(node, dict):
         if node.get("class_path") == class_path:
