@@ -29,7 +29,10 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 # How often the monkey's thread looks at the group while it waits.
 _POLL_S = 0.05
@@ -204,7 +207,7 @@ class ChaosClaim:
     """What the failure policy asks, in Ray Train's controller: whether this failure was
     injected (it is then retried, not counted). Picklable: it travels with the policy."""
 
-    def __init__(self, monkey: Any):
+    def __init__(self, monkey: ActorHandle):
         self.monkey = monkey
 
     def __call__(self) -> bool:

@@ -197,7 +197,12 @@ def run_job(
 
 
 def _open_records(
-    stack: ExitStack, job: JobSpec, state: Any, fresh: bool, force: bool, close_on_failure: bool
+    stack: ExitStack,
+    job: JobSpec,
+    state: runstate.RunState | None,
+    fresh: bool,
+    force: bool,
+    close_on_failure: bool,
 ) -> tuple[Lease, RunRecord, StatusRecord]:
     """The run's lease (held, its heartbeat started), its data prepared, its MLflow run
     record and its status record (started), in that order, each entered into ``stack``
@@ -250,7 +255,9 @@ class _RaySession:
             raise ClusterLost(lost_line(watch.record)) from exc
 
 
-def _stop_ray(ray_handle: ray_runtime.RayHandle, mark: Any, *, restore_env: bool = True) -> None:
+def _stop_ray(
+    ray_handle: ray_runtime.RayHandle, mark: Callable[[str], None], *, restore_env: bool = True
+) -> None:
     """Leave Ray (stop it, when this run started it), timed as ``ray_stopped``."""
     ray_handle.shutdown(restore_env=restore_env)
     mark("ray_stopped")
@@ -268,7 +275,9 @@ def _decide_devices(job: JobSpec, ray_handle: ray_runtime.RayHandle) -> JobSpec:
     return job
 
 
-def _finish(job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark: Any) -> FitResult:
+def _finish(
+    job: JobSpec, trained: Trained, record: RunRecord, held: Lease, mark: Callable[[str], None]
+) -> FitResult:
     """After training: drop what failed attempts left, log the model, close the MLflow run
     (the lease is let go on ``run_job``'s way out)."""
     run_folder.drop_uncommitted(job, held)  # left by attempts that failed during this run

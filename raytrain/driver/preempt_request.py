@@ -24,14 +24,19 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from ray.actor import ActorHandle
 
 SIGNAL = signal.SIGUSR1
 
 _asked = threading.Event()
 
 
-def _on_signal(signum: int, frame: Any) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     _asked.set()  # nothing else in a handler: the forwarding thread does the rest
 
 
@@ -49,7 +54,7 @@ def requested() -> bool:
 
 
 @contextmanager
-def forwarding(sink: Any, every_s: float = 2.0) -> Iterator[None]:
+def forwarding(sink: ActorHandle, every_s: float = 2.0) -> Iterator[None]:
     """While training: hand a stop request (now or later) to the run's ``sink``, and again
     every ``every_s`` until training ends: the sink is restarted if its process dies, and
     a restarted sink has forgotten the flag (setting it again is harmless)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from raytrain import storage
 from raytrain.driver import source_check
@@ -20,6 +20,8 @@ from raytrain.util.imports import OLD_NAMESPACE_HINT, import_object, old_namespa
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from raytrain.spec import DataSpec, SourceSpec
 
 
 def check_model_located(spec: JobSpec) -> list[str]:
@@ -213,7 +215,7 @@ def check_local_cpus(spec: JobSpec) -> list[str]:
     return []
 
 
-def dataset_schema(uri: str, fmt: str, options: StorageSpec | None = None) -> Any:
+def dataset_schema(uri: str, fmt: str, options: StorageSpec | None = None) -> pa.Schema:
     """The pyarrow schema of the dataset at ``uri`` (read from file footers/headers only)."""
     import pyarrow.dataset as pads
 
@@ -226,7 +228,7 @@ def dataset_schema_names(uri: str, fmt: str, options: StorageSpec | None = None)
     return list(dataset_schema(uri, fmt, options).names)
 
 
-def tensor_type_problem(arrow_type: Any) -> str | None:
+def tensor_type_problem(arrow_type: pa.DataType) -> str | None:
     """Why a column of ``arrow_type`` cannot become a tensor in a batch (Arrow -> numpy ->
     ``torch.as_tensor``, ``data.arrow_batch_to_tensors``), or None when it can: numbers and
     booleans, lists (fixed or not) of them, and tensor extension types."""
@@ -253,7 +255,7 @@ def tensor_type_problem(arrow_type: Any) -> str | None:
     return f"{arrow_type}, which cannot become a tensor (numbers, booleans, or lists of them)"
 
 
-def _is_tensor_ext(arrow_type: Any) -> bool:
+def _is_tensor_ext(arrow_type: object) -> bool:
     return "Tensor" in type(arrow_type).__name__  # Ray Data's ArrowTensorType(V2), ...
 
 
@@ -367,7 +369,7 @@ def check_data(spec: JobSpec, *, allow_prepare: bool = False, only: str | None =
     return problems
 
 
-def _mix_schema_problems(data: Any, options: Any) -> list[str]:
+def _mix_schema_problems(data: DataSpec, options: StorageSpec | None) -> list[str]:
     """A mix's sources give the workers the same columns of the same types (its batches
     join rows of all of them): each compared with the first, from the footers."""
     sources = data.train_sources()
@@ -393,7 +395,11 @@ def _mix_schema_problems(data: Any, options: Any) -> list[str]:
 
 
 def _column_type_problems(
-    projected: list[str] | None, field: str, source: Any, uri: str, options: Any
+    projected: list[str] | None,
+    field: str,
+    source: SourceSpec,
+    uri: str,
+    options: StorageSpec | None,
 ) -> list[str]:
     """Each column the workers get (the projection, else all) can become a tensor, as the
     batches need; checked from the schema (a Parquet footer), not in the run. A
@@ -414,7 +420,7 @@ def _column_type_problems(
     return out
 
 
-def _missing(uri: str, options: Any) -> str | None:
+def _missing(uri: str, options: StorageSpec | None) -> str | None:
     """Why nothing can be read at ``uri`` (no such path, missing bucket, empty prefix), or
     None when something is there. Store errors (credentials, endpoint) raise."""
     if not storage.is_uri(uri):
@@ -428,7 +434,9 @@ def _missing(uri: str, options: Any) -> str | None:
     return f"{uri}: nothing there (an empty or missing prefix)"
 
 
-def _source_columns(source: Any, uri: str, options: Any, bad_images: str = "error") -> list[str]:
+def _source_columns(
+    source: SourceSpec, uri: str, options: StorageSpec | None, bad_images: str = "error"
+) -> list[str]:
     """The columns a split's files give (for images: ``image``, and ``label`` when the
     files sit in class folders); empty when no file of the format is there."""
     from raytrain.data.image_files import BadImages, pack_manifest

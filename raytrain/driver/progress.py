@@ -13,9 +13,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from raytrain.contract import Event, FailureNotice, Report, RunListener, Startup, deliver
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 
 class MetricsSink:
@@ -83,7 +86,7 @@ class SinkNotice:
     controller, tells the driver (why the workers restart). Picklable: it travels with the
     policy to the controller."""
 
-    def __init__(self, sink: Any):
+    def __init__(self, sink: ActorHandle):
         self.sink = sink
 
     def __call__(self, text: str) -> None:
@@ -95,7 +98,7 @@ class SinkRequested:
     when the sink cannot be asked in ``timeout_s``. Picklable: rank 0 and the failure
     policy each get one."""
 
-    def __init__(self, sink: Any, timeout_s: float = 10.0):
+    def __init__(self, sink: ActorHandle, timeout_s: float = 10.0):
         self.sink = sink
         self.timeout_s = timeout_s
 
@@ -108,7 +111,7 @@ class SinkRequested:
             return False
 
 
-def stop_sink(sink: Any) -> None:
+def stop_sink(sink: ActorHandle) -> None:
     """End the sink's actor once its events are drained: its handle also sits in the
     trainer's worker config, so it would otherwise outlive the run."""
     import ray
@@ -151,7 +154,7 @@ class ReportPump:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self._drain()

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -23,6 +23,9 @@ from raytrain.errors import RunPreempted, TrackingError
 from raytrain.records import runstate
 from raytrain.spec import JobSpec
 from raytrain.util.redaction import redact, redact_tree
+
+if TYPE_CHECKING:
+    from raytrain.tracking.mlflow_tracker import MlflowTracker
 
 
 def spec_yaml(job: JobSpec) -> str:
@@ -79,7 +82,7 @@ class RunRecord(RunListener):
         """Start opening the run's records in the background; see :meth:`tracker`."""
         self._opening = Background(lambda: self._open(on_error))
 
-    def _open(self, on_error: Callable[[BaseException], None] | None) -> Any:
+    def _open(self, on_error: Callable[[BaseException], None] | None) -> MlflowTracker:
         try:
             from raytrain.tracking.mlflow_tracker import (
                 MlflowTracker,
@@ -118,7 +121,7 @@ class RunRecord(RunListener):
                 on_error(exc)
             raise
 
-    def tracker(self) -> Any:
+    def tracker(self) -> MlflowTracker:
         """The open ``MlflowTracker``; waits for it, and raises what opening it raised."""
         assert self._opening is not None, "RunRecord.start() was not called"
         return self._opening.result()

@@ -37,7 +37,13 @@ from raytrain.spec import JobSpec
 from raytrain.tracking.prometheus import RayMetrics
 
 if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+    from ray.train import Result
+    from ray.train.v2.api.config import RunConfig
+
+    from raytrain._compat.ray_train import ControllerTrainer
     from raytrain.data.sources import Splits
+    from raytrain.driver.chaos import Fault
 
 Mark = Callable[[str], None]
 
@@ -56,7 +62,7 @@ def for_workers(job: JobSpec) -> JobSpec:
     return job.model_copy(update=update)
 
 
-def run_config(job: JobSpec) -> Any:
+def run_config(job: JobSpec) -> RunConfig:
     """Ray Train's ``RunConfig``: the run folder on the spec's storage, the failure limits,
     and how many checkpoints to keep, ranked by ``SCORE_KEY`` when a metric is monitored."""
     # Ray Train V2's classes, which ray.train exports at run time (mypy reads V1's there)
@@ -83,11 +89,11 @@ def run_config(job: JobSpec) -> Any:
 def make_trainer(
     job: JobSpec,
     ray_handle: RayHandle,
-    sink: Any,
+    sink: ActorHandle,
     splits: Splits,
-    chaos: Any = None,
-    keeper: Any = None,
-) -> Any:
+    chaos: ActorHandle | None = None,
+    keeper: ActorHandle | None = None,
+) -> ControllerTrainer:
     """The run's trainer: ``worker.entry.train_loop`` on every worker, with its
     ``WorkerConfig``; ``chaos``: ``failure.chaos``'s injector (its kills are retried, not
     counted); ``keeper``: the ``StateKeeper`` of ``checkpoint.memory_every_n_steps``."""
@@ -214,7 +220,7 @@ def _listeners(
     return heard
 
 
-def _start_chaos(job: JobSpec) -> Any:
+def _start_chaos(job: JobSpec) -> ActorHandle | None:
     """``failure.chaos``'s injector (``driver.chaos``), or None."""
     if job.failure.chaos is None:
         return None
@@ -223,7 +229,7 @@ def _start_chaos(job: JobSpec) -> Any:
     return start_chaos(job.failure.chaos.mtbf_s, job.failure.chaos.seed)
 
 
-def _stop_chaos(chaos: Any) -> list[Any] | None:
+def _stop_chaos(chaos: ActorHandle | None) -> list[Fault] | None:
     if chaos is None:
         return None
     from raytrain.driver.chaos import stop_chaos
@@ -232,7 +238,7 @@ def _stop_chaos(chaos: Any) -> list[Any] | None:
 
 
 def _chaos_summary(
-    job: JobSpec, record: RunRecord, faults: list[Any], wall_s: float, latest: Latest
+    job: JobSpec, record: RunRecord, faults: list[Fault], wall_s: float, latest: Latest
 ) -> dict[str, Any]:
     """The injected faults and what they cost: printed, and in MLflow (``chaos/...`` at the
     last step, ``chaos.json``)."""
@@ -290,14 +296,14 @@ def _log_timelines(record: RunRecord, timelines: Timelines) -> None:
 
 
 def _fit(
-    trainer: Any,
-    sink: Any,
+    trainer: ControllerTrainer,
+    sink: ActorHandle,
     record: RunRecord,
     held: Lease,
     line: ProgressLine | None,
     mark: Mark,
     listeners: Sequence[RunListener],
-) -> Any:
+) -> Result:
     """``trainer.fit()`` with the ranks' events pumped to ``listeners``; returns Ray's
     result."""
     from ray.train import TrainingFailedError
