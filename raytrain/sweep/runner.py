@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
 from raytrain.driver import preflight, ray_runtime
@@ -65,6 +65,14 @@ from raytrain.sweep.trial import (
     tune_trial_name,
 )
 from raytrain.util.redaction import masked_fields, redact, redact_value
+
+if TYPE_CHECKING:
+    from ray.train import Result
+    from ray.tune import ResultGrid, Tuner
+    from ray.tune.schedulers import TrialScheduler
+    from ray.tune.search import SearchAlgorithm, Searcher
+
+    from raytrain.tracking.mlflow_tracker import MlflowTracker
 
 SWEEP_FILE = run_folder.SWEEP_RECORD
 # Ray Tune's settings while it runs the sweep: its own tables and banners off (its legacy
@@ -232,7 +240,7 @@ def _plan(
     )
 
 
-def _raise_if_stopped(grid: Any, held: Lease) -> None:
+def _raise_if_stopped(grid: ResultGrid, held: Lease) -> None:
     """The sweep's end when Tune stopped it: a trial's missing metric (exit 2), or another
     sweep that took its folder's lease over."""
     metric_error = _metric_error(grid)
@@ -345,7 +353,7 @@ def _concurrency(base_job: JobSpec, sweep: TuneSpec, resources: dict[str, float]
 
 def _open_parent(
     base_job: JobSpec, sweep: TuneSpec, state: dict[str, Any] | None
-) -> tuple[Any, str, str]:
+) -> tuple[MlflowTracker, str, str]:
     """The sweep's parent MLflow run (reopened on a resume): (tracker, URI, experiment)."""
     from raytrain.driver.run_record import tracking_error
     from raytrain.tracking.mlflow_tracker import MlflowTracker, default_tracking_uri
@@ -380,7 +388,7 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _tuner(
     job: JobSpec, sweep: TuneSpec, plan: TrialPlan, folder: str, concurrency: int, progress: bool
-) -> Any:
+) -> Tuner:
     """Ray Tune's ``Tuner`` for the sweep, restored from its folder when it ran before."""
     from ray import tune
 
@@ -437,7 +445,7 @@ def _shown(listed: dict[str, list[Any]]) -> dict[str, list[Any]]:
     return {key: [redact_value(key, v) for v in values] for key, values in listed.items()}
 
 
-def _scheduler(job: JobSpec, sweep: TuneSpec) -> Any:
+def _scheduler(job: JobSpec, sweep: TuneSpec) -> TrialScheduler:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     chosen = sweep.scheduler
@@ -453,7 +461,7 @@ def _scheduler(job: JobSpec, sweep: TuneSpec) -> Any:
     )
 
 
-def search_alg(sweep: TuneSpec, concurrency: int) -> Any:
+def search_alg(sweep: TuneSpec, concurrency: int) -> Searcher | SearchAlgorithm:
     """Tune's searcher for ``tune.search_alg``: Optuna's TPE, or random (grid for `grid`
     fields) from a generator seeded with ``tune.seed``."""
     if sweep.search_alg == "optuna":
@@ -482,7 +490,7 @@ def _rows(grid: Any, plan: TrialPlan) -> tuple[list[TrialRow], dict[str, dict[st
     return rows, values
 
 
-def _row(result: Any, plan: TrialPlan) -> TrialRow:
+def _row(result: Result, plan: TrialPlan) -> TrialRow:
     """A trial's row from its Tune result (its values redacted), and its MLflow run from
     its run folder."""
     from raytrain.records import runstate
@@ -592,7 +600,7 @@ def _finish(
     )
 
 
-def _log_trials(parent: Any, rows: list[TrialRow], metric: str, mode: str) -> None:
+def _log_trials(parent: MlflowTracker, rows: list[TrialRow], metric: str, mode: str) -> None:
     """The sweep's plot and every trial's row (``trials.json``), under ``sweep/`` of the
     parent run."""
     from raytrain.sweep.plot import plot_sweep

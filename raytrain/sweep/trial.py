@@ -14,11 +14,17 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.checkpoints.layout import epochs_done, latest_committed, run_dir
 from raytrain.contract import Report, RunListener
 from raytrain.errors import SpecError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ray.tune.experiment import Trial
+
 
 # The result keys a trial reports beside its metrics: what the sweep's driver reads back.
 TRIAL_NAME = "raytrain_trial"
@@ -54,7 +60,7 @@ def trial_name(sweep: str, trial_id: str) -> str:
     return f"{sweep}-{int(trial_id.rsplit('_', 1)[-1]):03d}"
 
 
-def tune_trial_name(sweep: str, trial: Any) -> str:
+def tune_trial_name(sweep: str, trial: Trial) -> str:
     """A trial's name and folder name in Ray Tune (``TuneConfig``'s creators): its
     raytrain name. Tune's default holds the sampled values."""
     return trial_name(sweep, trial.trial_id)
@@ -101,7 +107,9 @@ class TuneReporter(RunListener):
     training went on, so it ends the run instead (``TrialStopped``), and nothing more is
     reported (Tune raises once; another report would wait for it forever)."""
 
-    def __init__(self, metric: str, report: Any, time_attr: str = "epoch", end: int = 0):
+    def __init__(
+        self, metric: str, report: Callable[..., object], time_attr: str = "epoch", end: int = 0
+    ):
         self.metric = metric
         self.report = report
         self.time_attr, self.end = time_attr, end
@@ -146,7 +154,7 @@ def tune_result(event: dict[str, Any]) -> dict[str, Any]:
     return {**metrics, "epoch": epochs_done(event), "step": int(event.get("step", 0))}
 
 
-def _reportable(key: str, value: Any) -> bool:
+def _reportable(key: str, value: object) -> bool:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     return number and not key.startswith("_")
 

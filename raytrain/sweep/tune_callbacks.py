@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback, Stopper
 
 from raytrain.sweep.space import values_of
 from raytrain.sweep.trial import TRIAL_NAME, trial_name
 from raytrain.util.redaction import redact_value
+
+if TYPE_CHECKING:
+    from ray.tune.experiment import Trial
 
 METRIC_PREFIX = "tune.metric: "
 # The sweep folders whose lease another sweep took over, in this driver: their gate stops
@@ -17,7 +20,7 @@ METRIC_PREFIX = "tune.metric: "
 LOST_LEASES: set[str] = set()
 
 
-def metric_error(error: Any) -> str | None:
+def metric_error(error: object) -> str | None:
     """The ``tune.metric: ...`` line of a trial's error (its metric is not reported)."""
     text = str(error or "")
     if METRIC_PREFIX not in text:
@@ -34,7 +37,9 @@ class MetricGate(Callback, Stopper):
         self.error: str | None = None
         self.folder = folder
 
-    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+    def on_trial_error(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         if self.error is None:
             self.error = metric_error(trial.get_pickled_error() or trial.get_error())
 
@@ -52,13 +57,17 @@ class TrialLines(Callback):
     def __init__(self, sweep: str, metric: str, shown: dict[str, list[Any]] | None = None):
         self.sweep, self.metric, self.shown = sweep, metric, shown or {}
 
-    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+    def on_trial_complete(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._say(trial, "finished" if (trial.last_result or {}).get(TRIAL_NAME) else "stopped")
 
-    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+    def on_trial_error(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._say(trial, "failed")
 
-    def _say(self, trial: Any, how: str) -> None:
+    def _say(self, trial: Trial, how: str) -> None:
         import sys
 
         result = trial.last_result or {}
