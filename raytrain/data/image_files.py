@@ -21,7 +21,11 @@ from typing import TYPE_CHECKING, Any
 from raytrain.contract import ImageSet
 
 if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
     from pyarrow.fs import FileSystem
+
+    from raytrain.spec import StorageSpec
 
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "tif", "tiff", "bmp", "gif", "webp")
 HEAD_BYTES = 1 << 16  # what a header check reads of each file: Pillow's header needs less
@@ -32,7 +36,9 @@ class BadImages(ValueError):
     """Files of an image folder that cannot be used; the message names them."""
 
 
-def open_image(data: bytes, size: Sequence[int] | None = None, mode: str | None = None) -> Any:
+def open_image(
+    data: bytes, size: Sequence[int] | None = None, mode: str | None = None
+) -> Image.Image:
     """An image file's bytes as a decoded PIL image: resized to ``size`` ((height, width),
     bilinear), then converted to the Pillow ``mode``, in Ray Data's order."""
     from PIL import Image
@@ -46,7 +52,7 @@ def open_image(data: bytes, size: Sequence[int] | None = None, mode: str | None 
     return image
 
 
-def decode(data: bytes, size: Sequence[int] | None = None, mode: str | None = None) -> Any:
+def decode(data: bytes, size: Sequence[int] | None = None, mode: str | None = None) -> np.ndarray:
     """``open_image``'s pixels as a uint8 array, (H, W) or (H, W, C)."""
     import numpy as np
 
@@ -125,7 +131,7 @@ def packed_manifest(fs: FileSystem, path: str) -> dict[str, Any] | None:
     return manifest if manifest is not None and manifest.get("format") == "images" else None
 
 
-def read_labels(uri: str, options: Any = None) -> dict[str, str]:
+def read_labels(uri: str, options: StorageSpec | None = None) -> dict[str, str]:
     """A labels file (``SourceSpec.labels``): CSV with a ``path`` column (each image's path
     under the folder) and a ``label`` column (a class name, or an integer class index). A
     file that is not such a CSV is a ``BadImages`` naming what is wrong."""

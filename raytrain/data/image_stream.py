@@ -32,7 +32,9 @@ from raytrain.data.order import Interval, StreamSchedule, epoch_order
 from raytrain.data.parquet_stream import ParquetStream, cut_tables
 
 if TYPE_CHECKING:
+    import numpy as np
     from pyarrow.fs import FileSystem
+    from torch.utils.data import DataLoader
 
 FETCH_THREADS = 16  # reads in flight per decoding process
 PREFETCH = 4  # batches each decoding process works ahead
@@ -222,7 +224,7 @@ class _Batches:
         return self.count
 
 
-def pool_loader(files: ImageFiles, sampler: _Batches, workers: int, pin: bool) -> Any:
+def pool_loader(files: ImageFiles, sampler: _Batches, workers: int, pin: bool) -> DataLoader:
     """The DataLoader that decodes a rank's batches: ``workers`` forkserver processes kept
     across epochs, ``PREFETCH`` batches ahead each (0 workers: on this thread)."""
     from torch.utils.data import DataLoader
@@ -244,7 +246,9 @@ def pool_loader(files: ImageFiles, sampler: _Batches, workers: int, pin: bool) -
     )
 
 
-def block_batches(order: Any, block: Sequence[Interval], sizes: Sequence[int]) -> list[list[int]]:
+def block_batches(
+    order: np.ndarray, block: Sequence[Interval], sizes: Sequence[int]
+) -> list[list[int]]:
     """The file indices of each batch: ``block``'s positions of the epoch's ``order``, cut
     into batches of ``sizes`` (which sum to the block's length)."""
     import numpy as np
@@ -282,7 +286,7 @@ class ImageStream(StreamSchedule):
         self._sampler = _Batches()
         self._loader: Any = None
 
-    def order(self) -> Any:
+    def order(self) -> np.ndarray:
         """This epoch's order of the files (the same on every rank)."""
         return epoch_order(self.num_rows, self._seed, self.epoch)
 

@@ -30,6 +30,7 @@ from raytrain.data.parquet_stream import EpochLayout, WindowReader, cut_batches
 from raytrain.spec.data import label_bytes
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 CHUNK = 8192  # positions interleaved at a time
@@ -58,7 +59,7 @@ def quotas(weights: Sequence[float], total: int) -> list[int]:
 class SourceRows(Protocol):
     """One source of a mix: rows of its order in one of its passes."""
 
-    def rows(self, turn: int, lo: int, hi: int) -> Any:
+    def rows(self, turn: int, lo: int, hi: int) -> pa.Table:
         """Rows ``lo`` to ``hi`` of the source's order in pass ``turn``, an Arrow table."""
         ...
 
@@ -70,7 +71,7 @@ class CachedRows:
         self._table, self._seed = table, seed
         self._order: tuple[int, Any] | None = None
 
-    def rows(self, turn: int, lo: int, hi: int) -> Any:
+    def rows(self, turn: int, lo: int, hi: int) -> pa.Table:
         import numpy as np
 
         if self._order is None or self._order[0] != turn:
@@ -90,7 +91,7 @@ class StreamedRows:
         self._layout: tuple[int, EpochLayout] | None = None
         self._window: tuple[int, int, Any] | None = None  # (turn, window, its table)
 
-    def rows(self, turn: int, lo: int, hi: int) -> Any:
+    def rows(self, turn: int, lo: int, hi: int) -> pa.Table:
         import pyarrow as pa
 
         if self._layout is None or self._layout[0] != turn:
@@ -127,7 +128,7 @@ class MixedStream(StreamSchedule):
         self.quotas = quotas(mix.weights, mix.epoch_rows)
         self._labels: tuple[int, Any] | None = None
 
-    def labels(self, epoch: int) -> Any:
+    def labels(self, epoch: int) -> np.ndarray:
         """Which source each position of ``epoch`` takes its row from."""
         import numpy as np
 

@@ -29,7 +29,10 @@ import logging
 import math
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ def epoch_seed(seed: int, epoch: int, rank: int = 0) -> int:
     return zlib.crc32(f"{seed}/{epoch}/{rank}".encode())
 
 
-def epoch_order(n: int, seed: int | None, epoch: int) -> Any:
+def epoch_order(n: int, seed: int | None, epoch: int) -> np.ndarray:
     """An epoch's order of ``n`` rows: a permutation seeded by (seed, epoch), the same in
     every process; no seed: the rows' own order."""
     import numpy as np
@@ -191,7 +194,7 @@ class EpochSchedule(ResumableSchedule):
         done, _, steps = self._schedule()
         return done, len(steps)
 
-    def order(self) -> Any:
+    def order(self) -> np.ndarray:
         """The current epoch's order of all rows (the same on every rank)."""
         return epoch_order(self._rows, self._seed, self.epoch)
 

@@ -33,6 +33,8 @@ from raytrain.data.batch_format import batch_as
 from raytrain.data.order import Interval, StreamSchedule, epoch_seed
 
 if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
     from pyarrow.fs import FileSystem
 
 # Windows read ahead of the one being batched, each by a thread of its own: on 2 cores
@@ -74,7 +76,7 @@ class EpochLayout:
                 yield w, lo - self.starts[w], stop - self.starts[w]
                 lo = stop
 
-    def window_order(self, window: int) -> Any:
+    def window_order(self, window: int) -> np.ndarray | None:
         """The order of a window's rows (its row groups' rows concatenated); None when
         unshuffled: the files' order."""
         import numpy as np
@@ -115,7 +117,7 @@ class WindowReader:
             files.popitem(last=False)[1].close()
         return files[index]
 
-    def _unit(self, file: int, unit: int) -> Any:
+    def _unit(self, file: int, unit: int) -> pa.Table:
         """A row group (Parquet) or a block of lines (CSV, JSON) as an Arrow table."""
         if self.set.format == "parquet":
             return self._open(file).read_row_group(unit, columns=self._columns)
@@ -123,7 +125,7 @@ class WindowReader:
 
         return read_block(self.set, unit, self._columns, self._open(file))
 
-    def read(self, layout: EpochLayout, window: int) -> Any:
+    def read(self, layout: EpochLayout, window: int) -> pa.Table:
         """A window's rows in its order, as one Arrow table. A file that cannot be read is
         a ``TrainingFailed`` naming it."""
         import pyarrow as pa
@@ -150,7 +152,7 @@ def cut_batches(
     sizes: Sequence[int],
     columns: list[str] | None,
     preprocess: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> Any:
+) -> Iterator[Any]:
     """Batches of ``sizes`` rows cut from the Arrow ``tables`` in order, as dicts of tensors
     (or tuples in ``columns`` order); with ``preprocess`` (``data.preprocess``), each batch
     passes through it as Ray Data's numpy batch first, on this thread."""
@@ -161,7 +163,7 @@ def cut_batches(
 
     from raytrain._compat.ray_core import arrow_to_numpy
 
-    def to_tensors(batch: Any) -> Any:
+    def to_tensors(batch: pa.Table) -> Any:
         if preprocess is None:
             return arrow_batch_to_tensors(batch, combine_chunks=True)
         return convert_ndarray_batch_to_torch_tensor_batch(preprocess(arrow_to_numpy(batch)))

@@ -49,7 +49,10 @@ from raytrain.spec import DataSpec, JobSpec, MixSourceSpec, SourceSpec, StorageS
 from raytrain.spec.data import epoch_rows_problem
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+    import ray.data
     from pyarrow.fs import FileSystem
+    from ray.train import DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ def read_source(
     options: StorageSpec | None = None,
     preprocess: str | None = None,
     on: dict[str, str] | None = None,
-) -> Any:
+) -> ray.data.Dataset:
     """A lazy Ray Dataset over ``source``: read (and, for images, decoded and resized) by
     Ray Data tasks, with the column projection pushed into the reader, then ``preprocess``
     as a ``map_batches`` step; all its tasks on the nodes the label selector ``on`` picks
@@ -115,7 +118,7 @@ def data_nodes(
     return {"ray.io/node-id": f"in({','.join(cpu_only)})"}
 
 
-def _read_images(source: SourceSpec, fs: FileSystem, path: str) -> Any:
+def _read_images(source: SourceSpec, fs: FileSystem, path: str) -> ray.data.Dataset:
     """Image files under ``path`` as an ``image`` column (HWC uint8), decoded and resized on
     Ray Data workers, plus ``label``: the index of the file's class folder, if any."""
     import ray.data
@@ -159,7 +162,7 @@ def source_bytes(source: SourceSpec, options: StorageSpec | None = None) -> int:
 
 def read_table(
     source: SourceSpec, columns: list[str] | None, options: StorageSpec | None = None
-) -> Any:
+) -> pa.Table:
     """The whole of ``source`` as one pyarrow Table, read here. A file that cannot be read
     (a corrupt page, a truncated file) is a ``TrainingFailed`` naming it."""
     import pyarrow.dataset as pads
@@ -449,7 +452,7 @@ def _check_rows(name: str, source: SourceSpec, rows: int, workers: int) -> None:
         )
 
 
-def dataset_config(on: dict[str, str] | None = None) -> Any:
+def dataset_config(on: dict[str, str] | None = None) -> DataConfig:
     """How Ray Train shards the Ray Data sets: equal ``streaming_split`` shards, their tasks
     on the nodes the label selector ``on`` picks. (Ray Train replaces each dataset's
     execution options with these, so a selector set on the dataset alone is lost.)"""

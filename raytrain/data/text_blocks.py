@@ -74,7 +74,7 @@ def parse(
     names: list[str] | None,
     schema: pa.Schema = None,
     columns: list[str] | None = None,
-) -> Any:
+) -> pa.Table:
     """A block's bytes as an Arrow table: CSV with ``names`` as its header, or JSON Lines;
     with ``schema``, its types (the unified ones); with ``columns``, only those."""
     import pyarrow as pa
@@ -227,7 +227,9 @@ def plan_text(uri: str, fs: FileSystem, path: str, fmt: str) -> StreamedSet:
     return found
 
 
-def read_block(streamed: StreamedSet, unit: int, columns: list[str] | None, handle: Any) -> Any:
+def read_block(
+    streamed: StreamedSet, unit: int, columns: list[str] | None, handle: Any
+) -> pa.Table:
     """Block ``unit`` of ``streamed`` (its file open as ``handle``) as an Arrow table of its
     unified schema, projected to ``columns``."""
     at, length = streamed.blocks[unit]
