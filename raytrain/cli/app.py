@@ -29,13 +29,15 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from raytrain.cli.slurm import add_slurm_flags
 from raytrain.errors import EXIT_OK, RaytrainError, SpecError
 from raytrain.util.terminal import printable
 
 if TYPE_CHECKING:
+    from argparse import _SubParsersAction
+
     from raytrain.driver.results import FitResult
 
 JOB_COMMANDS = ("submit", "status", "logs", "stop", "list")
@@ -64,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_run_and_validate(sub: Any) -> None:
+def _add_run_and_validate(sub: _SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="train a job spec (resumes a run of the same name)")
     run.add_argument("spec", help="path to a job spec (YAML)")
     run.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
@@ -102,7 +104,7 @@ def _add_run_and_validate(sub: Any) -> None:
         )
 
 
-def _add_tune(sub: Any) -> None:
+def _add_tune(sub: _SubParsersAction[argparse.ArgumentParser]) -> None:
     sweep = sub.add_parser("tune", help="run the spec's sweep (its tune section) on Ray Tune")
     sweep.add_argument("spec", help="path to a job spec with a tune section (YAML)")
     sweep.add_argument("overrides", nargs="*", help="dotted overrides: tune.num_samples=8")
@@ -114,7 +116,7 @@ def _add_tune(sub: Any) -> None:
     sweep.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
 
-def _add_export_and_report(sub: Any) -> None:
+def _add_export_and_report(sub: _SubParsersAction[argparse.ArgumentParser]) -> None:
     export = sub.add_parser(
         "export", help="write a checkpoint's model weights (sharded or not) as one state dict"
     )
@@ -141,7 +143,7 @@ def _add_address(cmd: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_submit(sub: Any) -> None:
+def _add_submit(sub: _SubParsersAction[argparse.ArgumentParser]) -> None:
     submit = sub.add_parser("submit", help="run a job spec on a Ray cluster, as a Ray job")
     submit.add_argument("spec", help="path to a job spec (YAML) inside the working dir")
     submit.add_argument("overrides", nargs="*", help="dotted overrides: trainer.max_epochs=2")
@@ -196,7 +198,7 @@ def _add_submit(sub: Any) -> None:
     )
 
 
-def _add_status_and_doctor(sub: Any) -> None:
+def _add_status_and_doctor(sub: _SubParsersAction[argparse.ArgumentParser]) -> None:
     status = sub.add_parser(
         "status", help="a run's progress: a submitted job's, or a run's by spec or name"
     )
@@ -212,7 +214,7 @@ def _add_status_and_doctor(sub: Any) -> None:
     doctor.add_argument("--tracking-uri", help="the MLflow store (default: the spec's)")
 
 
-def _add_pack(sub: Any) -> None:
+def _add_pack(sub: _SubParsersAction[argparse.ArgumentParser]) -> None:
     pack = sub.add_parser(
         "pack",
         help="rewrite many small files (an image folder, CSV, "
@@ -239,7 +241,7 @@ def _add_pack(sub: Any) -> None:
     )
 
 
-def _add_job_controls(sub: Any) -> None:
+def _add_job_controls(sub: _SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, text in (
         ("logs", "a job's driver output"),
         ("stop", "stop a job"),
@@ -321,7 +323,7 @@ def _tune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 

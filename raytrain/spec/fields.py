@@ -56,7 +56,7 @@ class _Section(BaseModel):
         return value
 
 
-def _refuse_nul(value: Any, depth: int = 0) -> None:
+def _refuse_nul(value: object, depth: int = 0) -> None:
     if isinstance(value, str):
         if "\x00" in value:
             raise ValueError("contains a NUL character (\\x00)")
@@ -69,7 +69,7 @@ def _refuse_nul(value: Any, depth: int = 0) -> None:
             _refuse_nul(item, depth + 1)
 
 
-def _admits_bool(annotation: Any) -> bool:
+def _admits_bool(annotation: object) -> bool:
     """Whether a field of this type may hold a boolean: it is ``bool`` or ``Any``
     somewhere."""
     if annotation is bool or annotation is Any:
@@ -77,14 +77,14 @@ def _admits_bool(annotation: Any) -> bool:
     return any(_admits_bool(arg) for arg in getattr(annotation, "__args__", ()))
 
 
-def _admits_none(annotation: Any) -> bool:
+def _admits_none(annotation: object) -> bool:
     """Whether a field of this type may hold None."""
     if annotation is None or annotation is type(None) or annotation is Any:
         return True
     return any(_admits_none(arg) for arg in getattr(annotation, "__args__", ()))
 
 
-def _refuse_bool(value: Any, depth: int = 0) -> None:
+def _refuse_bool(value: object, depth: int = 0) -> None:
     if isinstance(value, bool):
         raise ValueError("a boolean (true/false) is not a value of this field")
     if isinstance(value, Mapping) and depth < MAX_SPEC_DEPTH:
@@ -153,7 +153,7 @@ def _check_endpoint(value: str | None) -> str | None:
     return value.rstrip("/")
 
 
-def _section_type(annotation: Any) -> type[BaseModel] | None:
+def _section_type(annotation: object) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()):

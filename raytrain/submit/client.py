@@ -57,6 +57,8 @@ from raytrain.util.redaction import is_secret_env, is_secret_name, masked_fields
 from raytrain.util.terminal import printable
 
 if TYPE_CHECKING:
+    from ray.job_submission import JobDetails
+
     from raytrain.spec import JobSpec
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -120,7 +122,7 @@ class JobServer:
         self.call("status", job_id, self.client.get_job_status, job_segment(job_id))
         return JobHandle(job_id, self)
 
-    def jobs(self) -> list[Any]:
+    def jobs(self) -> list[JobDetails]:
         """Every job the server knows, oldest first (Ray's ``JobDetails``)."""
         found = self.call("list", None, self.client.list_jobs)
         return sorted(found, key=lambda j: j.start_time or 0)
@@ -145,7 +147,7 @@ class JobHandle:
         """PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
         return str(self._call("status", self.server.client.get_job_status).value)
 
-    def info(self) -> Any:
+    def info(self) -> JobDetails:
         """Ray's ``JobDetails``: status, message, entrypoint, times, metadata."""
         return self._call("info", self.server.client.get_job_info)
 
@@ -224,7 +226,7 @@ def _spec_in_working_dir(spec: str | os.PathLike[str], working_dir: Path) -> str
         ) from None
 
 
-def _warnings(job: Any, env: Mapping[str, str], overrides: Sequence[str] = ()) -> list[str]:
+def _warnings(job: JobSpec, env: Mapping[str, str], overrides: Sequence[str] = ()) -> list[str]:
     """What a run on a cluster keeps only until its job's working dir is deleted, and
     credentials about to be recorded in the job's runtime environment or entrypoint."""
     notes = [
@@ -433,7 +435,7 @@ class JobMetadata(BaseModel):
         return value
 
     @classmethod
-    def of(cls, job_id: str, metadata: Any) -> JobMetadata:
+    def of(cls, job_id: str, metadata: object) -> JobMetadata:
         """The checked metadata of the job ``job_id``; malformed, a ``JobsError`` naming
         the key (exit 2, one line)."""
         try:
@@ -476,6 +478,6 @@ def attach(
 
 def list_jobs(
     *, address: str | None = None, token: str | None = None, insecure: bool = False
-) -> list[Any]:
+) -> list[JobDetails]:
     """Every job on the cluster's job server, oldest first (Ray's ``JobDetails``)."""
     return JobServer(address, token=token, insecure=insecure).jobs()
