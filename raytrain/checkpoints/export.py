@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain import storage
 from raytrain.checkpoints.layout import CKPT_FILE, lightning_checkpoint
 from raytrain.errors import StorageError
 from raytrain.spec import JobSpec, StorageSpec
+
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule
 
 # Prefixes Lightning's strategy wrappers may leave on state dict keys.
 _PREFIXES = ("_forward_module.", "_fsdp_wrapped_module.", "module.")
@@ -107,7 +110,7 @@ def checkpoint_weights(checkpoint: str, options: StorageSpec | None = None) -> d
     return weights
 
 
-def trained_model(job: JobSpec, checkpoint: str) -> Any:
+def trained_model(job: JobSpec, checkpoint: str) -> LightningModule:
     """The spec's model, built as the workers build it (nested ``class_path`` blocks too:
     ``lightning_config.build_model``), with ``checkpoint``'s weights (strict), in eval mode,
     on CPU: what MLflow logs and serving loads."""

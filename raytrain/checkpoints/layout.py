@@ -49,7 +49,7 @@ HANGS = "hangs"
 DCP_METADATA = ".metadata"
 
 
-def checkpoint_score(value: Any, mode: str) -> float:
+def checkpoint_score(value: object, mode: str) -> float:
     """The score Ray Train ranks a checkpoint by, for the monitored metric's ``value``.
 
     Invariant: finite, always. Ray Train writes its snapshot through pydantic, which writes
@@ -63,7 +63,7 @@ def checkpoint_score(value: Any, mode: str) -> float:
     return number_
 
 
-def real_score(value: Any) -> float | None:
+def real_score(value: object) -> float | None:
     """A reported ``SCORE_KEY`` value as a float when it is a real score; None for
     ``UNSCORED``, the infinity an earlier raytrain reported, and the null Ray's snapshot
     made of it."""
@@ -189,7 +189,7 @@ def repair_snapshot_scores(run_dir: str, mode: str, options: StorageSpec | None 
     return changed
 
 
-def _folder_name(name: Any) -> str:
+def _folder_name(name: object) -> str:
     """A checkpoint folder's name as the snapshot gives it: one name inside the run folder
     (``..`` or a separator would name a folder elsewhere, to resume from or keep)."""
     if not isinstance(name, str) or name in ("", ".", "..") or re.search(r"[/\\\0]", name):
@@ -246,7 +246,7 @@ def uncommitted(run_dir: str, options: StorageSpec | None = None) -> Leftovers:
     return Leftovers(partial, kept, why)
 
 
-def number(value: Any) -> float | None:
+def number(value: object) -> float | None:
     """A reported value as a float when it is a number (a bool is not), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None

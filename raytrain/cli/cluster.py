@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from raytrain.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 
+if TYPE_CHECKING:
+    import argparse
+    from argparse import _SubParsersAction
 
-def add_cluster_commands(sub: Any) -> None:
+
+def add_cluster_commands(sub: _SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser(
         "up",
         help="start a local Ray cluster that stays up: runs join it, "

@@ -12,10 +12,14 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.errors import EXIT_FAILED, EXIT_OK, SpecError
 from raytrain.util.terminal import JOB_OUTPUT, printable
+
+if TYPE_CHECKING:
+    from raytrain.slurm.control import SlurmJob
+    from raytrain.slurm.sbatch import SbatchOptions
 
 # ``submit``'s flags that belong to a Ray job, refused with ``--slurm``.
 RAY_JOB_FLAGS = {
@@ -54,7 +58,7 @@ def refuse_slurm_flags(args: argparse.Namespace) -> None:
         raise SpecError(f"{flags}: for a Slurm job; add --slurm")
 
 
-def add_slurm_flags(submit: Any) -> None:
+def add_slurm_flags(submit: argparse.ArgumentParser) -> None:
     group = submit.add_argument_group(
         "Slurm", "with --slurm: an sbatch job that starts its own Ray cluster (docs/slurm.md)"
     )
@@ -97,7 +101,7 @@ def _refuse_ray_flags(args: argparse.Namespace) -> None:
         raise SpecError(f"{', '.join(given)}: a Ray job's flags; --slurm starts its own cluster")
 
 
-def _options(args: argparse.Namespace, cpus: int) -> Any:
+def _options(args: argparse.Namespace, cpus: int) -> SbatchOptions:
     from pydantic import ValidationError
 
     from raytrain.slurm.sbatch import DEFAULT_GRACE_S, SbatchOptions
@@ -214,7 +218,7 @@ def slurm_job_command(args: argparse.Namespace) -> int:
     return _run_status(job, args.json)
 
 
-def _run_status(job: Any, as_json: bool) -> int:
+def _run_status(job: SlurmJob, as_json: bool) -> int:
     """The run's own status record, by the spec in the job's ``job.json``."""
     from raytrain.cli.status import located, show
     from raytrain.slurm.sbatch import SlurmRun, described

@@ -66,7 +66,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 
 
-def _from_record(record: Any) -> RunState:
+def _from_record(record: object) -> RunState:
     """A ``RunState`` from the state file's JSON, every key and type checked."""
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")

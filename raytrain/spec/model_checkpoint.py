@@ -94,7 +94,7 @@ def _honoured_value(key: str, value: Any) -> tuple[Any, str | None]:
     return (value or None), None
 
 
-def is_model_checkpoint(entry: Any) -> bool:
+def is_model_checkpoint(entry: object) -> bool:
     """Whether a ``trainer.callbacks`` entry (a mapping or a class name) is Lightning's
     ModelCheckpoint."""
     path = entry.get("class_path") if isinstance(entry, dict) else entry
@@ -162,7 +162,7 @@ def adopt_model_checkpoint(tree: dict[str, Any]) -> Adopted:
     return Adopted(out, notes, [], index)
 
 
-def _init_args(where: str, entry: Any) -> tuple[dict[str, Any], str | None]:
+def _init_args(where: str, entry: object) -> tuple[dict[str, Any], str | None]:
     """The entry's ``init_args`` (a copy), or the problem with them: not a mapping, or a
     name ModelCheckpoint does not take."""
     args = entry.get("init_args") if isinstance(entry, dict) else None

@@ -33,6 +33,8 @@ from raytrain.util.redaction import redact
 from raytrain.util.terminal import printable
 
 if TYPE_CHECKING:
+    from ray.job_submission import JobDetails
+
     from raytrain.records.run_status import RunStatus
 
 # The supervisor's exit code when it gave up on the cluster: the resubmission budget was
@@ -416,7 +418,7 @@ def _transient(exc: JobsError) -> bool:
     return any(f"status code {c}" in text or f" {c} " in text for c in (500, 502, 503, 504))
 
 
-def _record(handle: JobHandle, info: Any) -> RunStatus | None:
+def _record(handle: JobHandle, info: JobDetails) -> RunStatus | None:
     """The run's status record when this job's driver wrote it (it started after the job
     was submitted); None when it cannot be read from here, or is an earlier driver's."""
     try:
@@ -429,7 +431,7 @@ def _record(handle: JobHandle, info: Any) -> RunStatus | None:
     return status
 
 
-def job_end(info: Any, record: RunStatus | None) -> JobEnd:
+def job_end(info: JobDetails, record: RunStatus | None) -> JobEnd:
     """``JobEnd`` from Ray's ``JobDetails`` and the run's status record."""
     error_type = getattr(info, "error_type", None)
     return JobEnd(

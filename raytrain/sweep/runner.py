@@ -559,7 +559,7 @@ def _finish(
     plan: TrialPlan,
     rows: list[TrialRow],
     values: dict[str, dict[str, Any]],
-    parent: Any,
+    parent: MlflowTracker,
     folder: str,
 ) -> SweepResult:
     """The best trial's spec written out, the parent run's record of the sweep. Everything

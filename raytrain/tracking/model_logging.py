@@ -11,7 +11,10 @@ from raytrain.spec import JobSpec
 from raytrain.tracking.mlflow_tracker import MlflowTracker, package_versions
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
+    from mlflow.models.model import ModelInfo
 
 
 def log_model(
@@ -43,7 +46,7 @@ def log_model(
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracker.tracking_uri)
 
-    def log(**kwargs: Any) -> Any:
+    def log(**kwargs: Any) -> ModelInfo:
         with mlflow.start_run(run_id=tracker.run_id, nested=mlflow.active_run() is not None):
             return mlflow.pytorch.log_model(
                 model,
@@ -66,7 +69,9 @@ def log_model(
     return info.model_uri
 
 
-def _log_pt2(log: Any, model: torch.nn.Module, example: Any) -> tuple[Any, str]:
+def _log_pt2(
+    log: Callable[..., ModelInfo], model: torch.nn.Module, example: Any
+) -> tuple[ModelInfo | None, str]:
     """Log ``model`` through ``log`` in MLflow's ``pt2`` format with a signature from
     ``example``: (its model info, "pt2"), or (None, why it must be pickle instead)."""
     if example is None:

@@ -18,9 +18,12 @@ turns them off.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytrain.contract import HangReport, Report, RunListener, TimelineWindow
+
+if TYPE_CHECKING:
+    from ray.util.metrics import Gauge
 
 # name -> (description, tag keys besides run and rank)
 GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -49,7 +52,7 @@ _OWN = {
 }
 
 
-def ray_gauge(name: str, description: str, tag_keys: tuple[str, ...]) -> Any:
+def ray_gauge(name: str, description: str, tag_keys: tuple[str, ...]) -> Gauge:
     """A ``ray.util.metrics.Gauge``: what ``RayMetrics`` makes its gauges with."""
     from ray.util.metrics import Gauge
 

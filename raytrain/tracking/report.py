@@ -68,7 +68,7 @@ def panels(runs: list[dict[str, Any]]) -> dict[str, list[Curve]]:
     return out
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 

@@ -11,9 +11,12 @@ its precision plugin with that function, so the model-parallel strategy clips wi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
@@ -42,7 +45,7 @@ def clip_grad_norm_(
     parameters: Iterable[torch.Tensor],
     max_norm: float,
     counted: Callable[[torch.Tensor], bool] | None = None,
-    across: Any = None,
+    across: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Scale the gradients of ``parameters`` so their global 2-norm is at most
     ``max_norm``, as ``torch.nn.utils.clip_grad_norm_`` does; returns the norm before.

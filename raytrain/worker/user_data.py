@@ -37,6 +37,7 @@ from raytrain.spec.lightning_config import UserObjects
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+    from torch.utils.data import Dataset
 
 # What a ShardedLoader keeps of the user's DataLoader: how a batch is made and loaded.
 KEPT = (
@@ -58,7 +59,7 @@ class ShardedLoader(DataLoader):
     Lightning saves in checkpoints (``state_dict``/``load_state_dict``) and the ``epoch``
     and ``position`` that ``LoaderPosition`` keeps, all the schedule's."""
 
-    def __init__(self, dataset: Any, schedule: EpochSchedule, **kept: Any):
+    def __init__(self, dataset: Dataset[Any], schedule: EpochSchedule, **kept: Any):
         super().__init__(dataset, batch_sampler=_ScheduleSampler(schedule), **kept)
         self.schedule = schedule
 
