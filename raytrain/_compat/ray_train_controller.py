@@ -45,6 +45,7 @@ from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPo
 from ray.train.v2._internal.execution.worker_group import WorkerGroup
 
 if TYPE_CHECKING:
+    from ray.runtime_env import RuntimeEnv
     from ray.train.v2._internal.execution.context import TrainRunContext
     from ray.train.v2.api.exceptions import TrainingFailedError
 
@@ -175,7 +176,9 @@ class InheritedEnvWorkerGroup(WorkerGroup):
     """
 
     @staticmethod
-    def _get_worker_runtime_env(custom_runtime_env: Any) -> Any:
+    def _get_worker_runtime_env(
+        custom_runtime_env: dict[Any, Any] | RuntimeEnv,
+    ) -> dict[Any, Any]:
         return dict(custom_runtime_env)
 
 

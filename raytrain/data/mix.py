@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+    from raytrain.spec import StorageSpec
+
 CHUNK = 8192  # positions interleaved at a time
 
 
@@ -194,7 +196,7 @@ class MixedStream(StreamSchedule):
 
 def mixed_loader(
     mix: MixedSet,
-    options: Any,
+    options: StorageSpec | None,
     columns: list[str] | None,
     batch_size: int,
     *,

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyarrow.fs import FileSystem
 
+    from raytrain.spec import StorageSpec
+
 MANIFEST = PACK_MANIFEST
 PLAN_KEY = b"raytrain.pack.plan"  # a shard's footer: the hash of the files it holds
 KIND_KEY = b"raytrain.packed"  # a shard's footer: images, csv or json
@@ -89,7 +91,7 @@ def pack(
     dest: str,
     fmt: str = "images",
     shard_mb: float = 256,
-    options: Any = None,
+    options: StorageSpec | None = None,
     out: TextIO = sys.stderr,
     skip_bad: bool = False,
 ) -> PackSummary:

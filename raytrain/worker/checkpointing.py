@@ -43,6 +43,7 @@ from raytrain.worker.reporting import MetricsReporter
 from raytrain.worker.schedule import CheckpointSchedule
 
 if TYPE_CHECKING:
+    import ray.train
     from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 
@@ -244,7 +245,9 @@ class CheckpointCallback(pl.Callback):
         self.tuning.load_state_dict(state_dict)
 
 
-def save_local(trainer: pl.Trainer, metrics: dict[str, Any], sharded: bool) -> Any:
+def save_local(
+    trainer: pl.Trainer, metrics: dict[str, Any], sharded: bool
+) -> ray.train.Checkpoint | None:
     """Save the Lightning state into a local folder; returns the checkpoint this rank
     reports (None: nothing of this rank's to upload).
 

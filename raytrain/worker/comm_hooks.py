@@ -156,7 +156,7 @@ class Compression(pl.Callback):
         self._restored = copy.copy(state_dict) or None
 
 
-def restore_powersgd(state: Any, saved: dict[str, Any], device: torch.device) -> None:
+def restore_powersgd(state: PowerSGDState, saved: dict[str, Any], device: torch.device) -> None:
     """Put a saved iteration and low-rank factors into PowerSGD's ``state``, on
     ``device`` (the gradients'); the error feedback restarts at zero.
 
