@@ -12,7 +12,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from raytrain.errors import EXIT_FAILED, EXIT_OK, SpecError
 from raytrain.util.terminal import JOB_OUTPUT, printable
@@ -20,6 +20,7 @@ from raytrain.util.terminal import JOB_OUTPUT, printable
 if TYPE_CHECKING:
     from raytrain.slurm.control import SlurmJob
     from raytrain.slurm.sbatch import SbatchOptions
+    from raytrain.spec import JobSpec
 
 # ``submit``'s flags that belong to a Ray job, refused with ``--slurm``.
 RAY_JOB_FLAGS = {
@@ -125,10 +126,11 @@ def _options(args: argparse.Namespace, cpus: int) -> SbatchOptions:
         raise SpecError(f"{flag}: {message}" if where else message) from None
 
 
-def default_cpus(job: Any, nodes: int) -> int:
-    """CPUs per node for the spec's workers spread over ``nodes``, at least 1."""
+def default_cpus(job: JobSpec, nodes: int) -> int:
+    """CPUs per node for the spec's workers spread over ``nodes``, at least 1; for an
+    elastic run, its most workers (the allocation is what it can grow into)."""
     per_worker = job.scaling.worker_resources().get("CPU", 1.0)
-    return max(1, math.ceil(job.scaling.num_workers * per_worker / nodes))
+    return max(1, math.ceil(job.scaling.max_workers * per_worker / nodes))
 
 
 def submit_slurm(args: argparse.Namespace) -> int:

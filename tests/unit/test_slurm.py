@@ -187,6 +187,20 @@ def test_a_dry_run_prints_the_script_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_elastic_spec_asks_for_its_most_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a range of workers: the allocation is what the run can grow into (this raised a
+    # TypeError, the range times a float)
+    spec = str(ROOT / "jobs" / "digits.yaml")
+    argv = ["submit", spec, "scaling.num_workers=[1, 3]", "--slurm", "--dry-run", "--nodes", "2"]
+    code = main([*argv, "--working-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "#SBATCH --cpus-per-task=2" in out.splitlines()  # 3 one-CPU workers on 2 nodes
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_job_id_that_is_not_slurms_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "slurm:12;rm"]) == 2
     assert "slurm:NUMBER" in capsys.readouterr().err
