@@ -165,8 +165,9 @@ def export_checkpoint(checkpoint: str, out: str) -> dict[str, Any]:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if save_file is not None:
             save_file(state, partial)
-        else:
-            torch.save(state, partial)
+        else:  # opened here: torch's own open raises a RuntimeError, not an OSError
+            with open(partial, "wb") as handle:
+                torch.save(state, handle)
         os.replace(partial, path)
     except OSError as exc:
         raise StorageError(f"{out}: cannot write it: {exc.strerror or exc}") from None

@@ -410,3 +410,16 @@ def test_a_resume_checks_the_checkpoint_then_lightning_restores_it_weights_only(
     with pytest.raises(StorageError, match="refused"):
         _safe_load().verify_checkpoint(str(evil / "checkpoint.ckpt"))
     assert not marker.exists()
+
+
+def test_export_into_a_folder_it_cannot_write_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/proc takes no new files, even from root (whom a folder's mode does not stop): torch's
+    own open raised a RuntimeError there, a traceback and exit 1."""
+    folder = _checkpoint(tmp_path / "checkpoint_1", {"state_dict": _state()})
+    out = "/proc/raytrain-export-test.pt"
+    code, err = _export(capsys, folder, Path(out))
+    assert code == EXIT_BAD_INPUT
+    assert _one_line(err).startswith(f"error: {out}: ")
+    assert not os.path.exists(out)
