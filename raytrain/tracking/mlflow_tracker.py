@@ -317,6 +317,25 @@ def _require_store(tracking_uri: str) -> None:
         )
 
 
+def _reader(tracking_uri: str) -> MlflowClient:
+    """A client of the existing store ``tracking_uri``, for the readers below. A local store
+    MLflow cannot open (a file that is no database, a folder) is a ``TrackingError``: MLflow
+    opens it here, and raised its own error (or SQLAlchemy's) as a traceback."""
+    _require_store(tracking_uri)
+    from mlflow.tracking import MlflowClient
+
+    try:
+        return MlflowClient(tracking_uri=tracking_uri)
+    except Exception as exc:  # MLflow's or SQLAlchemy's: the store, not raytrain, refused
+        if local_store_path(tracking_uri) is None:
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TrackingError(
+            f"--tracking-uri: {redact(tracking_uri)} is not an MLflow store MLflow can open "
+            f"({one_line(first, 200)})"
+        ) from None
+
+
 # What ``doctor`` and ``report`` (the readers below) give a tracking server: a request with
 # no answer in 5 s fails and is tried once more. MLflow's defaults (a 120 s timeout, 7
 # retries with backoff) made a server that does not answer cost them minutes. These are
@@ -376,11 +395,9 @@ def _raise_if_unreached(exc: BaseException, tracking_uri: str) -> None:
 def sweep_trials(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
     """When ``run_id`` is a sweep's parent run (``raytrain tune``): its name, metric, mode
     and its trials' run ids; else None."""
-    _require_store(tracking_uri)
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = _reader(tracking_uri)
     with _reading(tracking_uri):
         try:
             run = client.get_run(run_id)
@@ -406,10 +423,7 @@ def fetch_runs(tracking_uri: str, run_ids: list[str]) -> list[dict[str, Any]]:
     ``TrackingError`` naming it. A local store that does not exist is one too: reading it
     must not create it (MLflow would, an empty ``mlflow.db``); a server that does not
     answer is a ``TrackingUnreachable``."""
-    _require_store(tracking_uri)
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = _reader(tracking_uri)
     with _reading(tracking_uri):
         return [_fetch_run(client, tracking_uri, run_id) for run_id in run_ids]
 

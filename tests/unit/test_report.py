@@ -128,3 +128,23 @@ def test_a_tracking_server_that_never_answers_is_given_up_on(
         f"error: cannot reach the tracking server at {uri} (no answer "
         "within 5 s); is it up, and is this its address?"
     )
+
+
+def test_a_store_that_is_no_mlflow_store_is_exit_2_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file that is no database, or a folder, as the store: MLflow's (or SQLAlchemy's)
+    error was a traceback, exit 1. Nothing is written to it."""
+    _record_with_run(tmp_path)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"\x00\xff not a database \xfe" * 64)
+    before = junk.read_bytes()
+    for uri in (f"sqlite:///{junk}", str(tmp_path / "r")):
+        for argv in (
+            ["report", "abc", "--tracking-uri", uri, "--out", str(tmp_path / "r.png")],
+            ["doctor", "r", "--storage", str(tmp_path), "--tracking-uri", uri],
+        ):
+            assert cli.main(argv) == 2, argv
+            assert _one_error(capsys).startswith(f"error: --tracking-uri: {uri} is not an "), argv
+    assert junk.read_bytes() == before
+    assert not (tmp_path / "r.png").exists()
