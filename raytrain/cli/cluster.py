@@ -40,9 +40,16 @@ def add_cluster_commands(sub: _SubParsersAction[argparse.ArgumentParser]) -> Non
     sub.add_parser("down", help="stop the cluster `raytrain up` started")
 
 
-def _bad(flag: str, value: int | None, least: int) -> str | None:
+# Ray's largest quantity of a resource (ray_constants.MAX_RESOURCE_QUANTITY): more, and
+# the server failed as it started, its traceback shown as the reason (exit 1).
+MOST_RESOURCE = 10**14
+
+
+def _bad(flag: str, value: int | None, least: int, most: int | None = None) -> str | None:
     if value is not None and value < least:
         return f"{flag} {value}: must be at least {least}"
+    if value is not None and most is not None and value > most:
+        return f"{flag} {value}: must be at most {most:,}"
     return None
 
 
@@ -77,8 +84,8 @@ def _cluster_command(args: argparse.Namespace) -> int:
         print(f"raytrain: up at {found.describe()}")
         return EXIT_OK
     checks = (
-        _bad("--num-cpus", args.num_cpus, 1),
-        _bad("--num-gpus", args.num_gpus, 0),
+        _bad("--num-cpus", args.num_cpus, 1, MOST_RESOURCE),
+        _bad("--num-gpus", args.num_gpus, 0, MOST_RESOURCE),
         _bad("--warm", args.warm, 0),
     )
     problems = [p for p in checks if p]

@@ -93,6 +93,9 @@ def test_down_and_status_with_nothing_up(home: Path, capsys: pytest.CaptureFixtu
         (["--num-cpus", "0"], "--num-cpus 0"),
         (["--num-gpus", "-1"], "--num-gpus -1"),
         (["--warm", "-2"], "--warm -2"),
+        # past Ray's limit: the server started, then failed with a traceback (exit 1)
+        (["--num-cpus", str(10**20)], f"--num-cpus {10**20}: must be at most"),
+        (["--num-gpus", str(10**15)], f"--num-gpus {10**15}: must be at most"),
     ],
 )
 def test_bad_up_flags_are_refused_by_name(
