@@ -69,6 +69,10 @@ def cluster_command(args: argparse.Namespace) -> int:
 def _cluster_command(args: argparse.Namespace) -> int:
     from raytrain.driver import cluster_record, local_cluster
 
+    lost = cluster_record.lost_record()
+    if lost is not None:  # one is up that these cannot see: never a second, nor "none is up"
+        print(f"error: {lost}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.command == "down":
         stopped = local_cluster.down()
         if stopped is None:

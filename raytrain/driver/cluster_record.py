@@ -103,6 +103,39 @@ def running() -> ClusterRecord | None:
     return record if _server_holds_lock() and alive(record.pid) else None
 
 
+def _up_in_progress() -> bool:
+    """Whether an ``up`` holds ``UP_LOCK_NAME``: its server runs before its record is
+    written (once its pool is warm)."""
+    held = lock(UP_LOCK_NAME, wait=False)
+    if held is None:
+        return True
+    os.close(held)
+    return False
+
+
+def lost_record() -> str | None:
+    """The problem, one line naming the record, when a server holds ``LOCK_NAME`` (it lives)
+    but its record is there and cannot be read (written whole, it was damaged since):
+    ``running`` says nothing is up, yet ``down`` cannot stop it, and an ``up`` would start a
+    second that fails on the lock (its log replacing the live one's). None else. A missing
+    record is not one: a server removes its own as it stops, then shuts its cluster down."""
+    path = home() / RECORD_NAME
+    try:
+        ClusterRecord(**json.loads(path.read_text()))
+        return None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as exc:
+        why = f"not a cluster record ({type(exc).__name__})"
+    if not _server_holds_lock() or _up_in_progress():  # none, or one that is starting
+        return None
+    return (
+        f"{path}: {why}, yet the cluster `raytrain up` started still runs (its server holds "
+        f"{home() / LOCK_NAME}); stop it with kill PID, its pid in {home() / LOG_NAME}'s "
+        "'cluster up' line"
+    )
+
+
 def write_record(record: ClusterRecord) -> None:
     """Write the record whole (a reader never sees half of it) and readable by its owner
     only."""

@@ -113,3 +113,35 @@ def test_only_a_cluster_started_here_ends_with_the_run() -> None:
     assert not joined_up.ends_with_run
     assert not RayHandle(started_here=True, address="h:1").ends_with_run  # RAY_ADDRESS
     assert not RayHandle(started_here=False, address=None, embedded_env={}).ends_with_run
+
+
+def test_a_damaged_record_of_a_live_server_is_named_not_taken_for_none(
+    home: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """cluster.json damaged while its server runs: ``down`` said no cluster was up (exit 0,
+    the server left running), ``up --status`` the same, and ``up`` started a second server
+    that failed on the lock, its log replacing the live server's."""
+    (home / cluster_record.RECORD_NAME).write_text("{not json")
+    log = home / cluster_record.LOG_NAME
+    log.write_text("raytrain: cluster up at 127.0.0.1:6379 (pid 123): 4 CPU(s)\n")
+    held = cluster_record.lock(cluster_record.LOCK_NAME, wait=False)  # the live server
+    assert held is not None
+    try:
+        for argv in (["down"], ["up", "--status"], ["up", "--num-cpus", "2"]):
+            assert main(argv) == 2, argv
+            captured = capsys.readouterr()
+            lines = captured.err.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in captured.err, argv
+            assert lines[0].startswith(f"error: {home / cluster_record.RECORD_NAME}: "), argv
+            assert str(log) in lines[0] and "no cluster is up" not in captured.out
+        starting = cluster_record.lock(cluster_record.UP_LOCK_NAME, wait=False)
+        assert starting is not None
+        try:  # an `up` under way replaces the record: nothing is lost
+            assert cluster_record.lost_record() is None
+        finally:
+            os.close(starting)
+    finally:
+        os.close(held)
+    assert log.read_text().startswith("raytrain: cluster up at 127.0.0.1:6379 (pid 123)")
+    assert main(["down"]) == 0  # the server gone: the damaged record is a stale one
+    assert "no cluster is up" in capsys.readouterr().out
