@@ -95,6 +95,15 @@ def resolve_address(address: str | None) -> str:
     address = f"{scheme.lower()}://{rest}"  # a scheme is case-insensitive: HTTP:// is http
     if not address.startswith(("http://", "https://")):
         raise JobsError(f"--address {address}: the job server is an http:// or https:// URL")
+    from urllib.parse import urlsplit
+
+    try:  # what urllib cannot parse (a bracket not closed, a port past 65535) was a traceback
+        parsed = urlsplit(address)
+        parsed.port  # noqa: B018  # parsed when read
+    except ValueError as exc:
+        raise JobsError(f"--address {address}: not a URL ({exc})") from None
+    if not parsed.hostname:
+        raise JobsError(f"--address {address}: names no host; http://HEAD:8265")
     return address.rstrip("/")
 
 

@@ -46,6 +46,25 @@ def test_the_address_comes_from_the_flag_then_rays_variables(
         resolve_address("ray://head:10001")
 
 
+@pytest.mark.parametrize(
+    "address, why",
+    [
+        ("http://[::1", "not a URL (Invalid IPv6 URL)"),  # was urllib's traceback, exit 1
+        ("http://127.0.0.1:99999", "not a URL (Port out of range"),
+        ("http://:8265", "names no host"),
+    ],
+)
+def test_an_address_that_is_no_url_is_one_line_exit_2(
+    no_ray_env: Path, capsys: pytest.CaptureFixture[str], address: str, why: str
+) -> None:
+    for argv in (["list", "--address", address], ["stop", "j", "--address", address]):
+        assert cli.main([*argv, "--insecure"]) == 2, argv
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert "Traceback" not in captured.err and len(lines) == 1, argv
+        assert lines[0].startswith(f"error: --address {address}: {why}"), argv
+
+
 def test_the_token_comes_from_the_argument_the_variable_then_the_files(
     no_ray_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
