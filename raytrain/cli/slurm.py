@@ -142,6 +142,9 @@ def submit_slurm(args: argparse.Namespace) -> int:
     if args.nodes < 1:
         raise SpecError(f"--nodes {args.nodes}: must be at least 1")
     workdir = Path(args.working_dir).resolve()
+    if not workdir.is_dir():  # the job's cd would fail; a file was a traceback, a missing
+        # folder made (as far as the script's own folder) before sbatch was asked
+        raise SpecError(f"--working-dir {args.working_dir}: not a directory")
     job = validate(args.spec, args.overrides)
     cpus = default_cpus(job, args.nodes) if args.cpus_per_node is None else args.cpus_per_node
     options = _options(args, cpus)

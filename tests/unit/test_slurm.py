@@ -156,6 +156,23 @@ def test_bad_flags_exit_2_naming_the_flag_and_write_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_working_dir_that_is_no_folder_is_refused_and_nothing_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dry_run: list[str]
+) -> None:
+    """A file was a traceback (the script's folder could not be made under it); a missing
+    folder was made, then sbatch asked, or printed in the script's cd."""
+    spec = str(ROOT / "jobs" / "digits.yaml")
+    (tmp_path / "file").write_text("x")
+    for workdir in (tmp_path / "file", tmp_path / "missing"):
+        code = main(["submit", spec, "--slurm", *dry_run, "--working-dir", str(workdir)])
+        captured = capsys.readouterr()
+        assert code == 2 and "Traceback" not in captured.err, captured
+        assert captured.err == f"error: --working-dir {workdir}: not a directory\n"
+        assert captured.out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 @pytest.mark.parametrize("flag", [["--dry-run"], ["--nodes", "2"], ["--grace", "60"]])
 def test_slurm_flags_without_slurm_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: list[str]
