@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from raytrain.errors import EXIT_BAD_INPUT, RaytrainError
 from raytrain.util.terminal import printable
@@ -95,8 +96,6 @@ def resolve_address(address: str | None) -> str:
     address = f"{scheme.lower()}://{rest}"  # a scheme is case-insensitive: HTTP:// is http
     if not address.startswith(("http://", "https://")):
         raise JobsError(f"--address {address}: the job server is an http:// or https:// URL")
-    from urllib.parse import urlsplit
-
     try:  # what urllib cannot parse (a bracket not closed, a port past 65535) was a traceback
         parsed = urlsplit(address)
         parsed.port  # noqa: B018  # parsed when read
