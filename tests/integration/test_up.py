@@ -1,8 +1,9 @@
 """``raytrain up``: a cluster that stays up between runs. Two runs join it (each says so),
 the second after the user's model file was edited, and sees the edit: a warm process never
-holds the user's code, and the runs leave no actor or placement group behind. ``up`` twice
-says it is up; ``down`` leaves no process of the cluster's; ``down`` again says nothing is
-up."""
+holds the user's code, and the runs leave no actor or placement group behind. The second
+runs through the Python API and leaves its process's environment as it found it. ``up``
+twice says it is up; ``down`` leaves no process of the cluster's; ``down`` again says
+nothing is up."""
 
 from __future__ import annotations
 
@@ -69,6 +70,20 @@ print(json.dumps({"actors": before, "groups": groups, "probe": seen}))
 """
 
 
+# The second run through the Python API, in a program of its own: what the run changed in
+# its process's environment (a notebook's next run would see it), with the run's result.
+API_RUN = """
+import dataclasses, json, os, sys
+import ray, raytrain  # (their imports set variables of their own)
+before = dict(os.environ)
+result = raytrain.fit(sys.argv[1], progress=False)
+after = dict(os.environ)
+changed = {k: [before.get(k), after.get(k)] for k in set(before) | set(after)
+           if before.get(k) != after.get(k)}
+print(json.dumps({**dataclasses.asdict(result), "changed": changed}))
+"""
+
+
 def _left_behind(env: dict[str, str], record: dict[str, Any]) -> dict[str, Any]:
     joined = {**env, **record["embedded_env"], "RAY_ADDRESS": record["address"]}
     done = subprocess.run(
@@ -130,11 +145,19 @@ def test_runs_join_a_cluster_that_stays_up_and_import_the_users_current_code(
                 trainer={"max_epochs": 1},
             )
             path = write_spec(tmp_path / f"{version}.yaml", spec)
-            run = _raytrain(env, tmp_path, "run", str(path), "--json")
+            if version == "one":
+                run = _raytrain(env, tmp_path, "run", str(path), "--json")
+            else:  # the Python API joins too, and leaves its environment as it found it
+                run = subprocess.run(
+                    [sys.executable, "-c", API_RUN, str(path)],
+                    **{"capture_output": True, "text": True, "env": env, "cwd": tmp_path},
+                    timeout=300,
+                )
             assert run.returncode == 0, run.stderr[-3000:]
             assert "joining the cluster `raytrain up` started" in run.stderr
             result = json.loads(run.stdout.strip().splitlines()[-1])
             assert result["checkpoints"] and "first_step" in result["timings"]
+            assert result.get("changed", {}) == {}
             firsts.append(result["timings"])
             seen.append(mark.read_text())
         assert seen == ["one", "two"]  # the edit reached the second run's workers
