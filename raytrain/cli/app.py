@@ -380,8 +380,8 @@ def _pack(args: argparse.Namespace) -> int:
         raise SpecError(f"{args.src}: no such file or folder")
     try:
         done = pack(src, dest, args.format, args.shard_mb, skip_bad=args.skip_bad)
-    except PackError as exc:
-        raise SpecError(f"{args.src}: {exc}") from None
+    except PackError as exc:  # about the source, or the destination
+        raise SpecError(f"{args.dest if exc.dest else args.src}: {exc}") from None
     except OSError as exc:  # the store's refusal: a read-only folder, a missing bucket
         raise StorageError(
             f"{args.dest}: cannot write the shards there: {storage.describe(exc)}"

@@ -47,7 +47,12 @@ FETCH_THREADS = 32  # reads in flight while a shard is gathered (many small obje
 
 
 class PackError(ValueError):
-    """Bad input to ``pack`` (a source that cannot be packed); the message names it."""
+    """Bad input to ``pack``: a source that cannot be packed or, with ``dest``, a
+    destination that cannot take the shards; the CLI names the one it is about."""
+
+    def __init__(self, message: str, *, dest: bool = False):
+        super().__init__(message)
+        self.dest = dest
 
 
 def plan_shards(sizes: Sequence[int], shard_bytes: int) -> list[range]:
@@ -112,7 +117,7 @@ def pack(
     sizes = source.sizes
     plan = plan_shards(sizes, max(1, int(min(shard_mb, 2**40) * 2**20)))
     manifest_uri = f"{dest.rstrip('/')}/{MANIFEST}"
-    _claim(dest_fs, dest_path, dest)
+    _claim(dest_fs, dest_path)
     # unfinished until the end: a reader refuses the folder meanwhile, a rerun may go on
     storage.write_text(
         manifest_uri, json.dumps({"format": fmt, "source": src, "complete": False}), options
@@ -190,22 +195,23 @@ def _write_shards(
     return skipped, rows
 
 
-def _claim(fs: FileSystem, path: str, dest: str) -> None:
-    """Make ``dest`` a pack's folder: new, empty, or a pack's already (a manifest, finished
+def _claim(fs: FileSystem, path: str) -> None:
+    """Make ``path`` a pack's folder: new, empty, or a pack's already (a manifest, finished
     or not). Anything else is refused: the shards' clean-up would delete files it did not
     write, and a reader would take them as part of the set."""
     import pyarrow.fs as pafs
 
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:
-        raise PackError(f"{dest} is a file: name a folder for the shards")
+        raise PackError("a file: name a folder for the shards", dest=True)
     if info.type == pafs.FileType.Directory:
         names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(path))}
         if names and MANIFEST not in names:
             raise PackError(
-                f"{dest} holds other files ({', '.join(sorted(names)[:3])}"
+                f"holds other files ({', '.join(sorted(names)[:3])}"
                 f"{', ...' if len(names) > 3 else ''}) and no pack's "
-                f"{MANIFEST}: pack into a new or empty folder"
+                f"{MANIFEST}: pack into a new or empty folder",
+                dest=True,
             )
     fs.create_dir(path, recursive=True)
 
